@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Train the ten shipped checkpoints with one identical recipe, in priority order.
+# Resumable: rerun it after an interruption and each run continues from runs/<name>/state.pt;
+# finished checkpoints are skipped.
+#   bash scripts/train_checkpoints.sh [DATA_DIR] [EPOCHS]
+# Recipe: compact preset, CIFAR-10, seed 0, AdamW lr 1e-3 wd 0.05, one-cycle (15 % warm-up),
+# label smoothing 0.1, crop+flip, batch 128 (the TrainConfig defaults), EPOCHS epochs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DATA_DIR=${1:-data}
+EPOCHS=${2:-15}
+OUT_DIR=${CHECKPOINT_DIR:-checkpoints}
+for enc in ape sape2+ape sape2 cope+ape rope_mixed rpb ape2d sincos2d rope_axial none; do
+  if [ -f "$OUT_DIR/$enc.safetensors" ]; then echo "== $enc: done"; continue; fi
+  echo "== $enc: training ($EPOCHS epochs)"
+  python -m vitpe_core train --encoding "$enc" --dataset cifar10 --preset compact --epochs "$EPOCHS" \
+    --seed 0 --data-dir "$DATA_DIR" --out "runs/$enc" --resume --checkpoint "$OUT_DIR/$enc.safetensors"
+done

@@ -1,0 +1,199 @@
+"""Analysis: torch in, numpy out, no Streamlit.
+
+* position tables: cosine similarity `(N, N)`, the ViT paper's Figure-7 grid `(H, W, H, W)`,
+  and a 2D-structure score (Spearman correlation of similarity with minus the spatial
+  distance, plus same-row / same-column summaries);
+* per image and query patch: every layer/head's positional bias row and attention row as
+  `(H, W)` maps, SaPE²'s x and y parts separately, for every encoding where they exist;
+* per layer and head: mean attention distance (in patches) and attention entropy (nats);
+* RoPE's positional kernel `mean_k cos(θ_ik − θ_jk)` for rotation encodings.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .encodings.base import Grid
+from .encodings.grid import grid_coords
+from .model import ViT
+
+
+# ----------------------------------------------------------------------------- tables
+@torch.no_grad()
+def position_table(model: ViT, grid: Grid | None = None, params: dict[str, Tensor] | None = None) -> Tensor | None:
+    """`(N, D)` patch rows of the model's absolute table (None if it has none). `params`
+    replaces the encoding's parameters (a `history` snapshot from a checkpoint)."""
+    enc = model.pos_enc
+    if params is not None:
+        enc = copy.deepcopy(enc)
+        enc.load_state_dict({k: v.float() for k, v in params.items()}, strict=False)
+    table = enc.table(grid or model.cfg.grid)
+    return None if table is None else table[model.num_prefix:].detach().float().cpu()
+
+
+def cosine_similarity(table: Tensor | np.ndarray) -> np.ndarray:
+    """`(N, D)` -> `(N, N)` cosine similarity of every pair of rows."""
+    t = torch.as_tensor(table, dtype=torch.float32).detach()
+    t = t / t.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    return (t @ t.T).numpy()
+
+
+def similarity_grid(sim: np.ndarray, grid: Grid) -> np.ndarray:
+    """`(N, N)` -> `(H, W, H, W)`: `[r, c]` is the map of patch (r, c)'s similarity to all."""
+    H, W = grid
+    return sim.reshape(H, W, H, W)
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """Average ranks (ties share their mean rank), as Spearman's rho needs."""
+    order = np.argsort(x, kind="mergesort")
+    xs = x[order]
+    ranks = np.empty(len(x), dtype=np.float64)
+    boundaries = np.flatnonzero(np.diff(xs)) + 1
+    starts = np.concatenate(([0], boundaries))
+    ends = np.concatenate((boundaries, [len(x)]))
+    for s, e in zip(starts, ends):  # loops over distinct values, not elements
+        ranks[order[s:e]] = (s + e - 1) / 2.0
+    return ranks
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    ra, rb = _ranks(np.asarray(a, np.float64)), _ranks(np.asarray(b, np.float64))
+    ra -= ra.mean()
+    rb -= rb.mean()
+    denom = np.sqrt((ra * ra).sum() * (rb * rb).sum())
+    return float((ra * rb).sum() / denom) if denom > 0 else 0.0
+
+
+def structure_score(sim: np.ndarray, grid: Grid) -> dict[str, float]:
+    """How well similarity follows 2D layout, over all off-diagonal pairs:
+    `spearman`: rank correlation of similarity with −Euclidean distance (1 = perfectly
+    ordered by distance, 0 = no relation); `same_row`, `same_col`, `other`: mean similarity
+    of pairs in the same row, the same column, neither; `neighbour`: mean similarity of
+    4-neighbours."""
+    r, c = (x.numpy() for x in grid_coords(grid))
+    dr, dc = r[:, None] - r[None, :], c[:, None] - c[None, :]
+    dist = np.sqrt(dr ** 2 + dc ** 2)
+    off = ~np.eye(len(r), dtype=bool)
+    row, col = (dr == 0) & off, (dc == 0) & off
+    nb = (np.abs(dr) + np.abs(dc)) == 1
+    mean = lambda m: float(sim[m].mean()) if m.any() else float("nan")
+    return {"spearman": spearman(sim[off], -dist[off]), "same_row": mean(row), "same_col": mean(col),
+            "other": mean(off & ~row & ~col), "neighbour": mean(nb)}
+
+
+# ----------------------------------------------------------------------------- traces
+@dataclass
+class Trace:
+    """One forward pass of one image with everything recorded, as numpy, batch index 0."""
+
+    grid: Grid
+    num_prefix: int
+    logits: np.ndarray                              # (classes,)
+    attn: np.ndarray                                # (L, h, T, T)
+    bias: np.ndarray | None                         # (L, h, T, T) or None
+    parts: dict[str, np.ndarray] = field(default_factory=dict)  # name -> (L, h, N, N)
+
+    @property
+    def probs(self) -> np.ndarray:
+        e = np.exp(self.logits - self.logits.max())
+        return e / e.sum()
+
+
+@torch.no_grad()
+def trace_image(model: ViT, image: Tensor) -> Trace:
+    """Run `image: (3, H_img, W_img)` (already normalised) through the trace path."""
+    model.eval()
+    rec: list[dict] = []
+    logits = model(image[None].float(), trace=rec)
+    grid = model.grid_for(image.shape[-2:])
+    attn = np.stack([t["attn"][0].float().numpy() for t in rec])
+    has_bias = rec[0]["bias"] is not None
+    bias = None
+    if has_bias:
+        bias = np.stack([t["bias"].expand_as(t["attn"])[0].float().numpy() for t in rec])
+    parts = {}
+    for name in rec[0]["parts"] or {}:
+        parts[name] = np.stack([t["parts"][name].expand(1, *t["parts"][name].shape[1:])[0].float().numpy()
+                                for t in rec])
+    return Trace(grid, model.num_prefix, logits[0].numpy(), attn, bias, parts)
+
+
+def patch_index(patch: tuple[int, int], grid: Grid) -> int:
+    r, c = patch
+    if not (0 <= r < grid[0] and 0 <= c < grid[1]):
+        raise ValueError(f"patch {patch} is outside the {grid[0]}x{grid[1]} grid")
+    return r * grid[1] + c
+
+
+def patch_maps(trace: Trace, patch: tuple[int, int]) -> dict[str, np.ndarray]:
+    """For query patch `(r, c)`: `(L, h, H, W)` maps of the attention row (over patches),
+    the bias row (if any) and each named bias part (e.g. SaPE²'s `x`, `y`), plus
+    `cls_attn`: how much the CLS token attends to each patch."""
+    H, W = trace.grid
+    P, i = trace.num_prefix, patch_index(patch, trace.grid)
+    L, h = trace.attn.shape[:2]
+    out = {"attn": trace.attn[:, :, P + i, P:].reshape(L, h, H, W),
+           "cls_attn": trace.attn[:, :, 0, P:].reshape(L, h, H, W)}
+    if trace.bias is not None:
+        out["bias"] = trace.bias[:, :, P + i, P:].reshape(L, h, H, W)
+    for name, part in trace.parts.items():
+        out[name] = part[:, :, i, :].reshape(L, h, H, W)
+    return out
+
+
+def normalize01(m: np.ndarray) -> np.ndarray:
+    """Min-max to [0, 1] over the last two axes (the paper's Figure-4 normalisation)."""
+    lo = m.min(axis=(-2, -1), keepdims=True)
+    hi = m.max(axis=(-2, -1), keepdims=True)
+    return (m - lo) / np.where(hi > lo, hi - lo, 1.0)
+
+
+def attention_stats(trace: Trace) -> dict[str, np.ndarray]:
+    """Per layer and head `(L, h)`: `mean_distance` — expected Euclidean distance in patches
+    from each patch query to the patches it attends to (attention renormalised over patch
+    keys), averaged over queries; `entropy` — entropy in nats of each query's full
+    attention row, averaged over patch queries."""
+    P = trace.num_prefix
+    r, c = (x.numpy() for x in grid_coords(trace.grid))
+    dist = np.sqrt((r[:, None] - r[None]) ** 2 + (c[:, None] - c[None]) ** 2)   # (N, N)
+    a = trace.attn[:, :, P:, P:]                                               # (L, h, N, N)
+    a = a / np.clip(a.sum(-1, keepdims=True), 1e-12, None)
+    mean_distance = (a * dist).sum(-1).mean(-1)                                # (L, h)
+    full = np.clip(trace.attn[:, :, P:, :], 1e-12, None)                       # (L, h, N, T)
+    entropy = -(full * np.log(full)).sum(-1).mean(-1)                          # (L, h)
+    return {"mean_distance": mean_distance, "entropy": entropy}
+
+
+@torch.no_grad()
+def rope_kernel(model: ViT, grid: Grid, layer: int, patch: tuple[int, int]) -> np.ndarray | None:
+    """`(h, H, W)`: the positional kernel of a rotation encoding seen from `patch`,
+    `mean_k cos(θ_ik − θ_jk)` (1 where rotation leaves q·k unchanged)."""
+    ang = model.pos_enc.angles(grid, layer)               # (h|1, N, d/2) or None
+    if ang is None:
+        return None
+    i = patch_index(patch, grid)
+    k = torch.cos(ang[:, i:i + 1] - ang).mean(-1)         # (h|1, N)
+    k = k.expand(model.cfg.heads, -1)
+    return k.reshape(-1, *grid).float().numpy()
+
+
+def positional_component(model: ViT, trace: Trace, patch: tuple[int, int]) -> tuple[str, np.ndarray] | None:
+    """What the compare page shows as an encoding's positional view of `patch`, `(L, h, H, W)`:
+    the bias row if the encoding has a bias, else the table similarity row, else the RoPE
+    kernel; None for `none`."""
+    if trace.bias is not None:
+        return "bias row", patch_maps(trace, patch)["bias"]
+    L, h = trace.attn.shape[:2]
+    table = position_table(model, trace.grid)
+    if table is not None:
+        row = cosine_similarity(table)[patch_index(patch, trace.grid)].reshape(*trace.grid)
+        return "table similarity", np.broadcast_to(row, (L, h, *trace.grid)).copy()
+    kernels = [rope_kernel(model, trace.grid, layer, patch) for layer in range(L)]
+    if kernels[0] is not None:
+        return "RoPE kernel", np.stack(kernels)
+    return None

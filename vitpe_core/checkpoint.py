@@ -1,0 +1,306 @@
+"""Checkpoint I/O: one self-describing safetensors file per model, loaded strictly.
+
+A checkpoint `NAME.safetensors` holds
+* the weights (float16 by default; float32 on request), no `_orig_mod.` / `module.` prefixes;
+* per-epoch snapshots of the position-encoding parameters under `history.{epoch}.{name}`
+  (the app replays how 2D structure emerges during training);
+* metadata (strings): `format` = "vitpe-checkpoint", `format_version`, `config` (ViTConfig
+  JSON), `metrics` (JSON: recipe, accuracy, curves, resolution and translation results...).
+Beside it, `NAME.json` repeats config + metrics for humans and diffs.
+
+Loading never executes code (safetensors has no pickle), checks the format and version,
+rebuilds the model from its config and loads the weights with `strict=True`. Every refusal
+is a `CheckpointError` (a `ValueError`) naming the problem. `resolve_checkpoint` only opens
+files inside a given folder (no `..`, absolute paths or symlinks out of it).
+
+`import_timm` builds an `ape` model from a timm / DeiT `VisionTransformer` state dict.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save as st_save
+
+from .config import ViTConfig
+from .model import ViT
+
+log = logging.getLogger(__name__)
+
+FORMAT = "vitpe-checkpoint"
+FORMAT_VERSION = "1"
+SUFFIX = ".safetensors"
+HISTORY = "history."
+MAX_CHECKPOINT_BYTES = 512 * 2**20
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message says why and what to do."""
+
+
+@dataclass
+class Checkpoint:
+    model: ViT
+    config: ViTConfig
+    metrics: dict[str, Any] = field(default_factory=dict)
+    history: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # epoch -> pos_enc params
+    name: str = ""
+
+
+def clean_state_dict(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Strip `torch.compile` (`_orig_mod.`) and DDP (`module.`) prefixes."""
+    out = {}
+    for k, v in sd.items():
+        for pre in ("_orig_mod.", "module."):
+            while k.startswith(pre):
+                k = k[len(pre):]
+        out[k] = v
+    return out
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temporary file in the same folder, fsync, then rename over `path`: a crash
+    leaves either the old file or the new one, never a torn one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def sidecar_path(path: Path) -> Path:
+    return Path(path).with_suffix(".json")
+
+
+def save_checkpoint(path: str | Path, model: ViT, *, metrics: dict | None = None,
+                    history: Mapping[int, Mapping[str, torch.Tensor]] | None = None,
+                    dtype: torch.dtype = torch.float16) -> Path:
+    """Write `path` (.safetensors) and its `.json` sidecar atomically."""
+    path = Path(path)
+    if path.suffix != SUFFIX:
+        raise ValueError(f"checkpoint files end in {SUFFIX}, got {path.name}")
+    tensors = {}
+    for k, v in clean_state_dict(model.state_dict()).items():
+        v = v.detach().cpu()
+        tensors[k] = (v.to(dtype) if v.is_floating_point() else v).contiguous()
+    for epoch, params in (history or {}).items():
+        for k, v in params.items():
+            tensors[f"{HISTORY}{int(epoch)}.{k}"] = v.detach().cpu().to(dtype).contiguous()
+    metrics = metrics or {}
+    meta = {"format": FORMAT, "format_version": FORMAT_VERSION,
+            "config": model.cfg.to_json(), "metrics": json.dumps(metrics, sort_keys=True)}
+    atomic_write_bytes(path, st_save(tensors, metadata=meta))
+    sidecar = {"config": model.cfg.to_dict(), "metrics": metrics}
+    atomic_write_bytes(sidecar_path(path), (json.dumps(sidecar, indent=1, sort_keys=True) + "\n").encode())
+    return path
+
+
+def history_params(model: ViT) -> dict[str, torch.Tensor]:
+    """The position encoding's learned parameters now (what `history` records per epoch)."""
+    return {k: v.detach().cpu().clone() for k, v in model.pos_enc.named_parameters()}
+
+
+def read_checkpoint_file(path: str | Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    """Metadata and tensors of a vitpe checkpoint, with every failure a CheckpointError."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint file at {path}")
+    size = path.stat().st_size
+    if size > MAX_CHECKPOINT_BYTES:
+        raise CheckpointError(f"{path.name} is {size / 2**20:.0f} MiB; the limit is "
+                              f"{MAX_CHECKPOINT_BYTES / 2**20:.0f} MiB")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"{path.name} is not a readable safetensors file "
+                              f"(truncated or not a vitpe checkpoint): {e}") from None
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{path.name} is a safetensors file but not a vitpe checkpoint "
+                              f"(metadata 'format' is {meta.get('format')!r}). For timm weights use "
+                              "vitpe_core.checkpoint.import_timm.")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{path.name} has checkpoint format version {meta.get('format_version')!r}; "
+                              f"this vitpe reads version {FORMAT_VERSION}. Re-save it with a matching vitpe.")
+    return meta, tensors
+
+
+def _parse_json(meta: dict[str, str], key: str, name: str) -> Any:
+    try:
+        return json.loads(meta[key])
+    except (KeyError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{name}: metadata {key!r} is missing or not JSON ({e})") from None
+
+
+def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
+                    dtype: torch.dtype = torch.float32) -> Checkpoint:
+    """Rebuild the model of a vitpe checkpoint and load its weights strictly."""
+    path = Path(path)
+    meta, tensors = read_checkpoint_file(path)
+    try:
+        cfg = ViTConfig.from_dict(_parse_json(meta, "config", path.name))
+        model = ViT(cfg)
+    except CheckpointError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"{path.name}: its config cannot build a model: {e}") from None
+    metrics = _parse_json(meta, "metrics", path.name)
+    history: dict[int, dict[str, torch.Tensor]] = {}
+    weights = {}
+    for k, v in tensors.items():
+        if k.startswith(HISTORY):
+            epoch, _, name = k[len(HISTORY):].partition(".")
+            history.setdefault(int(epoch), {})[name] = v.to(dtype)
+        else:
+            weights[k] = v.to(dtype) if v.is_floating_point() else v
+    load_weights(model, weights, path.name)
+    model.to(device).eval()
+    return Checkpoint(model, cfg, metrics, dict(sorted(history.items())), path.stem)
+
+
+def load_weights(model: torch.nn.Module, weights: Mapping[str, torch.Tensor], name: str) -> None:
+    """`load_state_dict(strict=True)` with one message naming every missing, unexpected and
+    mis-shaped key."""
+    own = model.state_dict()
+    weights = dict(weights)
+    if "pos_embed" in weights and "pos_embed" not in own:   # timm layout, see model._map_timm_keys
+        targets = [k for k in own if k.endswith(".pos_embed")]
+        if len(targets) == 1:
+            weights[targets[0]] = weights.pop("pos_embed")
+    missing = sorted(set(own) - set(weights))
+    unexpected = sorted(set(weights) - set(own))
+    shapes = [f"{k}: file {tuple(weights[k].shape)} vs model {tuple(own[k].shape)}"
+              for k in sorted(set(own) & set(weights)) if weights[k].shape != own[k].shape]
+    problems = []
+    if missing:
+        problems.append(f"missing keys {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+    if unexpected:
+        problems.append(f"unexpected keys {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
+    if shapes:
+        problems.append(f"wrong shapes {shapes[:8]}")
+    if problems:
+        raise CheckpointError(f"{name} does not match its model: " + "; ".join(problems))
+    model.load_state_dict(weights, strict=True)
+
+
+def update_metrics(path: str | Path, updates: dict[str, Any]) -> dict[str, Any]:
+    """Merge `updates` into a checkpoint's metrics (file and sidecar), atomically."""
+    path = Path(path)
+    meta, tensors = read_checkpoint_file(path)
+    metrics = {**_parse_json(meta, "metrics", path.name), **updates}
+    meta["metrics"] = json.dumps(metrics, sort_keys=True)
+    atomic_write_bytes(path, st_save(tensors, metadata=meta))
+    cfg = _parse_json(meta, "config", path.name)
+    atomic_write_bytes(sidecar_path(path), (json.dumps({"config": cfg, "metrics": metrics}, indent=1,
+                                                       sort_keys=True) + "\n").encode())
+    return metrics
+
+
+# ----------------------------------------------------------------------------- safe paths
+def list_checkpoints(root: str | Path) -> list[str]:
+    """Names (file stems) of the checkpoint files directly inside `root`, sorted."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    names = []
+    for p in sorted(root.glob(f"*{SUFFIX}")):
+        try:
+            names.append(resolve_checkpoint(p.stem, root).stem)
+        except CheckpointError:
+            continue
+    return names
+
+
+def resolve_checkpoint(name: str, root: str | Path) -> Path:
+    """The file for checkpoint `name` inside `root`; refuses (without reading anything) path
+    separators, `..`, absolute paths, hidden names and symlinks that leave `root`."""
+    if not isinstance(name, str) or not name or len(name) > 128:
+        raise CheckpointError("a checkpoint name must be a non-empty string of at most 128 characters")
+    if name.endswith(SUFFIX):
+        name = name[: -len(SUFFIX)]
+    bad = set(name) & set("/\\\x00:") or name.startswith(".") or name != name.strip()
+    if bad or Path(name).is_absolute() or ".." in name:
+        raise CheckpointError(f"invalid checkpoint name {name!r}: use one of the names listed in the folder")
+    root = Path(root).resolve()
+    path = root / f"{name}{SUFFIX}"
+    try:
+        real = path.resolve(strict=True)
+    except (FileNotFoundError, RuntimeError, OSError):
+        raise CheckpointError(f"no checkpoint named {name!r} in {root.name}/") from None
+    if real.parent != root or not real.is_file():
+        raise CheckpointError(f"checkpoint {name!r} points outside {root.name}/; refused")
+    return real
+
+
+# ----------------------------------------------------------------------------- timm import
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """A plain state dict from .npz, .safetensors or a weights-only torch file (no code runs)."""
+    path = Path(path)
+    try:
+        if path.suffix == ".npz":
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+            return {k: torch.from_numpy(a.copy()) for k, a in arrays.items() if a.dtype.kind in "fiub"}
+        if path.suffix == SUFFIX:
+            with safe_open(str(path), framework="pt") as f:
+                return {k: f.get_tensor(k) for k in f.keys()}
+        sd = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # any failure to parse is the file's problem, reported as such
+        raise CheckpointError(f"cannot read {path.name} as a state dict: {e}") from None
+    for key in ("model", "state_dict", "model_state"):
+        if isinstance(sd, dict) and isinstance(sd.get(key), dict):
+            sd = sd[key]
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise CheckpointError(f"{path.name} does not hold a flat dict of tensors")
+    return sd
+
+
+def import_timm(state_dict: Mapping[str, torch.Tensor] | str | Path, *, heads: int | None = None,
+                grid: tuple[int, int] | None = None) -> ViT:
+    """Build an `ape` ViT from a timm / DeiT `VisionTransformer` state dict (class token,
+    learned `pos_embed`). `heads` defaults to `dim // 64` (every standard timm ViT); `grid`
+    defaults to the square grid implied by `pos_embed` and must be given otherwise."""
+    if not isinstance(state_dict, Mapping):
+        state_dict = read_state_dict(state_dict)
+    sd = clean_state_dict(state_dict)
+    need = ["cls_token", "pos_embed", "patch_embed.proj.weight", "head.weight", "blocks.0.mlp.fc1.weight"]
+    missing = [k for k in need if k not in sd]
+    if missing:
+        raise CheckpointError(f"not a timm VisionTransformer state dict with a class token and a learned "
+                              f"pos_embed: missing {missing}")
+    dim = sd["cls_token"].shape[-1]
+    depth = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("blocks."))
+    patch = sd["patch_embed.proj.weight"].shape[-1]
+    n = sd["pos_embed"].shape[1] - 1
+    if grid is None:
+        side = int(round(n ** 0.5))
+        if side * side != n:
+            raise CheckpointError(f"pos_embed has {n} patch rows, not a square grid: pass grid=(H, W)")
+        grid = (side, side)
+    if grid[0] * grid[1] != n:
+        raise CheckpointError(f"grid {grid} has {grid[0] * grid[1]} patches but pos_embed has {n}")
+    cfg = ViTConfig(img_size=(grid[0] * patch, grid[1] * patch), patch_size=patch,
+                    in_chans=sd["patch_embed.proj.weight"].shape[1], num_classes=sd["head.weight"].shape[0],
+                    dim=dim, depth=depth, heads=heads or max(1, dim // 64),
+                    mlp_dim=sd["blocks.0.mlp.fc1.weight"].shape[0],
+                    qkv_bias="blocks.0.attn.qkv.bias" in sd, encoding="ape")
+    model = ViT(cfg)
+    weights = {k: v.float() for k, v in sd.items() if not k.startswith("pretrained_")}
+    load_weights(model, weights, "timm state dict")
+    return model.eval()

@@ -1,0 +1,79 @@
+"""Frozen configurations serialised into every checkpoint.
+
+`ViTConfig` describes a model completely (architecture + position encoding), so a
+checkpoint rebuilds its model without outside knowledge. `PRESETS` holds the two recipes
+the project trains: `compact` (the published compact-ViT comparison size) and `paper`
+(ViT-S as in the SaPE² paper, arXiv 2505.09466).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    img_size: tuple[int, int] = (32, 32)      # (height, width) in pixels the model is built for
+    patch_size: int = 4
+    in_chans: int = 3
+    num_classes: int = 10
+    dim: int = 128                             # D
+    depth: int = 6
+    heads: int = 4                             # h
+    mlp_dim: int = 256
+    qkv_bias: bool = True
+    norm_eps: float = 1e-6                     # timm's VisionTransformer default
+    drop_path: float = 0.0
+    encoding: str = "ape"                      # registry name, `a+b` composes
+    encoding_options: dict[str, Any] = field(default_factory=dict)  # e.g. {"npos_max": 10, "readout": "query"}
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "img_size", tuple(int(s) for s in self.img_size))
+        if self.dim % self.heads:
+            raise ValueError(f"dim {self.dim} must be divisible by heads {self.heads}")
+        h, w = self.img_size
+        if h % self.patch_size or w % self.patch_size:
+            raise ValueError(f"img_size {self.img_size} must be a multiple of patch_size {self.patch_size}")
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """(H, W) patch grid the model is built for."""
+        return (self.img_size[0] // self.patch_size, self.img_size[1] // self.patch_size)
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.heads
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["img_size"] = list(self.img_size)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ViTConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown ViTConfig fields {sorted(unknown)}; valid: {sorted(known)}")
+        return cls(**d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # D 128, 6 layers, 4 heads, MLP 256, patch 4 on 32x32: the compact-ViT comparison size.
+    "compact": dict(img_size=(32, 32), patch_size=4, dim=128, depth=6, heads=4, mlp_dim=256),
+    # ViT-S as in the SaPE² paper: D 384, 12 layers, 6 heads, patch 4 on 32x32.
+    "paper": dict(img_size=(32, 32), patch_size=4, dim=384, depth=12, heads=6, mlp_dim=1536, drop_path=0.1),
+    # A tiny model for tests and smoke runs.
+    "tiny": dict(img_size=(16, 24), patch_size=4, dim=32, depth=2, heads=2, mlp_dim=64),
+}
+
+
+def preset_config(preset: str, **overrides: Any) -> ViTConfig:
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; valid: {sorted(PRESETS)}")
+    return ViTConfig(**{**PRESETS[preset], **overrides})

@@ -1,0 +1,24 @@
+"""Pieces shared by CoPE and SaPE²: gated positions and their read-out (ENCODINGS.md)."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def reverse_cumsum(g: Tensor) -> Tensor:
+    """`p[..., m] = sum_{j >= m} g[..., j]` along the last axis (no flips, no causal cut)."""
+    return g.sum(-1, keepdim=True) - g.cumsum(-1) + g
+
+
+def interpolate_readout(z: Tensor, p: Tensor) -> Tensor:
+    """Linear interpolation of integer read-outs `z[..., t]` at fractional positions `p`.
+
+    `z: (..., A, M+1)`, `p: (..., A, K)` with `0 <= p <= M` -> `(..., A, K)`:
+    `z[p] = (p - floor p) * z[ceil p] + (1 - p + floor p) * z[floor p]`. floor/ceil carry no
+    gradient: `p` gets its gradient through the interpolation weight only.
+    """
+    floor = p.floor()
+    w = p - floor                                        # (..., A, K)
+    z_floor = torch.gather(z, -1, floor.long())          # (..., A, K)
+    z_ceil = torch.gather(z, -1, p.ceil().long())        # (..., A, K)
+    return z_ceil * w + z_floor * (1 - w)

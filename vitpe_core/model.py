@@ -1,0 +1,152 @@
+"""A Vision Transformer with one pluggable position encoding.
+
+Shared parts use timm's `VisionTransformer` parameter names (`cls_token`, `patch_embed.proj`,
+`blocks.{i}.norm1/attn.qkv/attn.proj/norm2/mlp.fc1/mlp.fc2`, `norm`, `head`), and `ape`
+keeps timm's `pos_embed` layout, so a timm / DeiT state dict with a learned table loads
+into `encoding="ape"` with `model.load_state_dict(sd)` (the key `pos_embed` is mapped).
+
+One attention class with two paths:
+* fast: `F.scaled_dot_product_attention`, the encoding's bias passed as `attn_mask`;
+* trace: explicit softmax, recording per layer the bias, its named parts and the weights.
+tests/test_model.py proves both give the same logits for every encoding.
+The grid is taken from the input size, so a model runs at other resolutions; each
+encoding resizes or recomputes itself as ENCODINGS.md says.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+from .config import ViTConfig
+from .encodings import EncodingContext, PositionEncoding, build_encoding
+from .encodings.base import Grid
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int, qkv_bias: bool = True) -> None:
+        super().__init__()
+        self.heads = heads
+        self.scale = (dim // heads) ** -0.5
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: Tensor, pos: PositionEncoding, grid: Grid, layer: int,
+                trace: list[dict] | None = None) -> Tensor:
+        qkv = rearrange(self.qkv(x), "b t (three h d) -> three b h t d", three=3, h=self.heads)
+        q, k, v = qkv.unbind(0)                                      # (B, h, T, d) each
+        parts: dict[str, Tensor] | None = {} if trace is not None else None
+        bias = pos.bias(q, k, grid=grid, layer=layer, parts=parts)   # (B|1, h, T, T) or None
+        q, k = pos.rotate(q, k, grid=grid, layer=layer)
+        if trace is None:
+            mask = None if bias is None else bias.to(q.dtype)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, h, T, d)
+        else:
+            logits = (q * self.scale) @ k.transpose(-1, -2)          # (B, h, T, T)
+            if bias is not None:
+                logits = logits + bias.to(q.dtype)
+            attn = logits.softmax(dim=-1)                            # (B, h, T, T)
+            out = attn @ v                                           # (B, h, T, d)
+            trace.append({"attn": attn, "bias": bias, "parts": parts, "q": q, "k": k})
+        return self.proj(rearrange(out, "b h t d -> b t (h d)"))    # (B, T, D)
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def drop_path(x: Tensor, p: float, training: bool) -> Tensor:
+    if p == 0.0 or not training:
+        return x
+    keep = x.new_empty(x.shape[0], *([1] * (x.ndim - 1))).bernoulli_(1 - p)
+    return x * keep / (1 - p)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block."""
+
+    def __init__(self, cfg: ViTConfig, drop_path: float = 0.0) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
+        self.attn = Attention(cfg.dim, cfg.heads, cfg.qkv_bias)
+        self.norm2 = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
+        self.mlp = Mlp(cfg.dim, cfg.mlp_dim)
+        self.drop_path = drop_path
+
+    def forward(self, x, pos, grid, layer, trace=None):
+        x = x + drop_path(self.attn(self.norm1(x), pos, grid, layer, trace), self.drop_path, self.training)
+        return x + drop_path(self.mlp(self.norm2(x)), self.drop_path, self.training)
+
+
+class ViT(nn.Module):
+    """`forward(images (B, C, H_img, W_img)) -> logits (B, num_classes)`; pass `trace=[]` to
+    record per-layer attention, bias and bias parts (see Attention)."""
+
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.num_prefix = 1
+        self.patch_embed = nn.Module()
+        self.patch_embed.proj = nn.Conv2d(cfg.in_chans, cfg.dim, cfg.patch_size, stride=cfg.patch_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.dim))
+        ctx = EncodingContext(cfg.dim, cfg.heads, cfg.depth, cfg.grid, self.num_prefix)
+        self.pos_enc = build_encoding(cfg.encoding, ctx, **cfg.encoding_options)
+        rates = torch.linspace(0, cfg.drop_path, cfg.depth).tolist()
+        self.blocks = nn.ModuleList(Block(cfg, r) for r in rates)
+        self.norm = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
+        self.head = nn.Linear(cfg.dim, cfg.num_classes)
+        self._init_weights()
+        self.register_load_state_dict_pre_hook(_map_timm_keys)
+
+    def _init_weights(self) -> None:
+        nn.init.normal_(self.cls_token, std=1e-6)  # timm
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                nn.init.zeros_(m.bias)
+
+    def grid_for(self, img_size: tuple[int, int]) -> Grid:
+        p = self.cfg.patch_size
+        if img_size[0] % p or img_size[1] % p:
+            raise ValueError(f"image size {tuple(img_size)} is not a multiple of the patch size {p}")
+        return (img_size[0] // p, img_size[1] // p)
+
+    def tokens(self, x: Tensor) -> tuple[Tensor, Grid]:
+        """Patch + CLS tokens with the absolute table added: `(B, T, D)` and the grid."""
+        grid = self.grid_for(x.shape[-2:])
+        x = rearrange(self.patch_embed.proj(x), "b d y x -> b (y x) d")        # (B, N, D)
+        x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)   # (B, T, D)
+        table = self.pos_enc.table(grid)                                       # (T, D) or None
+        if table is not None:
+            x = x + table.to(x.dtype)
+        return x, grid
+
+    def forward_features(self, x: Tensor, trace: list[dict] | None = None) -> Tensor:
+        x, grid = self.tokens(x)
+        for i, blk in enumerate(self.blocks):
+            x = blk(x, self.pos_enc, grid, i, trace)
+        return self.norm(x)                                                    # (B, T, D)
+
+    def forward(self, x: Tensor, trace: list[dict] | None = None) -> Tensor:
+        return self.head(self.forward_features(x, trace)[:, 0])               # (B, classes)
+
+
+def _map_timm_keys(module: ViT, state_dict: dict, prefix: str, *args) -> None:
+    """Accept timm's top-level `pos_embed` for the `ape` table wherever it sits in the encoding."""
+    key = prefix + "pos_embed"
+    if key in state_dict:
+        targets = [n for n, _ in module.pos_enc.named_parameters() if n.split(".")[-1] == "pos_embed"]
+        if len(targets) == 1:
+            state_dict[prefix + "pos_enc." + targets[0]] = state_dict.pop(key)
+
+
+def build_model(cfg: ViTConfig) -> ViT:
+    return ViT(cfg)

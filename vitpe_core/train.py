@@ -1,0 +1,260 @@
+"""Training: AdamW, warm-up + one-cycle or cosine schedule, label smoothing, batched
+augmentation on uint8 tensors, evaluation each epoch, exact resume, atomic checkpoints.
+
+The whole run state (model, optimiser, step, RNG states, curves, per-epoch encoding
+snapshots) lives in `<out>/state.pt`, written atomically every `save_every` steps and at
+every epoch end, and loadable with `torch.load(weights_only=True)`. `--resume` continues
+from it; the data order of an epoch is a function of (seed, epoch) and the augmentation
+generator's state is saved, so a resumed run reproduces an uninterrupted one exactly
+(tests/test_train.py). The final model goes to `<out>/final.safetensors` and, with
+`--checkpoint`, to a named checkpoint with the full evaluation report in its metrics.
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import logging
+import math
+import os
+import platform
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from . import data as D
+from .checkpoint import atomic_write_bytes, clean_state_dict, history_params, save_checkpoint
+from .config import ViTConfig, preset_config
+from .evaluate import accuracy, full_report, predict, summarize_table
+from .model import ViT
+
+log = logging.getLogger(__name__)
+SCHEDULES = ("onecycle", "cosine")
+AUGMENTS = ("cropflip", "mixup", "none")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    encoding: str = "ape"
+    dataset: str = "cifar10"
+    preset: str = "compact"
+    encoding_options: dict[str, Any] = field(default_factory=dict)
+    epochs: int = 10
+    batch_size: int = 128
+    lr: float = 1e-3
+    min_lr_ratio: float = 1e-3      # final lr = lr * min_lr_ratio
+    weight_decay: float = 0.05
+    schedule: str = "onecycle"      # onecycle: warm-up over `warmup` of all steps; cosine: over `warmup` epochs
+    warmup: float = 0.15
+    label_smoothing: float = 0.1
+    augment: str = "cropflip"       # mixup = crop+flip then mixup/cutmix (the paper's DeiT-style recipe)
+    grad_clip: float = 1.0
+    seed: int = 0
+    train_subset: int | None = None  # tiny runs (tests, smoke)
+    test_subset: int | None = None
+    eval_batch_size: int = 500
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {self.schedule!r}; valid: {SCHEDULES}")
+        if self.augment not in AUGMENTS:
+            raise ValueError(f"unknown augment {self.augment!r}; valid: {AUGMENTS}")
+        if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0:
+            raise ValueError("epochs, batch_size and lr must be positive")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def model_config(self, num_classes: int) -> ViTConfig:
+        return preset_config(self.preset, encoding=self.encoding, num_classes=num_classes,
+                             encoding_options=dict(self.encoding_options))
+
+
+def lr_at(step: int, total: int, steps_per_epoch: int, cfg: TrainConfig) -> float:
+    """Learning rate at optimiser step `step` (0-based) of `total`."""
+    warm = cfg.warmup * total if cfg.schedule == "onecycle" else cfg.warmup * steps_per_epoch
+    warm = max(1, int(round(warm)))
+    lo = cfg.lr * cfg.min_lr_ratio
+    if step < warm:
+        start = cfg.lr / 25 if cfg.schedule == "onecycle" else lo
+        return start + (cfg.lr - start) * step / warm
+    t = (step - warm) / max(1, total - warm)
+    return lo + 0.5 * (cfg.lr - lo) * (1 + math.cos(math.pi * min(1.0, t)))
+
+
+def git_commit() -> str:
+    root = Path(__file__).resolve().parents[1]
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (sha or "unknown") + ("+dirty" if dirty else "")
+
+
+def _save_state(path: Path, state: dict) -> None:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def load_state(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _epoch_generator(cfg: TrainConfig, epoch: int) -> torch.Generator:
+    return torch.Generator().manual_seed(cfg.seed * 100_003 + epoch)
+
+
+def train(cfg: TrainConfig, *, data_dir: str | Path, out: str | Path, resume: bool = False,
+          checkpoint: str | Path | None = None, device: str = "cpu", save_every: int = 100,
+          stop_after_steps: int | None = None, progress: bool = True, download: bool = False,
+          full_eval: bool = True) -> dict:
+    """Train (or resume) a run in `out`; returns its metrics. `stop_after_steps` saves and
+    returns early, as an interruption would (tests)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    state_path = out / "state.pt"
+    train_ds = D.load_cifar(cfg.dataset, data_dir, "train", download=download)
+    test_ds = D.load_cifar(cfg.dataset, data_dir, "test", download=download)
+    if cfg.train_subset:
+        train_ds = D.subset(train_ds, cfg.train_subset, seed=cfg.seed)
+    if cfg.test_subset:
+        test_ds = D.subset(test_ds, cfg.test_subset, seed=cfg.seed)
+    num_classes = D.DATASETS[cfg.dataset].num_classes
+
+    torch.manual_seed(cfg.seed)
+    model = ViT(cfg.model_config(num_classes)).to(device)
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "pos_enc" not in n and "token" not in n]
+    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "pos_enc" not in n and "token" not in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
+    steps_per_epoch = D.num_batches(len(train_ds), cfg.batch_size, drop_last=True)
+    total = steps_per_epoch * cfg.epochs
+    aug_gen = torch.Generator().manual_seed(cfg.seed + 1)
+    step, train_time = 0, 0.0
+    curves: dict[str, list] = {k: [] for k in ("epoch", "train_loss", "train_acc", "test_top1", "test_top5",
+                                               "test_loss", "lr", "images_per_s")}
+    history = {0: history_params(model)}
+    commits = [git_commit()]  # the code each (re)start of this run trained with
+    if resume and state_path.exists():
+        st = load_state(state_path)
+        if st["train_config"] != cfg.to_dict():
+            raise ValueError(f"{state_path} was written with another configuration; use a new --out or drop "
+                             f"--resume.\nsaved: {st['train_config']}\nnow:   {cfg.to_dict()}")
+        model.load_state_dict(st["model"])
+        opt.load_state_dict(st["optimizer"])
+        aug_gen.set_state(st["aug_rng"])
+        torch.set_rng_state(st["torch_rng"])
+        step, train_time, curves = st["step"], st["train_time"], st["curves"]
+        history = {int(k): v for k, v in st["history"].items()}
+        commits = list(dict.fromkeys(st["commits"] + commits))
+        log.info("resumed %s at step %d/%d", out, step, total)
+    elif resume:
+        log.info("no state in %s: starting from scratch", out)
+
+    def save(running: dict) -> None:
+        _save_state(state_path, {
+            "train_config": cfg.to_dict(), "model": clean_state_dict(model.state_dict()),
+            "optimizer": opt.state_dict(), "aug_rng": aug_gen.get_state(), "torch_rng": torch.get_rng_state(),
+            "step": step, "train_time": train_time, "curves": curves, "running": running, "commits": commits,
+            "history": {str(k): v for k, v in history.items()}})
+
+    running = {"loss": 0.0, "correct": 0, "seen": 0}
+    if resume and state_path.exists():
+        running = st.get("running", running)
+    while step < total:
+        epoch, in_epoch = divmod(step, steps_per_epoch)
+        it = D.batches(train_ds, cfg.batch_size, shuffle=True, generator=_epoch_generator(cfg, epoch),
+                       drop_last=True, start_batch=in_epoch)
+        bar = tqdm(it, total=steps_per_epoch, initial=in_epoch, desc=f"{cfg.encoding} epoch {epoch + 1}/{cfg.epochs}",
+                   disable=not progress, unit="batch", dynamic_ncols=True)
+        model.train()
+        t_epoch = time.perf_counter()
+        for x, y in bar:
+            t0 = time.perf_counter()
+            x = x.to(device)
+            y = y.to(device)
+            if cfg.augment != "none":
+                x = D.random_crop_flip(x, padding=4, generator=aug_gen)
+            x = D.normalize(x, cfg.dataset)
+            if cfg.augment == "mixup":
+                x, target = D.mixup_cutmix(x, y, num_classes, label_smoothing=cfg.label_smoothing, generator=aug_gen)
+            else:
+                target = y
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step, total, steps_per_epoch, cfg)
+            logits = model(x)
+            ls = cfg.label_smoothing if cfg.augment != "mixup" else 0.0
+            loss = F.cross_entropy(logits, target, label_smoothing=ls)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            step += 1
+            train_time += time.perf_counter() - t0
+            running["loss"] += loss.item() * len(y)
+            running["correct"] += int((logits.argmax(1) == y).sum())
+            running["seen"] += len(y)
+            bar.set_postfix(loss=f"{running['loss'] / running['seen']:.3f}",
+                            acc=f"{100 * running['correct'] / running['seen']:.1f}",
+                            img_s=f"{len(y) / (time.perf_counter() - t0):.0f}")
+            if step % steps_per_epoch == 0:
+                break
+            if stop_after_steps is not None and step >= stop_after_steps:
+                save(running)
+                return {"stopped_at_step": step}
+            if save_every and step % save_every == 0:
+                save(running)
+        bar.close()
+        # ---- end of epoch: evaluate, record curves and the encoding's parameters
+        logits = predict(model, test_ds, cfg.dataset, batch_size=cfg.eval_batch_size, device=device)
+        acc = accuracy(logits, test_ds.labels)
+        seen = max(1, running["seen"])
+        curves["epoch"].append(epoch + 1)
+        curves["train_loss"].append(round(running["loss"] / seen, 4))
+        curves["train_acc"].append(round(100 * running["correct"] / seen, 2))
+        curves["test_top1"].append(acc["top1"])
+        curves["test_top5"].append(acc["top5"])
+        curves["test_loss"].append(acc["loss"])
+        curves["lr"].append(opt.param_groups[0]["lr"])
+        curves["images_per_s"].append(round(seen / max(1e-9, time.perf_counter() - t_epoch), 1))
+        history[epoch + 1] = history_params(model)
+        running = {"loss": 0.0, "correct": 0, "seen": 0}
+        log.info("epoch %d: %s", epoch + 1, acc)
+        if progress:
+            tqdm.write(f"epoch {epoch + 1}/{cfg.epochs}: test top-1 {acc['top1']:.2f} top-5 {acc['top5']:.2f}")
+        save(running)
+        if stop_after_steps is not None and step >= stop_after_steps:
+            return {"stopped_at_step": step}
+
+    model.eval()
+    images_seen = total * cfg.batch_size
+    metrics = {
+        "recipe": cfg.to_dict(), "epochs": cfg.epochs, "steps": total,
+        "wall_time_s": round(train_time, 1), "images_per_s": round(images_seen / max(train_time, 1e-9), 1),
+        "curves": curves, "git_commit": commits[0], "git_commits": commits, "torch": torch.__version__,
+        "device": device if device != "cpu" else f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)",
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
+    if full_eval:
+        metrics.update(full_report(model, test_ds, cfg.dataset, batch_size=cfg.eval_batch_size, device=device))
+    else:
+        metrics["test"] = accuracy(predict(model, test_ds, cfg.dataset, device=device), test_ds.labels)
+        structure = summarize_table(model)
+        if structure:
+            metrics["structure"] = structure
+    save_checkpoint(out / "final.safetensors", model, metrics=metrics, history=history)
+    if checkpoint:
+        save_checkpoint(checkpoint, model, metrics=metrics, history=history)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+    return metrics
