@@ -59,9 +59,8 @@ def clean_state_dict(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Strip `torch.compile` (`_orig_mod.`) and DDP (`module.`) prefixes."""
     out = {}
     for k, v in sd.items():
-        for pre in ("_orig_mod.", "module."):
-            while k.startswith(pre):
-                k = k[len(pre):]
+        while k.startswith(("_orig_mod.", "module.")):
+            k = k.split(".", 1)[1]
         out[k] = v
     return out
 

@@ -69,7 +69,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # ViT-S as in the SaPE² paper: D 384, 12 layers, 6 heads, patch 4 on 32x32.
     "paper": dict(img_size=(32, 32), patch_size=4, dim=384, depth=12, heads=6, mlp_dim=1536, drop_path=0.1),
     # A tiny model for tests and smoke runs.
-    "tiny": dict(img_size=(16, 24), patch_size=4, dim=32, depth=2, heads=2, mlp_dim=64),
+    "tiny": dict(img_size=(32, 32), patch_size=8, dim=32, depth=2, heads=2, mlp_dim=64),
 }
 
 

@@ -63,6 +63,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}; valid: {SCHEDULES}")
+        if self.dataset not in D.DATASETS:
+            raise ValueError(f"unknown dataset {self.dataset!r}; valid: {sorted(D.DATASETS)}")
         if self.augment not in AUGMENTS:
             raise ValueError(f"unknown augment {self.augment!r}; valid: {AUGMENTS}")
         if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0:
@@ -123,16 +125,15 @@ def train(cfg: TrainConfig, *, data_dir: str | Path, out: str | Path, resume: bo
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     state_path = out / "state.pt"
+    num_classes = D.DATASETS[cfg.dataset].num_classes
+    torch.manual_seed(cfg.seed)
+    model = ViT(cfg.model_config(num_classes)).to(device)  # first: a bad encoding fails before data loads
     train_ds = D.load_cifar(cfg.dataset, data_dir, "train", download=download)
     test_ds = D.load_cifar(cfg.dataset, data_dir, "test", download=download)
     if cfg.train_subset:
         train_ds = D.subset(train_ds, cfg.train_subset, seed=cfg.seed)
     if cfg.test_subset:
         test_ds = D.subset(test_ds, cfg.test_subset, seed=cfg.seed)
-    num_classes = D.DATASETS[cfg.dataset].num_classes
-
-    torch.manual_seed(cfg.seed)
-    model = ViT(cfg.model_config(num_classes)).to(device)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "pos_enc" not in n and "token" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "pos_enc" not in n and "token" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},

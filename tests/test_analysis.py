@@ -1,0 +1,84 @@
+"""Analysis API: similarity, 2D-structure score, per-patch maps, attention statistics."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from vitpe_core import ViTConfig, build_model
+from vitpe_core import analysis as A
+from vitpe_core.encodings.absolute import sincos_2d_table
+
+
+def test_spearman_matches_definition():
+    a = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert A.spearman(a, a) == pytest.approx(1.0)
+    assert A.spearman(a, -a) == pytest.approx(-1.0)
+    assert A.spearman(a, np.array([1.0, 1.0, 2.0, 2.0, 3.0])) == pytest.approx(0.9486833, abs=1e-6)  # with ties
+
+
+def test_structure_score_separates_2d_from_random():
+    grid = (4, 6)
+    structured = A.structure_score(A.cosine_similarity(sincos_2d_table(grid, 64)), grid)
+    rand = A.structure_score(A.cosine_similarity(torch.randn(24, 64)), grid)
+    assert structured["spearman"] > 0.8 and abs(rand["spearman"]) < 0.3
+    assert structured["neighbour"] > structured["other"]
+
+
+def test_similarity_grid_layout_is_row_major_on_non_square_grids():
+    grid = (3, 5)
+    t = sincos_2d_table(grid, 32)
+    sim = A.cosine_similarity(t)
+    g = A.similarity_grid(sim, grid)
+    assert g.shape == (3, 5, 3, 5)
+    assert g[1, 3, 1, 3] == pytest.approx(1.0, abs=1e-6)
+    assert g[1, 3, 2, 4] == pytest.approx(sim[1 * 5 + 3, 2 * 5 + 4])
+
+
+@pytest.mark.parametrize("encoding", ["sape2+ape", "rpb", "rope_mixed", "ape", "none", "cope"])
+def test_patch_maps_and_stats(encoding):
+    cfg = ViTConfig(img_size=(12, 20), patch_size=4, dim=32, depth=2, heads=2, mlp_dim=48, encoding=encoding)
+    model = build_model(cfg)
+    tr = A.trace_image(model, torch.randn(3, 12, 20))
+    maps = A.patch_maps(tr, (2, 4))
+    assert maps["attn"].shape == (2, 2, 3, 5)
+    assert np.all(maps["attn"] >= 0) and np.all(maps["attn"].sum((-2, -1)) <= 1 + 1e-5)
+    if "sape2" in encoding:
+        assert {"bias", "sape2.x", "sape2.y"} <= set(maps)
+        np.testing.assert_allclose(maps["sape2.x"][:, :, 2, 4], 0, atol=1e-6)  # zero distance to itself
+    stats = A.attention_stats(tr)
+    assert stats["mean_distance"].shape == (2, 2) and np.all(stats["mean_distance"] >= 0)
+    assert np.all(stats["entropy"] <= np.log(16) + 1e-5)
+    comp = A.positional_component(model, tr, (2, 4))
+    assert (comp is None) == (encoding == "none")
+    if comp is not None:
+        assert comp[1].shape == (2, 2, 3, 5)
+    with pytest.raises(ValueError, match="outside"):
+        A.patch_maps(tr, (3, 0))
+
+
+def test_attention_distance_of_a_one_hot_attention():
+    tr = A.Trace(grid=(1, 4), num_prefix=1, logits=np.zeros(2), attn=np.zeros((1, 1, 5, 5)), bias=None)
+    tr.attn[0, 0, 1:, 4] = 1.0  # every patch attends to the last one
+    assert A.attention_stats(tr)["mean_distance"][0, 0] == pytest.approx((3 + 2 + 1 + 0) / 4)
+    assert A.attention_stats(tr)["entropy"][0, 0] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_normalize01_range():
+    m = np.random.randn(2, 3, 4, 5)
+    n = A.normalize01(m)
+    assert n.min() == 0 and n.max() == 1 and np.allclose(n.max(axis=(-2, -1)), 1)
+
+
+def test_rope_kernel_is_one_at_the_query_patch():
+    cfg = ViTConfig(img_size=(12, 20), patch_size=4, dim=32, depth=2, heads=2, mlp_dim=48, encoding="rope_axial")
+    k = A.rope_kernel(build_model(cfg), (3, 5), 0, (1, 2))
+    assert k.shape == (2, 3, 5) and k[:, 1, 2] == pytest.approx(1.0)
+
+
+def test_history_snapshot_changes_the_table():
+    cfg = ViTConfig(img_size=(12, 20), patch_size=4, dim=32, depth=2, heads=2, mlp_dim=48, encoding="ape")
+    model = build_model(cfg)
+    params = {"pos_embed": torch.zeros_like(model.pos_enc.pos_embed)}
+    assert A.position_table(model, params=params).abs().max() == 0
+    assert A.position_table(model).abs().max() > 0

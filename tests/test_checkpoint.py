@@ -1,0 +1,179 @@
+"""Checkpoint format, strict loading with clear errors, safe paths, and the timm import."""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from vitpe_core import ViTConfig, build_model
+from vitpe_core import analysis as A
+from vitpe_core.checkpoint import (CheckpointError, history_params, import_timm, list_checkpoints, load_checkpoint,
+                                   read_state_dict, resolve_checkpoint, save_checkpoint, update_metrics)
+
+
+def tiny_cfg(encoding="sape2+ape") -> ViTConfig:
+    return ViTConfig(img_size=(12, 20), patch_size=4, dim=32, depth=2, heads=2, mlp_dim=48, encoding=encoding)
+
+
+def test_roundtrip_config_weights_metrics_history(tmp_path):
+    model = build_model(tiny_cfg()).eval()
+    hist = {0: history_params(model), 3: history_params(model)}
+    path = save_checkpoint(tmp_path / "m.safetensors", model, metrics={"test": {"top1": 12.5}}, history=hist,
+                           dtype=torch.float32)
+    ck = load_checkpoint(path)
+    assert ck.config == model.cfg and ck.metrics == {"test": {"top1": 12.5}} and ck.name == "m"
+    assert sorted(ck.history) == [0, 3] and set(ck.history[3]) == set(dict(model.pos_enc.named_parameters()))
+    x = torch.randn(2, 3, 12, 20)
+    with torch.no_grad():
+        torch.testing.assert_close(ck.model(x), model(x))
+    side = json.loads((tmp_path / "m.json").read_text())
+    assert side["metrics"]["test"]["top1"] == 12.5 and side["config"]["encoding"] == "sape2+ape"
+    update_metrics(path, {"resolution": {"24": {"top1": 1.0}}})
+    assert load_checkpoint(path).metrics["resolution"]["24"]["top1"] == 1.0
+
+
+def test_fp16_storage_keeps_outputs_close(tmp_path):
+    model = build_model(tiny_cfg("ape")).eval()
+    ck = load_checkpoint(save_checkpoint(tmp_path / "h.safetensors", model))
+    x = torch.randn(4, 3, 12, 20)
+    with torch.no_grad():
+        torch.testing.assert_close(ck.model(x), model(x), atol=5e-3, rtol=5e-3)
+
+
+def test_compile_and_ddp_prefixes_are_stripped(tmp_path):
+    model = build_model(tiny_cfg("ape"))
+    wrapped = torch.nn.Module()
+    wrapped._orig_mod = model
+    sd = {f"module._orig_mod.{k}": v for k, v in model.state_dict().items()}
+    from vitpe_core.checkpoint import clean_state_dict
+    assert set(clean_state_dict(sd)) == set(model.state_dict())
+
+
+@pytest.fixture
+def saved(tmp_path) -> Path:
+    return save_checkpoint(tmp_path / "good.safetensors", build_model(tiny_cfg()), metrics={})
+
+
+def test_truncated_file_is_refused(saved):
+    data = saved.read_bytes()
+    saved.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="truncated"):
+        load_checkpoint(saved)
+
+
+def test_non_vitpe_safetensors_is_refused(tmp_path):
+    save_file({"x": torch.zeros(2)}, tmp_path / "other.safetensors")
+    with pytest.raises(CheckpointError, match="not a vitpe checkpoint"):
+        load_checkpoint(tmp_path / "other.safetensors")
+
+
+def _rewrite(path: Path, *, meta_update=None, tensors_update=None, drop=None):
+    from safetensors import safe_open
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata()
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    meta.update(meta_update or {})
+    tensors.update(tensors_update or {})
+    for k in drop or []:
+        tensors.pop(k)
+    save_file(tensors, path, metadata=meta)
+
+
+def test_other_format_version_is_refused(saved):
+    _rewrite(saved, meta_update={"format_version": "99"})
+    with pytest.raises(CheckpointError, match="version '99'"):
+        load_checkpoint(saved)
+
+
+def test_unknown_encoding_is_refused_with_valid_names(saved):
+    cfg = json.loads(json.dumps(tiny_cfg().to_dict()))
+    cfg["encoding"] = "sape9"
+    _rewrite(saved, meta_update={"config": json.dumps(cfg)})
+    with pytest.raises(CheckpointError, match="unknown encoding.*valid"):
+        load_checkpoint(saved)
+
+
+def test_wrong_shape_and_missing_and_unexpected_keys_are_named(saved):
+    _rewrite(saved, tensors_update={"head.weight": torch.zeros(3, 32, dtype=torch.float16),
+                                    "surprise": torch.zeros(1)}, drop=["norm.bias"])
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(saved)
+    msg = str(e.value)
+    assert "head.weight" in msg and "norm.bias" in msg and "surprise" in msg
+
+
+def test_missing_file_is_refused(tmp_path):
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        load_checkpoint(tmp_path / "nope.safetensors")
+
+
+class _RunsCode:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_pickle_that_runs_code_is_refused_and_does_not_run(tmp_path):
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.pth"
+    with open(evil, "wb") as f:
+        pickle.dump({"model": _RunsCode(marker)}, f)
+    with pytest.raises(CheckpointError):
+        read_state_dict(evil)
+    with pytest.raises(CheckpointError):
+        import_timm(evil)
+    evil_st = tmp_path / "evil.safetensors"
+    evil_st.write_bytes(evil.read_bytes())
+    with pytest.raises(CheckpointError):
+        load_checkpoint(evil_st)
+    assert not marker.exists()
+
+
+def test_resolve_only_inside_the_folder(tmp_path):
+    root = tmp_path / "checkpoints"
+    root.mkdir()
+    save_checkpoint(root / "ape.safetensors", build_model(tiny_cfg("ape")))
+    outside = tmp_path / "secret.safetensors"
+    outside.write_bytes(b"secret")
+    (root / "link.safetensors").symlink_to(outside)
+    assert resolve_checkpoint("ape", root) == (root / "ape.safetensors").resolve()
+    for bad in ["../secret", "../../etc/passwd", "/etc/passwd", str(outside), "link", ".hidden", "a/b", "", "x" * 500,
+                "ape\x00", "..", "missing"]:
+        with pytest.raises(CheckpointError):
+            resolve_checkpoint(bad, root)
+    assert list_checkpoints(root) == ["ape"]
+
+
+def test_timm_state_dict_loads_directly_into_ape():
+    cfg = ViTConfig(img_size=(16, 16), patch_size=4, dim=32, depth=2, heads=2, mlp_dim=48, encoding="ape")
+    src = build_model(cfg)
+    sd = src.state_dict()
+    sd["pos_embed"] = sd.pop("pos_enc.pos_embed")   # timm's key
+    dst = build_model(cfg)
+    dst.load_state_dict(sd)                           # direct, strict
+    assert torch.equal(dst.pos_enc.pos_embed, src.pos_enc.pos_embed)
+    assert import_timm(sd).cfg.grid == (4, 4)
+
+
+@pytest.mark.shared
+def test_import_real_timm_vit_tiny_shows_row_column_structure(shared_dir):
+    path = shared_dir / "data" / "vit_tiny_patch16_224_tinyimagenet_ft.npz"
+    model = import_timm(path)
+    assert model.cfg.grid == (14, 14) and model.cfg.heads == 3 and model.cfg.num_classes == 200
+    sim = A.cosine_similarity(A.position_table(model))
+    score = A.structure_score(sim, (14, 14))
+    assert score["spearman"] > 0.4
+    assert score["same_row"] > score["other"] + 0.3 and score["same_col"] > score["other"] + 0.3
+    grid = A.similarity_grid(sim, (14, 14))
+    assert grid[5, 5, 5, 5] == pytest.approx(1.0, abs=1e-5)
+    with torch.no_grad():
+        out = model(torch.randn(1, 3, 224, 224))
+    assert out.shape == (1, 200) and torch.isfinite(out).all()

@@ -1,0 +1,162 @@
+"""SaPE² and CoPE against naive per-equation implementations written here (ENCODINGS.md)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from vitpe_core.encodings import cope_bias, sape2_bias
+
+
+def _interp(r_i: torch.Tensor, e: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """z_i[p] = (p - floor p) z_i[ceil p] + (1 - p + floor p) z_i[floor p], z_i[t] = r_i . e[:, t]."""
+    lo, hi = int(math.floor(p.item())), int(math.ceil(p.item()))
+    w = p - lo
+    return w * (r_i @ e[:, hi]) + (1 - w) * (r_i @ e[:, lo])
+
+
+def naive_sape2(q, k, e_x, e_y, grid, readout, npos_max):
+    """One equation at a time, float64, Python loops (the oracle)."""
+    H, W = grid
+    B, h, N, d = q.shape
+    M = npos_max - 1
+    r = q if readout == "query" else k
+    bias_x = torch.zeros(B, h, N, N, dtype=torch.float64)
+    bias_y = torch.zeros(B, h, N, N, dtype=torch.float64)
+    for b in range(B):
+        for hh in range(h):
+            s_x, s_y = [None] * N, [None] * N
+            for i in range(N):
+                ri, ci = divmod(i, W)
+                g_x = [torch.sigmoid(q[b, hh, i] @ k[b, hh, ri * W + c] / math.sqrt(d)) for c in range(W)]
+                g_y = [torch.sigmoid(q[b, hh, i] @ k[b, hh, rr * W + ci] / math.sqrt(d)) for rr in range(H)]
+                row = []
+                for m in range(W):  # position of column m in i's row: sum of gates at columns >= m
+                    p = torch.clamp(sum(g_x[c] for c in range(W) if c >= m), max=M)
+                    row.append(_interp(r[b, hh, i], e_x, p))
+                col = []
+                for m in range(H):
+                    p = torch.clamp(sum(g_y[rr] for rr in range(H) if rr >= m), max=M)
+                    col.append(_interp(r[b, hh, i], e_y, p))
+                s_x[i], s_y[i] = torch.stack(row), torch.stack(col)
+            for i in range(N):
+                for n in range(N):
+                    if i != n:
+                        bias_x[b, hh, i, n] = torch.linalg.norm(s_x[i] - s_x[n])
+                        bias_y[b, hh, i, n] = torch.linalg.norm(s_y[i] - s_y[n])
+    return bias_x + bias_y, bias_x, bias_y
+
+
+def naive_cope(q, k, e, npos_max):
+    B, h, T, d = q.shape
+    out = torch.zeros(B, h, T, T, dtype=torch.float64)
+    for b in range(B):
+        for hh in range(h):
+            for i in range(T):
+                g = [torch.sigmoid(q[b, hh, i] @ k[b, hh, j] / math.sqrt(d)) for j in range(T)]
+                for j in range(T):
+                    p = torch.clamp(sum(g[t] for t in range(j, T)), max=npos_max - 1)
+                    out[b, hh, i, j] = _interp(q[b, hh, i], e, p)
+    return out
+
+
+def _inputs(grid, d=8, B=2, h=2, scale=1.0, npos_max=10, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    N = grid[0] * grid[1]
+    q = torch.randn(B, h, N, d, generator=g, dtype=torch.float64) * scale
+    k = torch.randn(B, h, N, d, generator=g, dtype=torch.float64) * scale
+    e_x = torch.randn(d, npos_max, generator=g, dtype=torch.float64)
+    e_y = torch.randn(d, npos_max, generator=g, dtype=torch.float64)
+    return q, k, e_x, e_y
+
+
+@pytest.mark.parametrize("grid", [(2, 3), (3, 5), (4, 4), (1, 6), (5, 2)])
+@pytest.mark.parametrize("readout", ["query", "key"])
+def test_sape2_matches_naive(grid, readout):
+    q, k, e_x, e_y = _inputs(grid)
+    got, got_x, got_y = sape2_bias(q, k, e_x, e_y, grid, readout=readout, return_parts=True)
+    want, want_x, want_y = naive_sape2(q, k, e_x, e_y, grid, readout, 10)
+    assert got.shape == (2, 2, grid[0] * grid[1], grid[0] * grid[1]) and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(got_x.double(), want_x, atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(got_y.double(), want_y, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("readout", ["query", "key"])
+def test_sape2_clamps_positions_on_wide_grids(readout):
+    """npos_max 4 on a 3x7 grid: rows of 7 gates sum past M = 3, so the clamp is exercised."""
+    grid = (3, 7)
+    q, k, e_x, e_y = _inputs(grid, npos_max=4, scale=2.0)
+    rows_q, rows_k = q.reshape(2, 2, 3, 7, 8), k.reshape(2, 2, 3, 7, 8)
+    row_gate_sums = torch.sigmoid(rows_q @ rows_k.transpose(-1, -2) / math.sqrt(8)).sum(-1)
+    assert (row_gate_sums > 3).any(), "the clamp at M = 3 must be exercised"
+    got = sape2_bias(q, k, e_x, e_y, grid, readout=readout, npos_max=4)
+    want, _, _ = naive_sape2(q, k, e_x, e_y, grid, readout, 4)
+    torch.testing.assert_close(got.double(), want, atol=2e-4, rtol=1e-4)
+    # with all gates open, the positions of the first columns saturate at M and the read-out is e[:, M]
+    ones = torch.full_like(q, 10.0)
+    s = sape2_bias(ones, ones, e_x, e_y, grid, readout=readout, npos_max=4)
+    assert torch.isfinite(s).all()
+
+
+@pytest.mark.parametrize("grid", [(2, 3), (4, 5)])
+def test_sape2_diagonal_zero_and_gradients_finite(grid):
+    q, k, e_x, e_y = (t.float().requires_grad_() for t in _inputs(grid))
+    bias = sape2_bias(q, k, e_x, e_y, grid)
+    assert torch.equal(bias.diagonal(dim1=-2, dim2=-1), torch.zeros_like(bias.diagonal(dim1=-2, dim2=-1)))
+    assert (bias >= 0).all() and torch.allclose(bias, bias.transpose(-1, -2), atol=1e-5)
+    bias.sum().backward()
+    for t in (q, k, e_x, e_y):
+        assert t.grad is not None and torch.isfinite(t.grad).all() and t.grad.abs().sum() > 0
+
+
+def test_sape2_gradients_match_naive():
+    grid = (2, 3)
+    q, k, e_x, e_y = _inputs(grid, d=4, B=1, h=1, npos_max=10)
+    leaves = [t.clone().requires_grad_() for t in (q, k, e_x, e_y)]
+    naive_sape2(*leaves, grid, "query", 10)[0].sum().backward()
+    fast = [t.clone().requires_grad_() for t in (q, k, e_x, e_y)]
+    sape2_bias(*fast, grid).sum().backward()
+    for a, b in zip(fast, leaves):
+        torch.testing.assert_close(a.grad.double(), b.grad, atol=5e-4, rtol=1e-3)
+
+
+def test_sape2_gradient_finite_when_descriptors_coincide():
+    """Identical tokens give identical descriptors: off-diagonal zero distances too."""
+    grid = (2, 2)
+    q = torch.ones(1, 1, 4, 8, requires_grad=True)
+    e = torch.randn(8, 10, requires_grad=True)
+    bias = sape2_bias(q, q, e, e, grid)
+    assert bias.abs().max() < 1e-5
+    bias.sum().backward()
+    assert torch.isfinite(q.grad).all() and torch.isfinite(e.grad).all()
+
+
+def test_sape2_rejects_bad_shapes():
+    q, k, e_x, e_y = _inputs((2, 3))
+    with pytest.raises(ValueError, match="grid"):
+        sape2_bias(q, k, e_x, e_y, (3, 3))
+    with pytest.raises(ValueError, match="readout"):
+        sape2_bias(q, k, e_x, e_y, (2, 3), readout="value")
+    with pytest.raises(ValueError, match="npos_max"):
+        sape2_bias(q, k, e_x[:, :5], e_y, (2, 3))
+
+
+@pytest.mark.parametrize("T", [3, 7, 13])
+def test_cope_matches_naive(T):
+    g = torch.Generator().manual_seed(T)
+    q = torch.randn(2, 2, T, 8, generator=g, dtype=torch.float64) * 2
+    k = torch.randn(2, 2, T, 8, generator=g, dtype=torch.float64) * 2
+    e = torch.randn(8, 5, generator=g, dtype=torch.float64)
+    got = cope_bias(q, k, e, npos_max=5)
+    torch.testing.assert_close(got.double(), naive_cope(q, k, e, 5), atol=2e-4, rtol=1e-4)
+
+
+def test_cope_gradients_finite():
+    q = torch.randn(2, 2, 9, 8, requires_grad=True)
+    k = torch.randn(2, 2, 9, 8, requires_grad=True)
+    e = torch.randn(8, 10, requires_grad=True)
+    cope_bias(q, k, e).sum().backward()
+    for t in (q, k, e):
+        assert torch.isfinite(t.grad).all() and t.grad.abs().sum() > 0

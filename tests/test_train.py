@@ -1,0 +1,104 @@
+"""Training CLI on a tiny dataset in the standard layout: a short run, exact resume, evaluation."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_data import write_tiny_cifar10
+from vitpe_core import checkpoint as C
+from vitpe_core.__main__ import main
+from vitpe_core.train import TrainConfig, load_state, lr_at, train
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("cifar")
+    write_tiny_cifar10(root, per_batch=4, n_test=6)  # 20 train images, 6 test
+    return root
+
+
+def cfg(**kw) -> TrainConfig:
+    base = dict(encoding="sape2+ape", preset="tiny", epochs=1, batch_size=8, eval_batch_size=4, seed=3)
+    return TrainConfig(**{**base, **kw})
+
+
+def test_two_step_run_writes_a_loadable_checkpoint_with_metrics(data_dir, tmp_path):
+    metrics = train(cfg(), data_dir=data_dir, out=tmp_path / "run", checkpoint=tmp_path / "ck" / "m.safetensors",
+                    progress=False)
+    assert metrics["steps"] == 2 and metrics["epochs"] == 1
+    assert set(metrics["resolution"]) == {"24", "32", "40", "48"}
+    assert {"half_x", "whole_x", "whole_xy"} <= set(metrics["translation"])
+    assert "bias_shift_error" in metrics["translation"]["whole_x"]
+    assert "structure" in metrics and "git_commit" in metrics
+    ck = C.load_checkpoint(tmp_path / "ck" / "m.safetensors")
+    assert sorted(ck.history) == [0, 1] and ck.metrics["test"] == metrics["test"]
+    assert json.loads((tmp_path / "ck" / "m.json").read_text())["metrics"]["steps"] == 2
+    state = load_state(tmp_path / "run" / "state.pt")   # weights_only=True
+    assert state["step"] == 2
+
+
+def _final_weights(out: Path) -> dict[str, torch.Tensor]:
+    return C.load_checkpoint(out / "final.safetensors", dtype=torch.float32).model.state_dict()
+
+
+@pytest.mark.parametrize("augment", ["cropflip", "mixup"])
+def test_interrupted_run_resumes_to_the_same_result(data_dir, tmp_path, augment):
+    c = cfg(epochs=2, augment=augment, encoding="rope_mixed+ape")
+    whole = train(c, data_dir=data_dir, out=tmp_path / "a", progress=False, full_eval=False)
+    # interrupt mid-epoch, then at an epoch boundary, then finish
+    assert train(c, data_dir=data_dir, out=tmp_path / "b", progress=False, stop_after_steps=1,
+                 full_eval=False) == {"stopped_at_step": 1}
+    assert train(c, data_dir=data_dir, out=tmp_path / "b", progress=False, resume=True, stop_after_steps=2,
+                 full_eval=False) == {"stopped_at_step": 2}
+    resumed = train(c, data_dir=data_dir, out=tmp_path / "b", progress=False, resume=True, full_eval=False)
+    wa, wb = _final_weights(tmp_path / "a"), _final_weights(tmp_path / "b")
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+    assert whole["curves"]["train_loss"] == resumed["curves"]["train_loss"]
+    assert whole["test"] == resumed["test"]
+
+
+def test_resume_with_another_config_is_refused(data_dir, tmp_path):
+    train(cfg(), data_dir=data_dir, out=tmp_path / "r", progress=False, stop_after_steps=1, full_eval=False)
+    with pytest.raises(ValueError, match="another configuration"):
+        train(cfg(lr=0.5), data_dir=data_dir, out=tmp_path / "r", resume=True, progress=False)
+
+
+def test_lr_schedule_warms_up_then_decays():
+    c = TrainConfig(lr=1e-3, warmup=0.2, epochs=10)
+    lrs = [lr_at(s, 100, 10, c) for s in range(100)]
+    assert lrs[0] < lrs[10] < lrs[19] and max(lrs) == pytest.approx(1e-3, rel=1e-6)
+    assert lrs[-1] < 2e-5 and all(a >= b for a, b in zip(lrs[20:], lrs[21:]))
+
+
+def test_evaluate_cli_reproduces_recorded_accuracy(data_dir, tmp_path, capsys):
+    ck = tmp_path / "e.safetensors"
+    metrics = train(cfg(encoding="rpb"), data_dir=data_dir, out=tmp_path / "run", checkpoint=ck, progress=False)
+    capsys.readouterr()
+    assert main(["evaluate", str(ck), "--data-dir", str(data_dir), "--sizes", "24,40", "--device", "cpu"]) == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert abs(line["top1"] - metrics["test"]["top1"]) <= 0.2 + 1e-9
+    assert set(line["resolution"]) == {"24", "40"}
+
+
+def test_cli_reports_user_errors_without_traceback(tmp_path, capsys):
+    assert main(["train", "--encoding", "sape3", "--data-dir", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
+    assert "valid" in capsys.readouterr().err
+    assert main(["evaluate", str(tmp_path / "missing.safetensors")]) == 2
+
+
+def test_atomic_write_leaves_old_file_when_interrupted(tmp_path, monkeypatch):
+    target = tmp_path / "f.bin"
+    target.write_bytes(b"old")
+
+    def crash(*a, **k):
+        raise KeyboardInterrupt("killed mid-write")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(KeyboardInterrupt):
+        C.atomic_write_bytes(target, b"new" * 1000)
+    assert target.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["f.bin"]
