@@ -11,11 +11,14 @@ Per layer and head, from the patch tokens only (prefix tokens get zero bias):
 5. bias `b_in = ‖S_x[i] − S_x[n]‖ + ‖S_y[i] − S_y[n]‖` (sign +, not scaled), diagonal 0.
 
 Checked against a naive per-equation loop in tests/test_cope_sape2.py on several grids.
-Implementation notes:
-* fully batched: gates as `(B, h, H, W, W)` / `(B, h, W, H, H)` matmuls, distances from the
-  Gram matrix `|a|² + |b|² − 2a·b` (no `(…, N, N, d)` tensors, no loops);
-* the distance is `sqrt(d² + ε²) − ε` with `ε = 2⁻²⁰` and the diagonal masked to exactly 0,
-  so the gradient is finite at zero distance; the error this adds is below ε.
+Implementation notes (speed: see BENCHMARKS.md):
+* fully batched, no loops: all gate logits come from one `(N x N)` matmul whose same-row and
+  same-column entries are diagonals of its `(H, W, H, W)` view; both read-out tables in one
+  matmul; no `(…, N, N, d)` tensors;
+* distances and their gradient are one autograd Function (`_SaPE2Distance`): squared
+  distances from one matmul of augmented vectors for both axes at once, an analytic
+  backward, the result written straight into the `(B, h, T, T)` bias (one allocation);
+* the diagonal is exactly 0 and, as for `torch.cdist`, the gradient at zero distance is 0.
 """
 from __future__ import annotations
 
@@ -24,39 +27,88 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from ._interp import interpolate_readout, reverse_cumsum
-from .base import EncodingContext, PositionEncoding, pad_prefix, register_encoding
+from .base import EncodingContext, PositionEncoding, register_encoding
 
 READOUTS = ("query", "key")
-_EPS = 2.0 ** -20  # eps² = 2^-40 is exact in float32, so sqrt(0 + eps²) - eps == 0 exactly
 
 
-def pairwise_distance(s: Tensor) -> Tensor:
-    """Euclidean distances between descriptors: `(B, h, N, m) -> (B, h, N, N)`, zero diagonal,
-    finite gradient everywhere."""
-    sq = (s * s).sum(-1)                                                   # (B, h, N)
-    d2 = sq[..., :, None] + sq[..., None, :] - 2.0 * (s @ s.transpose(-1, -2))  # (B, h, N, N)
-    d2 = d2.clamp_min(0.0) * (1.0 - torch.eye(s.shape[-2], device=s.device))
-    return (d2 + _EPS * _EPS).sqrt() - _EPS
+def _stack(descriptors: tuple[Tensor, ...]) -> Tensor:
+    """Descriptors of different widths `(B, h, N, m_a)` zero-padded into one `(A, B, h, N, m)`
+    (zero columns change no distance)."""
+    m = max(s.shape[-1] for s in descriptors)
+    out = descriptors[0].new_zeros(len(descriptors), *descriptors[0].shape[:-1], m)
+    for a, s in enumerate(descriptors):
+        out[a, ..., : s.shape[-1]] = s
+    return out
 
 
-def _axis_descriptors(q: Tensor, k: Tensor, r: Tensor, e: Tensor, npos_max: int) -> Tensor:
-    """Descriptors along the last-but-one axis of `(B, h, L, A, d)` lines: for every token
-    `(l, a)`, the interpolated read-out at the gated position of each of the A tokens of its
-    line -> `(B, h, L, A, A)`."""
-    scale = q.shape[-1] ** -0.5
-    gates = torch.sigmoid((q * scale) @ k.transpose(-1, -2))  # (B, h, L, A, A)
-    pos = reverse_cumsum(gates).clamp(max=npos_max - 1)        # (B, h, L, A, A)
-    z = r @ e                                                  # (B, h, L, A, M+1)
-    return interpolate_readout(z, pos)                         # (B, h, L, A, A)
+def _distances(s: Tensor) -> Tensor:
+    """`(A, B, h, N, m) -> (A, B, h, N, N)` Euclidean distances, diagonal exactly 0.
+
+    One matmul of augmented vectors gives the squared distances directly:
+    `[−2s_i, |s_i|², 1] · [s_n, 1, |s_n|²] = |s_i − s_n|²`."""
+    sq = (s * s).sum(-1, keepdim=True)                                        # (A, B, h, N, 1)
+    one = torch.ones_like(sq)
+    left = torch.cat((s * -2.0, sq, one), dim=-1)                             # (A, B, h, N, m+2)
+    right = torch.cat((s, one, sq), dim=-1)                                   # (A, B, h, N, m+2)
+    d2 = torch.matmul(left, right.transpose(-1, -2))                          # (A, B, h, N, N)
+    d2.diagonal(dim1=-2, dim2=-1).zero_()
+    return d2.clamp_min_(0.0).sqrt_()
+
+
+def _distances_backward(s: Tensor, dist: Tensor, grad: Tensor) -> Tensor:
+    """Gradient of `sum(grad * dist)` w.r.t. `s: (A, B, h, N, m)`; zero where a distance is 0
+    (torch.cdist's choice)."""
+    w = torch.div(grad, dist).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)    # (A, B, h, N, N)
+    w = w + w.transpose(-1, -2)
+    return s * w.sum(-1, keepdim=True) - torch.matmul(w, s)                   # (A, B, h, N, m)
+
+
+class _SaPE2Distance(torch.autograd.Function):
+    """`b_in = ‖S_x[i] − S_x[n]‖ + ‖S_y[i] − S_y[n]‖` written straight into a `(B, h, P+N, P+N)`
+    tensor whose prefix rows/columns stay 0."""
+
+    @staticmethod
+    def forward(ctx, s_x: Tensor, s_y: Tensor, num_prefix: int, return_parts: bool):
+        B, h, N, _ = s_x.shape
+        P = num_prefix
+        s = _stack((s_x, s_y))                                                # (2, B, h, N, m)
+        dist = _distances(s)                                                  # (2, B, h, N, N)
+        out = s.new_zeros(B, h, P + N, P + N)                                 # (B, h, T, T)
+        torch.add(dist[0], dist[1], out=out[..., P:, P:])
+        ctx.save_for_backward(s, dist)
+        ctx.num_prefix, ctx.widths = P, (s_x.shape[-1], s_y.shape[-1])
+        if return_parts:
+            d_x, d_y = dist[0].clone(), dist[1].clone()
+            ctx.mark_non_differentiable(d_x, d_y)
+            return out, d_x, d_y
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor, *_):
+        s, dist = ctx.saved_tensors
+        P, (w_x, w_y) = ctx.num_prefix, ctx.widths
+        g = _distances_backward(s, dist, grad[None, ..., P:, P:])             # (2, B, h, N, m)
+        return g[0, ..., :w_x], g[1, ..., :w_y], None, None
+
+
+def _line_descriptors(gate_logits: Tensor, z: Tensor, npos_max: int) -> Tensor:
+    """Descriptors along lines: `gate_logits: (B, h, L, A, A)` (token `a` of a line against
+    every token of the same line), `z: (B, h, L, A, M+1)` read-outs -> `(B, h, L, A, A)`:
+    for token `(l, a)`, its read-out at the gated position of each of the A tokens of its line."""
+    pos = reverse_cumsum(torch.sigmoid(gate_logits)).clamp(max=npos_max - 1)  # (B, h, L, A, A)
+    return interpolate_readout(z, pos)                                         # (B, h, L, A, A)
 
 
 def sape2_bias(q: Tensor, k: Tensor, e_x: Tensor, e_y: Tensor, grid: tuple[int, int],
-               readout: str = "query", npos_max: int = 10, return_parts: bool = False):
+               readout: str = "query", npos_max: int = 10, return_parts: bool = False, *,
+               num_prefix: int = 0):
     """SaPE² bias between patch tokens.
 
     `q, k: (B, h, N, d)` patch tokens only, `e_x, e_y: (d, npos_max)`, `grid = (H, W)`,
     `N = H*W` row-major. Returns the `(B, h, N, N)` float32 bias, or with `return_parts=True`
-    the tuple `(bias, bias_x, bias_y)`.
+    the tuple `(bias, bias_x, bias_y)`. With `num_prefix=P` the bias comes already padded to
+    `(B, h, P+N, P+N)` with zero prefix rows/columns (the parts stay `(B, h, N, N)`).
     """
     H, W = grid
     B, h, N, d = q.shape
@@ -69,15 +121,18 @@ def sape2_bias(q: Tensor, k: Tensor, e_x: Tensor, e_y: Tensor, grid: tuple[int, 
             raise ValueError(f"{name} must have shape (d, npos_max) = {(d, npos_max)}, got {tuple(e.shape)}")
     q, k = q.float(), k.float()
     r = q if readout == "query" else k
-    rows = lambda t: rearrange(t, "b h (y x) d -> b h y x d", y=H)   # lines = rows
-    cols = lambda t: rearrange(t, "b h (y x) d -> b h x y d", y=H)   # lines = columns
-    s_x = _axis_descriptors(rows(q), rows(k), rows(r), e_x.float(), npos_max)  # (B, h, H, W, W)
-    s_y = _axis_descriptors(cols(q), cols(k), cols(r), e_y.float(), npos_max)  # (B, h, W, H, H)
-    s_x = rearrange(s_x, "b h y x m -> b h (y x) m")                 # (B, h, N, W)
-    s_y = rearrange(s_y, "b h x y m -> b h (y x) m")                 # (B, h, N, H)
-    bias_x, bias_y = pairwise_distance(s_x), pairwise_distance(s_y)  # (B, h, N, N) each
-    bias = bias_x + bias_y
-    return (bias, bias_x, bias_y) if return_parts else bias
+    # all gate logits in one matmul; same-row and same-column pairs are diagonals of its 6D view
+    logits = rearrange((q * d ** -0.5) @ k.transpose(-1, -2), "b h (y x) (v u) -> b h y x v u", y=H, v=H)
+    row_logits = logits.diagonal(dim1=2, dim2=4).permute(0, 1, 4, 2, 3)      # (B, h, H, W, W)
+    col_logits = logits.diagonal(dim1=3, dim2=5).permute(0, 1, 4, 2, 3)      # (B, h, W, H, H)
+    z = r @ torch.cat((e_x, e_y), dim=1).float()                             # (B, h, N, 2(M+1))
+    z_x = rearrange(z[..., :npos_max], "b h (y x) t -> b h y x t", y=H)      # (B, h, H, W, M+1)
+    z_y = rearrange(z[..., npos_max:], "b h (y x) t -> b h x y t", y=H)      # (B, h, W, H, M+1)
+    s_x = _line_descriptors(row_logits, z_x, npos_max)                       # (B, h, H, W, W)
+    s_y = _line_descriptors(col_logits, z_y, npos_max)                       # (B, h, W, H, H)
+    s_x = rearrange(s_x, "b h y x m -> b h (y x) m")                         # (B, h, N, W)
+    s_y = rearrange(s_y, "b h x y m -> b h (y x) m")                         # (B, h, N, H)
+    return _SaPE2Distance.apply(s_x, s_y, num_prefix, return_parts)          # (B, h, P+N, P+N)
 
 
 @register_encoding("sape2")
@@ -99,12 +154,12 @@ class SaPE2(PositionEncoding):
 
     def bias(self, q, k, *, grid, layer, parts=None):
         P = self.ctx.num_prefix
-        out = sape2_bias(q[:, :, P:], k[:, :, P:], self.sape_x[layer], self.sape_y[layer], grid,
-                         self.readout, self.npos_max, return_parts=parts is not None)
+        out = sape2_bias(q[:, :, P:], k[:, :, P:], self.sape_x[layer], self.sape_y[layer], grid, self.readout,
+                         self.npos_max, return_parts=parts is not None, num_prefix=P)  # (B, h, T, T)
         if parts is None:
-            return pad_prefix(out, P)
+            return out
         bias, parts["x"], parts["y"] = out
-        return pad_prefix(bias, P)
+        return bias
 
     def extra_repr(self) -> str:
         return f"readout={self.readout!r}, npos_max={self.npos_max}"
