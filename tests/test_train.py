@@ -102,3 +102,28 @@ def test_atomic_write_leaves_old_file_when_interrupted(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         C.atomic_write_bytes(target, b"new" * 1000)
     assert target.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["f.bin"]
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_follow_the_single_process_run(data_dir, tmp_path):
+    """DistributedDataParallel on CPU with gloo: 2 processes x half batches == 1 process."""
+    import subprocess
+    import sys
+    c = cfg(encoding="sape2+ape", epochs=1, batch_size=8)
+    single = train(c, data_dir=data_dir, out=tmp_path / "one", progress=False, full_eval=False)
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    args = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+            "--master_port", str(port),
+            "-m", "vitpe_core", "train", "--encoding", c.encoding, "--preset", c.preset, "--epochs", "1",
+            "--batch-size", "8", "--seed", str(c.seed), "--data-dir", str(data_dir), "--out", str(tmp_path / "two"),
+            "--device", "cpu", "--eval-batch-size", "4", "--no-progress"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    w1, w2 = _final_weights(tmp_path / "one"), _final_weights(tmp_path / "two")
+    for k in w1:
+        torch.testing.assert_close(w1[k], w2[k], atol=2e-3, rtol=2e-3)   # fp16 storage
+    assert single["steps"] == 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -39,9 +40,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="encoding option, e.g. --option readout=key --option npos_max=10")
     defaults = TrainConfig()
     for name in ("epochs", "batch_size", "lr", "weight_decay", "warmup", "label_smoothing", "grad_clip", "seed",
-                 "min_lr_ratio", "train_subset", "test_subset"):
+                 "min_lr_ratio", "train_subset", "test_subset", "eval_batch_size"):
         default = getattr(defaults, name)
-        kind = int if name in ("epochs", "batch_size", "seed", "train_subset", "test_subset") else float
+        kind = int if name in ("epochs", "batch_size", "seed", "train_subset", "test_subset", "eval_batch_size") else float
         t.add_argument("--" + name.replace("_", "-"), type=kind, default=default, help=f"default {default}")
     t.add_argument("--schedule", default=defaults.schedule, choices=SCHEDULES)
     t.add_argument("--augment", default=defaults.augment, choices=AUGMENTS)
@@ -53,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     t.add_argument("--threads", type=int, help="torch.set_num_threads")
     t.add_argument("--save-every", type=int, default=100, help="steps between resume points")
+    t.add_argument("--compile", action="store_true", help="torch.compile the model for training")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
 
     e = sub.add_parser("evaluate", help="test accuracy of a checkpoint, as one JSON line")
     e.add_argument("checkpoint")
@@ -90,11 +93,14 @@ def _train(args, TrainConfig) -> int:
                       batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay, warmup=args.warmup,
                       label_smoothing=args.label_smoothing, grad_clip=args.grad_clip, seed=args.seed,
                       min_lr_ratio=args.min_lr_ratio, schedule=args.schedule, augment=args.augment,
-                      train_subset=args.train_subset, test_subset=args.test_subset)
+                      train_subset=args.train_subset, test_subset=args.test_subset,
+                      eval_batch_size=args.eval_batch_size)
     out = args.out or f"runs/{args.encoding}"
     metrics = train(cfg, data_dir=args.data_dir, out=out, resume=args.resume, checkpoint=args.checkpoint,
-                    device=args.device, save_every=args.save_every, download=args.download)
-    print(json.dumps({"top1": metrics["test"]["top1"], "top5": metrics["test"]["top5"]}))
+                    device=args.device, save_every=args.save_every, download=args.download,
+                    compile_model=args.compile, progress=not args.no_progress)
+    if int(os.environ.get("RANK", "0")) == 0:  # one line, also under torchrun
+        print(json.dumps({"top1": metrics["test"]["top1"], "top5": metrics["test"]["top5"]}))
     return 0
 
 

@@ -12,7 +12,10 @@ the modebar's camera button save a PNG named after the figure.
 * `patch_map_fig`: one `(H, W)` map, large.
 * `overlay_fig`: an `(H, W)` map over the image, with the patch grid.
 * `layers_fig`: one `(H, W)` map per layer, side by side.
+* `pair_fig`: two maps side by side with their own colour scales.
 * `curves_fig`, `topk_fig`, `line_fig`: training curves, top-k probabilities, a score per epoch.
+* Raster helpers for clicking (PIL images, not Plotly): `display_image`, `grid_image`,
+  `figure7_image`, and `pixel_to_patch` / `figure7_pixel_to_patch` to map a click back.
 """
 from __future__ import annotations
 
@@ -185,6 +188,29 @@ def layers_fig(maps: np.ndarray, *, title: str, colorbar_title: str, patch: tupl
     return fig
 
 
+def pair_fig(left: np.ndarray, right: np.ndarray, *, titles: tuple[str, str], colorbar_titles: tuple[str, str],
+             colorscales: tuple[str, str] = (BIAS_SCALE, ATTENTION_SCALE),
+             ranges: tuple[tuple[float | None, float | None], tuple[float | None, float | None]] = ((0, 1), (0, None)),
+             patch: tuple[int, int] | None = None, title: str = "") -> go.Figure:
+    """Two `(H, W)` maps side by side, each with its own colour scale and colourbar (the
+    compare page: an encoding's positional component and the attention row)."""
+    spacing = 0.3
+    fig = make_subplots(rows=1, cols=2, subplot_titles=titles, horizontal_spacing=spacing)
+    for i, (m, cbt, cs, (lo, hi)) in enumerate(zip((left, right), colorbar_titles, colorscales, ranges)):
+        fig.add_trace(go.Heatmap(
+            z=m, colorscale=cs, zmin=lo, zmax=hi,
+            colorbar=dict(title=dict(text=cbt), x=(1 - spacing) / 2 + 0.02 if i == 0 else 1.02, xanchor="left",
+                          len=0.9, thickness=12),
+            hovertemplate="patch (%{y}, %{x})<br>value %{z:.4g}<extra></extra>"), row=1, col=i + 1)
+        _grid_axes(fig, row=1, col=i + 1)
+        fig.update_xaxes(showticklabels=False, scaleanchor="y" if i == 0 else "y2", row=1, col=i + 1)
+        fig.update_yaxes(showticklabels=False, row=1, col=i + 1)
+        if patch is not None:
+            _outline(fig, patch[1] - 0.5, patch[0] - 0.5, patch[1] + 0.5, patch[0] + 0.5, row=1, col=i + 1)
+    fig.update_layout(title=title, margin=dict(_MARGIN, r=60), height=320)
+    return fig
+
+
 def curves_fig(curves: Mapping[str, Sequence[float]], *, title: str = "Training curves") -> go.Figure:
     """`curves`: `epoch` plus any of `train_loss`, `test_loss` (left) and `train_acc`,
     `test_top1`, `test_top5` (right, percent), as recorded by `vitpe_core.train`."""
@@ -220,3 +246,88 @@ def line_fig(x: Sequence[float], series: Mapping[str, Sequence[float]], *, title
     fig = go.Figure([go.Scatter(x=list(x), y=list(v), mode="lines+markers", name=k) for k, v in series.items()])
     fig.update_layout(title=title, margin=_MARGIN, xaxis_title=x_title, yaxis_title=y_title, height=300)
     return fig
+
+
+# ----------------------------------------------------------------------------- raster images (for clicking)
+def display_image(img: Image.Image, size: tuple[int, int], *, max_side: int = 320) -> np.ndarray:
+    """The image as the model sees it (centre-cropped to the aspect of `size` = (H_img,
+    W_img), like `images.prepare_for_model`), scaled so its longer side is `max_side`:
+    small images are enlarged with nearest-neighbour (their pixels stay visible), large
+    ones are resampled from the original. `(h_px, w_px, 3)` uint8."""
+    from PIL import ImageOps
+
+    h, w = size
+    scale = max_side / max(h, w)
+    out = (max(1, round(w * scale)), max(1, round(h * scale)))          # (width, height)
+    img = img.convert("RGB")
+    if img.width >= out[0] and img.height >= out[1]:
+        return np.asarray(ImageOps.fit(img, out, method=Image.LANCZOS))
+    small = ImageOps.fit(img, (w, h), method=Image.BICUBIC)
+    return np.asarray(small.resize(out, Image.NEAREST))
+
+
+def grid_image(image_rgb: np.ndarray, grid: Grid, patch: tuple[int, int] | None = None) -> Image.Image:
+    """`image_rgb` with the patch grid drawn in white and `patch` outlined (for clicking)."""
+    from PIL import ImageDraw
+
+    img = Image.fromarray(np.asarray(image_rgb, dtype=np.uint8)).convert("RGB")
+    H, W = grid
+    ph, pw = img.height / H, img.width / W
+    draw = ImageDraw.Draw(img)
+    for r in range(1, H):
+        draw.line([(0, round(r * ph)), (img.width, round(r * ph))], fill=(255, 255, 255), width=1)
+    for c in range(1, W):
+        draw.line([(round(c * pw), 0), (round(c * pw), img.height)], fill=(255, 255, 255), width=1)
+    if patch is not None:
+        r, c = patch
+        draw.rectangle([round(c * pw), round(r * ph), round((c + 1) * pw) - 1, round((r + 1) * ph) - 1],
+                       outline=HIGHLIGHT, width=3)
+    return img
+
+
+def pixel_to_patch(x: float, y: float, width: float, height: float, grid: Grid) -> tuple[int, int]:
+    """A click at `(x, y)` on an image displayed `width x height` -> patch `(r, c)`."""
+    H, W = grid
+    r = int(y / max(height, 1e-9) * H)
+    c = int(x / max(width, 1e-9) * W)
+    return (min(max(r, 0), H - 1), min(max(c, 0), W - 1))
+
+
+def _lut(colorscale: str, n: int = 256) -> np.ndarray:
+    from plotly.colors import get_colorscale, sample_colorscale, unlabel_rgb
+
+    cols = sample_colorscale(get_colorscale(colorscale), list(np.linspace(0, 1, n)), colortype="rgb")
+    return np.array([unlabel_rgb(c) for c in cols], dtype=np.float64).round().astype(np.uint8)  # (n, 3)
+
+
+def figure7_image(sim_grid: np.ndarray, *, patch: tuple[int, int] | None = None, cell_px: int | None = None,
+                  zmin: float = -1.0, zmax: float = 1.0) -> Image.Image:
+    """The Figure-7 canvas as an RGB image (Viridis, white separators), `cell_px` pixels per
+    cell, the tile of `patch` outlined: the clickable version of `figure7_grid_fig`."""
+    from PIL import ImageDraw
+
+    H, W = sim_grid.shape[:2]
+    z = figure7_canvas(sim_grid)                                          # (H(H+1)-1, W(W+1)-1)
+    cell_px = cell_px or max(2, 480 // max(z.shape))
+    lut = _lut(SIMILARITY_SCALE)
+    idx = np.clip((np.nan_to_num(z) - zmin) / (zmax - zmin), 0, 1) * (len(lut) - 1)
+    rgb = lut[idx.round().astype(int)]                                    # (rows, cols, 3)
+    rgb[np.isnan(z)] = 255
+    rgb = rgb.repeat(cell_px, 0).repeat(cell_px, 1)
+    img = Image.fromarray(rgb)
+    if patch is not None:
+        r, c = patch
+        x0, y0 = c * (W + 1) * cell_px, r * (H + 1) * cell_px
+        ImageDraw.Draw(img).rectangle([x0 - 1, y0 - 1, x0 + W * cell_px, y0 + H * cell_px],
+                                      outline=HIGHLIGHT, width=2)
+    return img
+
+
+def figure7_pixel_to_patch(x: float, y: float, width: float, height: float, grid: Grid) -> tuple[int, int]:
+    """A click on `figure7_image` shown `width x height` -> the tile's patch `(r, c)` (a click
+    on a separator counts for the tile before it)."""
+    H, W = grid
+    rows, cols = H * (H + 1) - 1, W * (W + 1) - 1
+    i = int(y / max(height, 1e-9) * rows)
+    j = int(x / max(width, 1e-9) * cols)
+    return (min(max(i // (H + 1), 0), H - 1), min(max(j // (W + 1), 0), W - 1))

@@ -116,12 +116,43 @@ def _epoch_generator(cfg: TrainConfig, epoch: int) -> torch.Generator:
     return torch.Generator().manual_seed(cfg.seed * 100_003 + epoch)
 
 
+def _distributed(device: str) -> tuple[int, int, str]:
+    """(rank, world size, device) under `torchrun`; (0, 1, device) otherwise."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1, device
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    if device.startswith("cuda"):
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        device = f"cuda:{local}"
+    return dist.get_rank(), world, device
+
+
+def _optimizer(model: ViT, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW; no weight decay on norms, biases, tokens and position-encoding parameters."""
+    decayed = lambda n, p: p.ndim >= 2 and "pos_enc" not in n and "token" not in n
+    groups = [{"params": [p for n, p in model.named_parameters() if decayed(n, p)], "weight_decay": cfg.weight_decay},
+              {"params": [p for n, p in model.named_parameters() if not decayed(n, p)], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr)
+
+
 def train(cfg: TrainConfig, *, data_dir: str | Path, out: str | Path, resume: bool = False,
           checkpoint: str | Path | None = None, device: str = "cpu", save_every: int = 100,
           stop_after_steps: int | None = None, progress: bool = True, download: bool = False,
-          full_eval: bool = True) -> dict:
+          full_eval: bool = True, compile_model: bool = False) -> dict:
     """Train (or resume) a run in `out`; returns its metrics. `stop_after_steps` saves and
-    returns early, as an interruption would (tests)."""
+    returns early, as an interruption would (tests).
+
+    Under `torchrun` every process draws the same global batch and augments it identically,
+    then trains on its own contiguous shard; DistributedDataParallel averages the gradients,
+    so N processes follow the single-process run (tests/test_train.py checks this on CPU
+    with gloo). Only rank 0 writes files."""
+    rank, world, device = _distributed(device)
+    if cfg.batch_size % world:
+        raise ValueError(f"batch_size {cfg.batch_size} must be divisible by the {world} processes")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     state_path = out / "state.pt"
@@ -134,10 +165,7 @@ def train(cfg: TrainConfig, *, data_dir: str | Path, out: str | Path, resume: bo
         train_ds = D.subset(train_ds, cfg.train_subset, seed=cfg.seed)
     if cfg.test_subset:
         test_ds = D.subset(test_ds, cfg.test_subset, seed=cfg.seed)
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "pos_enc" not in n and "token" not in n]
-    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "pos_enc" not in n and "token" not in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
+    opt = _optimizer(model, cfg)
     steps_per_epoch = D.num_batches(len(train_ds), cfg.batch_size, drop_last=True)
     total = steps_per_epoch * cfg.epochs
     aug_gen = torch.Generator().manual_seed(cfg.seed + 1)
@@ -146,6 +174,7 @@ def train(cfg: TrainConfig, *, data_dir: str | Path, out: str | Path, resume: bo
                                                "test_loss", "lr", "images_per_s")}
     history = {0: history_params(model)}
     commits = [git_commit()]  # the code each (re)start of this run trained with
+    running = {"loss": 0.0, "correct": 0, "seen": 0}
     if resume and state_path.exists():
         st = load_state(state_path)
         if st["train_config"] != cfg.to_dict():
@@ -155,47 +184,54 @@ def train(cfg: TrainConfig, *, data_dir: str | Path, out: str | Path, resume: bo
         opt.load_state_dict(st["optimizer"])
         aug_gen.set_state(st["aug_rng"])
         torch.set_rng_state(st["torch_rng"])
-        step, train_time, curves = st["step"], st["train_time"], st["curves"]
+        step, train_time, curves, running = st["step"], st["train_time"], st["curves"], st["running"]
         history = {int(k): v for k, v in st["history"].items()}
         commits = list(dict.fromkeys(st["commits"] + commits))
         log.info("resumed %s at step %d/%d", out, step, total)
     elif resume:
         log.info("no state in %s: starting from scratch", out)
+    net: torch.nn.Module = model
+    if world > 1:
+        net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.startswith("cuda") else None)
+    if compile_model:
+        net = torch.compile(net)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda"))
 
-    def save(running: dict) -> None:
-        _save_state(state_path, {
-            "train_config": cfg.to_dict(), "model": clean_state_dict(model.state_dict()),
-            "optimizer": opt.state_dict(), "aug_rng": aug_gen.get_state(), "torch_rng": torch.get_rng_state(),
-            "step": step, "train_time": train_time, "curves": curves, "running": running, "commits": commits,
-            "history": {str(k): v for k, v in history.items()}})
+    def save() -> None:
+        if rank == 0:
+            _save_state(state_path, {
+                "train_config": cfg.to_dict(), "model": clean_state_dict(model.state_dict()),
+                "optimizer": opt.state_dict(), "aug_rng": aug_gen.get_state(), "torch_rng": torch.get_rng_state(),
+                "step": step, "train_time": train_time, "curves": curves, "running": running, "commits": commits,
+                "history": {str(k): v for k, v in history.items()}})
+        if world > 1:
+            torch.distributed.barrier()
 
-    running = {"loss": 0.0, "correct": 0, "seen": 0}
-    if resume and state_path.exists():
-        running = st.get("running", running)
     while step < total:
         epoch, in_epoch = divmod(step, steps_per_epoch)
         it = D.batches(train_ds, cfg.batch_size, shuffle=True, generator=_epoch_generator(cfg, epoch),
                        drop_last=True, start_batch=in_epoch)
         bar = tqdm(it, total=steps_per_epoch, initial=in_epoch, desc=f"{cfg.encoding} epoch {epoch + 1}/{cfg.epochs}",
-                   disable=not progress, unit="batch", dynamic_ncols=True)
-        model.train()
+                   disable=not progress or rank != 0, unit="batch", dynamic_ncols=True)
+        net.train()
         t_epoch = time.perf_counter()
         for x, y in bar:
             t0 = time.perf_counter()
-            x = x.to(device)
-            y = y.to(device)
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)  # uint8 to the device
             if cfg.augment != "none":
-                x = D.random_crop_flip(x, padding=4, generator=aug_gen)
+                x = D.random_crop_flip(x, padding=4, generator=aug_gen)                 # (B, 3, 32, 32) uint8
             x = D.normalize(x, cfg.dataset)
+            target = y
             if cfg.augment == "mixup":
                 x, target = D.mixup_cutmix(x, y, num_classes, label_smoothing=cfg.label_smoothing, generator=aug_gen)
-            else:
-                target = y
+            if world > 1:  # this process's shard of the global batch
+                x, y, target = (t.chunk(world)[rank] for t in (x, y, target))
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, total, steps_per_epoch, cfg)
-            logits = model(x)
-            ls = cfg.label_smoothing if cfg.augment != "mixup" else 0.0
-            loss = F.cross_entropy(logits, target, label_smoothing=ls)
+            with autocast:
+                logits = net(x)
+                loss = F.cross_entropy(logits.float(), target, label_smoothing=0.0 if cfg.augment == "mixup"
+                                       else cfg.label_smoothing)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.grad_clip:
@@ -208,44 +244,43 @@ def train(cfg: TrainConfig, *, data_dir: str | Path, out: str | Path, resume: bo
             running["seen"] += len(y)
             bar.set_postfix(loss=f"{running['loss'] / running['seen']:.3f}",
                             acc=f"{100 * running['correct'] / running['seen']:.1f}",
-                            img_s=f"{len(y) / (time.perf_counter() - t0):.0f}")
+                            img_s=f"{len(y) * world / (time.perf_counter() - t0):.0f}")
             if step % steps_per_epoch == 0:
                 break
             if stop_after_steps is not None and step >= stop_after_steps:
-                save(running)
+                save()
                 return {"stopped_at_step": step}
             if save_every and step % save_every == 0:
-                save(running)
+                save()
         bar.close()
         # ---- end of epoch: evaluate, record curves and the encoding's parameters
-        logits = predict(model, test_ds, cfg.dataset, batch_size=cfg.eval_batch_size, device=device)
-        acc = accuracy(logits, test_ds.labels)
+        if world > 1:
+            sums = torch.tensor([running["loss"], running["correct"], running["seen"]], dtype=torch.float64)
+            torch.distributed.all_reduce(sums)
+            running = {"loss": sums[0].item(), "correct": int(sums[1]), "seen": int(sums[2])}
+        acc = accuracy(predict(model, test_ds, cfg.dataset, batch_size=cfg.eval_batch_size, device=device),
+                       test_ds.labels)
         seen = max(1, running["seen"])
-        curves["epoch"].append(epoch + 1)
-        curves["train_loss"].append(round(running["loss"] / seen, 4))
-        curves["train_acc"].append(round(100 * running["correct"] / seen, 2))
-        curves["test_top1"].append(acc["top1"])
-        curves["test_top5"].append(acc["top5"])
-        curves["test_loss"].append(acc["loss"])
-        curves["lr"].append(opt.param_groups[0]["lr"])
-        curves["images_per_s"].append(round(seen / max(1e-9, time.perf_counter() - t_epoch), 1))
+        for key, value in (("epoch", epoch + 1), ("train_loss", round(running["loss"] / seen, 4)),
+                           ("train_acc", round(100 * running["correct"] / seen, 2)), ("test_top1", acc["top1"]),
+                           ("test_top5", acc["top5"]), ("test_loss", acc["loss"]), ("lr", opt.param_groups[0]["lr"]),
+                           ("images_per_s", round(seen / max(1e-9, time.perf_counter() - t_epoch), 1))):
+            curves[key].append(value)
         history[epoch + 1] = history_params(model)
         running = {"loss": 0.0, "correct": 0, "seen": 0}
         log.info("epoch %d: %s", epoch + 1, acc)
-        if progress:
+        if progress and rank == 0:
             tqdm.write(f"epoch {epoch + 1}/{cfg.epochs}: test top-1 {acc['top1']:.2f} top-5 {acc['top5']:.2f}")
-        save(running)
+        save()
         if stop_after_steps is not None and step >= stop_after_steps:
             return {"stopped_at_step": step}
 
     model.eval()
-    images_seen = total * cfg.batch_size
     metrics = {
         "recipe": cfg.to_dict(), "epochs": cfg.epochs, "steps": total,
-        "wall_time_s": round(train_time, 1), "images_per_s": round(images_seen / max(train_time, 1e-9), 1),
+        "wall_time_s": round(train_time, 1), "images_per_s": round(total * cfg.batch_size / max(train_time, 1e-9), 1),
         "curves": curves, "git_commit": commits[0], "git_commits": commits, "torch": torch.__version__,
-        "device": device if device != "cpu" else f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)",
-        "parameters": sum(p.numel() for p in model.parameters()),
+        "device": _describe(device, world), "parameters": sum(p.numel() for p in model.parameters()),
     }
     if full_eval:
         metrics.update(full_report(model, test_ds, cfg.dataset, batch_size=cfg.eval_batch_size, device=device))
@@ -254,8 +289,17 @@ def train(cfg: TrainConfig, *, data_dir: str | Path, out: str | Path, resume: bo
         structure = summarize_table(model)
         if structure:
             metrics["structure"] = structure
-    save_checkpoint(out / "final.safetensors", model, metrics=metrics, history=history)
-    if checkpoint:
-        save_checkpoint(checkpoint, model, metrics=metrics, history=history)
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+    if rank == 0:
+        save_checkpoint(out / "final.safetensors", model, metrics=metrics, history=history)
+        if checkpoint:
+            save_checkpoint(checkpoint, model, metrics=metrics, history=history)
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     return metrics
+
+
+def _describe(device: str, world: int) -> str:
+    if device.startswith("cuda"):
+        name = torch.cuda.get_device_name(torch.device(device))
+    else:
+        name = f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
+    return f"{world} x {name}" if world > 1 else name

@@ -88,14 +88,14 @@ def _parse(params, checkpoints, images, grid, depth, heads) -> tuple[ViewState, 
     values: dict[str, Any] = {}
 
     def refuse(key: str, value: str, why: str) -> None:
-        notes.append(f"Ignored {key}={_show(value)} from the link: {why}; "
+        notes.append(f"Ignored {key}={_show(value)}: {why}; "
                      f"using {key}={_show(_default_text(base, key))}.")
 
     for key, value in raw.items():
-        if value is None:
+        if value is None or (value == "" and key in ("ckpt", "image")):   # "" = none chosen
             continue
         if not isinstance(value, str):
-            refuse(key, repr(type(value).__name__), "not text")
+            refuse(key, f"<{type(value).__name__}>", "not text")
             continue
         if len(value) > MAX_VALUE_CHARS:
             refuse(key, value, f"longer than {MAX_VALUE_CHARS} characters")
@@ -132,7 +132,7 @@ def _parse(params, checkpoints, images, grid, depth, heads) -> tuple[ViewState, 
             if n is None:
                 refuse(key, value, "not an integer")
             elif not 0 <= n < depth:
-                refuse(key, value, f"the model has layers 0-{depth - 1}")
+                refuse(key, value, f"valid layers are 0-{depth - 1}" if depth > 1 else "the only layer is 0")
             else:
                 values["layer"] = n
         elif key == "head":
@@ -143,7 +143,7 @@ def _parse(params, checkpoints, images, grid, depth, heads) -> tuple[ViewState, 
             if n is None:
                 refuse(key, value, f"expected '{MEAN_HEAD}' or an integer")
             elif not 0 <= n < heads:
-                refuse(key, value, f"the model has heads 0-{heads - 1}")
+                refuse(key, value, f"valid heads are 0-{heads - 1}" if heads > 1 else "the only head is 0")
             else:
                 values["head"] = n
     return ViewState(**{**base.__dict__, **values}), notes

@@ -1,0 +1,45 @@
+"""vitpe: explore how Vision Transformers see position. Run from the repository root:
+
+    streamlit run app.py            # checkpoints from ./checkpoints or $VITPE_CHECKPOINTS
+
+A router only (st.navigation): the pages are in pages/, their computations in vitpe_core.
+A link `/?page=similarity&ckpt=ape&patch=3,4` opens that page with its query parameters
+(carried over on the switch); see vitpe_core.viewstate for the parameters.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import streamlit as st  # noqa: E402
+
+from vitpe_core import st_cache  # noqa: E402
+from vitpe_core.viewstate import DEFAULT_PAGE  # noqa: E402
+
+st.set_page_config(page_title="vitpe — position encodings in ViTs", page_icon="🧭", layout="wide")
+
+PAGES = {
+    "bias": st.Page("pages/bias.py", title="Bias explorer", icon=":material/my_location:", url_path="bias", default=DEFAULT_PAGE == "bias"),
+    "similarity": st.Page("pages/similarity.py", title="Embedding similarity", icon=":material/grid_view:", url_path="similarity"),
+    "compare": st.Page("pages/compare.py", title="Compare encodings", icon=":material/compare:", url_path="compare"),
+    "checkpoints": st.Page("pages/checkpoints.py", title="Checkpoints", icon=":material/inventory_2:", url_path="checkpoints"),
+}
+nav = st.navigation(list(PAGES.values()))
+
+# `?page=NAME` on any URL opens that page once per session, keeping the other parameters.
+requested = st.query_params.get("page")
+if not st.session_state.get("_vitpe_routed"):
+    st.session_state["_vitpe_routed"] = True
+    if requested in PAGES and PAGES[requested].url_path != nav.url_path:
+        st.switch_page(PAGES[requested], query_params=st.query_params.to_dict())
+
+with st.sidebar:
+    root = st_cache.checkpoint_root()
+    st.caption(f"Checkpoints: `{root}` ({len(st_cache.checkpoint_names())} found). "
+               f"Set `{st_cache.ENV_VAR}` to use another folder.")
+
+nav.run()

@@ -1,0 +1,95 @@
+"""Checkpoints: what is shipped — every checkpoint's encoding, size and accuracy; for the
+chosen one its configuration, training recipe, results and training curves."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import streamlit as st
+
+from vitpe_core import figures, st_cache, ui
+
+PAGE = "checkpoints"
+
+
+def main() -> None:
+    st.title("Checkpoints")
+    names = st_cache.checkpoint_names()
+    view = ui.current_view(PAGE, names)
+    ui.render_share(view)
+    if not names:
+        ui.no_checkpoints_info()
+        return
+    st.caption(f"Folder: `{st_cache.checkpoint_root()}` ({len(names)} checkpoints)")
+    rows, ckpts = [], {}
+    for name in names:
+        try:
+            ckpts[name] = ckpt = st_cache.get_checkpoint(name)
+        except (ValueError, OSError) as e:
+            rows.append({"checkpoint": name, "encoding": f"unreadable: {e}"})
+            continue
+        m = ckpt.metrics if isinstance(ckpt.metrics, dict) else {}
+        test, structure = m.get("test") or {}, m.get("structure") or {}
+        recipe = m.get("recipe") or {}
+        rows.append({"checkpoint": name, "encoding": ckpt.config.encoding,
+                     "options": json.dumps(ckpt.config.encoding_options) if ckpt.config.encoding_options else "",
+                     "parameters": sum(p.numel() for p in ckpt.model.parameters()),
+                     "dataset": st_cache.dataset_of(ckpt), "epochs": m.get("epochs", recipe.get("epochs")),
+                     "test top-1 %": test.get("top1"), "test top-5 %": test.get("top5"),
+                     "2D structure (Spearman)": structure.get("spearman"),
+                     "history epochs": len(ckpt.history)})
+    table = pd.DataFrame(rows).set_index("checkpoint")
+    st.dataframe(table, key=f"{PAGE}_table")
+    st.download_button("Table (CSV)", data=table.to_csv().encode(), file_name="checkpoints.csv", mime="text/csv",
+                       key=f"{PAGE}_table_csv", on_click="ignore")
+    if view.ckpt not in ckpts:
+        return
+    with st.sidebar:
+        ui.checkpoint_select(PAGE, names)
+    details(view.ckpt, ckpts[view.ckpt])
+
+
+def details(name: str, ckpt) -> None:
+    m = ckpt.metrics if isinstance(ckpt.metrics, dict) else {}
+    st.header(name)
+    test = m.get("test") or {}
+    cols = st.columns(4)
+    cols[0].metric("test top-1", f"{test['top1']:.2f} %" if "top1" in test else "—")
+    cols[1].metric("test top-5", f"{test['top5']:.2f} %" if "top5" in test else "—")
+    cols[2].metric("parameters", f"{sum(p.numel() for p in ckpt.model.parameters()):,}")
+    cols[3].metric("dataset", st_cache.dataset_of(ckpt))
+    curves = m.get("curves")
+    if isinstance(curves, dict) and any(curves.get(k) for k in curves if k != "epoch"):
+        ui.chart(figures.curves_fig(curves, title=f"Training curves of {name}"), f"{name}_curves",
+                 key=f"{PAGE}_curves")
+        try:
+            df = pd.DataFrame({k: v for k, v in curves.items() if isinstance(v, list) and len(v) == len(curves.get("epoch", v))})
+            st.download_button("Curves (CSV)", data=df.to_csv(index=False).encode(), file_name=f"{name}_curves.csv",
+                               mime="text/csv", key=f"{PAGE}_curves_csv", on_click="ignore")
+        except ValueError:
+            pass
+    else:
+        st.caption("No training curves recorded.")
+    left, right = st.columns(2)
+    with left:
+        st.subheader("Model configuration")
+        st.json(ckpt.config.to_dict(), expanded=True)
+    with right:
+        st.subheader("Training recipe")
+        st.json(m.get("recipe") or {"recipe": "not recorded"}, expanded=True)
+    res = m.get("resolution")
+    if isinstance(res, dict) and res:
+        st.subheader("Accuracy at other input resolutions")
+        st.dataframe(pd.DataFrame.from_dict(res, orient="index"), key=f"{PAGE}_resolution")
+    trans = m.get("translation")
+    if isinstance(trans, dict) and trans:
+        st.subheader("Translation test")
+        st.dataframe(pd.DataFrame.from_dict(trans, orient="index"), key=f"{PAGE}_translation")
+    with st.expander("All metrics (JSON)"):
+        st.json(m, expanded=False)
+        st.download_button("Metrics (JSON)", data=json.dumps(m, indent=1, sort_keys=True).encode(),
+                           file_name=f"{name}_metrics.json", mime="application/json", key=f"{PAGE}_metrics_json",
+                           on_click="ignore")
+
+
+main()

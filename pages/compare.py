@@ -1,0 +1,140 @@
+"""Compare encodings: the same image and patch through every checkpoint, side by side, with
+one layer/head control for all; a table of accuracy, 2D structure and attention statistics;
+accuracy at other input resolutions where it was measured."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from vitpe_core import analysis, figures, st_cache, ui
+
+PAGE = "compare"
+COLUMNS = 2
+COMPONENT_STYLE = {   # label -> (colour scale, range, colourbar title, normalise to [0, 1])
+    "bias row": (figures.BIAS_SCALE, (0, 1), "bias (0-1)", True),
+    "table similarity": (figures.SIMILARITY_SCALE, (-1, 1), "cosine", False),
+    "RoPE kernel": (figures.SIMILARITY_SCALE, (-1, 1), "mean cos Δθ", False),
+}
+
+
+def main() -> None:
+    st.title("Compare encodings")
+    names = st_cache.checkpoint_names()
+    if not names:
+        view = ui.current_view(PAGE, names)
+        ui.no_checkpoints_info()
+        ui.render_share(view)
+        return
+    ckpts = {}
+    for name in names:
+        try:
+            ckpts[name] = st_cache.get_checkpoint(name)
+        except (ValueError, OSError) as e:
+            st.error(f"Checkpoint {name!r} cannot be used: {e}")
+    if not ckpts:
+        return
+    depth = max(c.config.depth for c in ckpts.values())
+    heads = max(c.config.heads for c in ckpts.values())
+    view = ui.current_view(PAGE, list(ckpts), dims_for=lambda n: (ckpts[n].config.grid, depth, heads))
+    ref = ckpts[view.ckpt]
+    grid = ref.config.grid
+    with st.sidebar:
+        shown = st.multiselect("Checkpoints to show", list(ckpts), default=list(ckpts), key=f"{PAGE}_show")
+        img, key, caption, is_upload = ui.image_source(PAGE)
+        layer, head = ui.layer_head_controls(PAGE, depth, heads)
+    ui.render_share(view, upload_active=is_upload)
+
+    left, right = st.columns([1, 2])
+    with left:
+        st.caption(f"{caption} — click a patch")
+        display = figures.display_image(img, ref.config.img_size, max_side=256)
+        ui.clickable(figures.grid_image(display, grid, view.patch), f"{PAGE}_click",
+                     lambda x, y, w, h: figures.pixel_to_patch(x, y, w, h, grid))
+        ui.patch_controls(PAGE, grid)
+        ui.patch_text(view.patch, grid)
+        st.caption(f"Layer {layer}, {'mean over heads' if head is None else f'head {head}'} for every "
+                   "checkpoint (clamped to a checkpoint's own depth / heads where it has fewer).")
+    rows = []
+    for name in shown:
+        rows.append(summary_row(name, ckpts[name], key, img if is_upload else None, layer, head))
+    with right:
+        st.subheader("Per checkpoint")
+        table = pd.DataFrame(rows).set_index("checkpoint") if rows else pd.DataFrame()
+        st.dataframe(table, key=f"{PAGE}_table", on_select="ignore")
+        if rows:
+            st.download_button("Table (CSV)", data=table.to_csv().encode(), file_name="compare_encodings.csv",
+                               mime="text/csv", key=f"{PAGE}_table_csv", on_click="ignore")
+        resolution_table(shown, ckpts)
+
+    st.subheader(f"Positional component and attention row of the query patch r={view.patch[0]}, c={view.patch[1]}")
+    for start in range(0, len(shown), COLUMNS):
+        cols = st.columns(COLUMNS)
+        for col, name in zip(cols, shown[start:start + COLUMNS]):
+            with col:
+                panel(name, ckpts[name], key, img if is_upload else None, view.patch, layer, head)
+
+
+def clamp(ckpt, patch, layer, head):
+    H, W = ckpt.config.grid
+    p = (min(patch[0], H - 1), min(patch[1], W - 1))
+    return p, min(layer, ckpt.config.depth - 1), None if head is None else min(head, ckpt.config.heads - 1)
+
+
+def summary_row(name, ckpt, key, img, layer, head) -> dict:
+    _, layer, head = clamp(ckpt, (0, 0), layer, head)
+    stats = st_cache.attention_stats(name, key, img)                  # name -> (L, h)
+    pick = (lambda a: float(a[layer].mean())) if head is None else (lambda a: float(a[layer, head]))
+    test = ckpt.metrics.get("test", {}) if isinstance(ckpt.metrics, dict) else {}
+    sim = st_cache.similarity(name) if "table" in ckpt.model.pos_enc.hooks else None
+    return {"checkpoint": name, "encoding": ckpt.config.encoding,
+            "test top-1 %": test.get("top1"), "test top-5 %": test.get("top5"),
+            "2D structure (Spearman)": None if sim is None else round(sim["score"]["spearman"], 3),
+            f"attn distance (patches), L{layer}": round(pick(stats["mean_distance"]), 3),
+            f"attn entropy (nats), L{layer}": round(pick(stats["entropy"]), 3)}
+
+
+def resolution_table(names, ckpts) -> None:
+    rows = {}
+    for name in names:
+        res = ckpts[name].metrics.get("resolution") if isinstance(ckpts[name].metrics, dict) else None
+        if isinstance(res, dict) and res:
+            rows[name] = {f"{size}px": (r.get("top1") if isinstance(r, dict) else None) for size, r in res.items()}
+    st.markdown("**Top-1 % at other input resolutions**")
+    if rows:
+        df = pd.DataFrame.from_dict(rows, orient="index")
+        df = df[sorted(df.columns, key=lambda c: int(c[:-2]) if c[:-2].isdigit() else 0)]
+        st.dataframe(df, key=f"{PAGE}_resolution")
+    else:
+        st.caption("Not measured for these checkpoints: run `python -m vitpe_core evaluate "
+                   "checkpoints/NAME.safetensors --sizes 24,32,40,48 --record`.")
+
+
+def panel(name, ckpt, key, img, patch, layer, head) -> None:
+    patch, layer, head = clamp(ckpt, patch, layer, head)
+    head_txt = "mean of heads" if head is None else f"head {head}"
+    st.markdown(f"**{name}** · `{ckpt.config.encoding}` · hooks: {', '.join(ckpt.model.pos_enc.hooks) or 'none'}")
+    tr = st_cache.trace(name, key, img)
+    attn = analysis.patch_maps(tr, patch)["attn"][layer]            # (h, H, W)
+    attn = attn.mean(0) if head is None else attn[head]
+    comp = st_cache.positional(name, key, patch, img)
+    if comp is None:
+        label, pos = "none", np.zeros_like(attn)
+        scale, rng, cbar, norm = figures.BIAS_SCALE, (0, 1), "—", False
+    else:
+        label, full = comp
+        pos = full[layer].mean(0) if head is None else full[layer, head]
+        scale, rng, cbar, norm = COMPONENT_STYLE.get(label, (figures.BIAS_SCALE, (None, None), label, False))
+        if norm:
+            pos = analysis.normalize01(pos)
+    fig = figures.pair_fig(pos, attn, titles=(label, "attention row"), colorbar_titles=(cbar, "attention"),
+                           colorscales=(scale, figures.ATTENTION_SCALE), ranges=(rng, (0, None)), patch=patch,
+                           title=f"{name}: layer {layer}, {head_txt}")
+    base = f"{name}_compare_p{patch[0]}-{patch[1]}_l{layer}_{head_txt}"
+    ui.chart(fig, base, key=f"{PAGE}_fig_{name}")
+    if comp is None:
+        st.caption("`none`: no position information at all (the model is permutation-equivariant over patches).")
+    ui.downloads(base + "_positional", pos, key=f"{PAGE}_dl_{name}", full=np.stack([pos, attn]))
+
+
+main()

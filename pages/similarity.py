@@ -1,0 +1,185 @@
+"""Embedding similarity: the cosine similarity of a position table's rows — the full N×N
+matrix and the ViT paper's Figure 7 (one small map per patch) — for every checkpoint with a
+table and for an uploaded timm ViT checkpoint; the chosen patch's map large, the 2D-structure
+score across checkpoints, and the tables recorded during training."""
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from vitpe_core import analysis, figures, st_cache, ui
+from vitpe_core.viewstate import ViewState
+
+PAGE = "similarity"
+UPLOADED = "uploaded timm checkpoint"
+SCORE_HELP = ("Spearman rank correlation of similarity with minus the spatial distance over all patch pairs "
+              "(1 = similarity falls off perfectly with distance, 0 = no relation)")
+
+
+def main() -> None:
+    st.title("Position-embedding similarity")
+    names = st_cache.checkpoint_names()
+    table_names = []
+    for name in names:
+        try:
+            if st_cache.has_table(name):
+                table_names.append(name)
+        except (ValueError, OSError) as e:
+            st.error(f"Checkpoint {name!r} cannot be used: {e}")
+    timm = timm_upload()
+    use_timm = timm is not None and (not table_names or st.session_state.get(f"{PAGE}_source", UPLOADED) == UPLOADED)
+    dims_for = ui.dims_of
+    if use_timm:   # the patch lives on the uploaded model's grid
+        dims_for = lambda n: (tuple(timm["grid"]), *(ui.dims_of(n) or ((1, 1), 1, 1))[1:])
+    view = ui.current_view(PAGE, names, dims_for=dims_for)
+    if not names:
+        ui.no_checkpoints_info()
+    elif not table_names:
+        st.info("None of the checkpoints has an absolute position table (encodings `ape`, `ape2d`, `sincos2d`, "
+                "or a composite with one, e.g. `sape2+ape`). Upload a timm ViT checkpoint in the sidebar.")
+    if not use_timm and view.ckpt not in table_names and table_names:
+        if view.ckpt:
+            st.info(f"`{view.ckpt}` has no position table; showing `{table_names[0]}`.")
+        view = with_ckpt(view, table_names[0])
+    ui.render_share(view)
+    if not use_timm and not table_names:
+        return
+    with st.sidebar:
+        if timm is not None and table_names:
+            st.radio("Source", [UPLOADED, "checkpoint"], key=f"{PAGE}_source")
+        if not use_timm:
+            ui.checkpoint_select(PAGE, table_names)
+    if use_timm:
+        res, label, source = timm, f"{timm['filename']} (timm, D = {timm['config']['dim']})", UPLOADED
+        st.caption("Uploaded checkpoints cannot be shared by link; the link opens the checkpoint view.")
+    else:
+        source = view.ckpt
+        epoch = epoch_control(source)
+        res = st_cache.similarity(source, epoch)
+        label = source + ("" if epoch is None else f", epoch {epoch}")
+    show(res, label, source)
+
+
+def with_ckpt(view: ViewState, name: str) -> ViewState:
+    grid = st_cache.get_checkpoint(name).config.grid
+    patch = view.patch if view.patch[0] < grid[0] and view.patch[1] < grid[1] else (grid[0] // 2, grid[1] // 2)
+    view = ViewState(**{**view.__dict__, "ckpt": name, "patch": patch})
+    ui.commit(view)
+    return view
+
+
+def timm_upload() -> dict | None:
+    """The similarity of an uploaded timm checkpoint, or None (an st.error if it is refused)."""
+    with st.sidebar:
+        up = st.file_uploader("timm ViT checkpoint (.npz, .safetensors, .pth)", key=f"{PAGE}_timm_upload",
+                              type=[s[1:] for s in st_cache.TIMM_SUFFIXES], max_upload_size=64,
+                              help="A timm / DeiT VisionTransformer state dict with a learned pos_embed "
+                                   "(e.g. ViT-Ti/16). Read without executing code; not stored.")
+    if up is None:
+        return None
+    try:
+        res = dict(st_cache.timm_similarity(up.name, up.getvalue()))
+    except ValueError as e:   # CheckpointError, or a state dict no ViTConfig can describe
+        st.error(f"{up.name}: {e}")
+        return None
+    res["filename"] = up.name
+    return res
+
+
+def epoch_control(name: str) -> int | None:
+    """A slider over the epochs recorded in the checkpoint's history (None = final weights)."""
+    epochs = sorted(st_cache.get_checkpoint(name).history)
+    if not epochs:
+        st.sidebar.caption("This checkpoint recorded no training history.")
+        return None
+    options = [*epochs, "final"]
+    if st.session_state.get("_sim_epoch") not in options:
+        st.session_state["_sim_epoch"] = "final"
+    with st.sidebar:
+        ui.bound(st.select_slider, f"{PAGE}_epoch", "_sim_epoch", label="Epoch (table recorded during training)",
+                 options=options, help="Watch the row/column structure emerge as training proceeds.")
+    value = st.session_state["_sim_epoch"]
+    return None if value == "final" else int(value)
+
+
+def show(res: dict, label: str, source: str) -> None:
+    sim, grid, score = res["sim"], tuple(res["grid"]), res["score"]
+    H, W = grid
+    patch = tuple(st.session_state["patch"])
+    if not (patch[0] < H and patch[1] < W):
+        patch = (H // 2, W // 2)
+        st.session_state["patch"] = patch
+    sim_grid = analysis.similarity_grid(sim, grid)                   # (H, W, H, W)
+    cols = st.columns(5)
+    cols[0].metric("2D structure (Spearman)", f"{score['spearman']:.3f}", help=SCORE_HELP)
+    for col, (k, text) in zip(cols[1:], [("same_row", "same row"), ("same_col", "same column"),
+                                         ("other", "other pairs"), ("neighbour", "4-neighbours")]):
+        col.metric(f"mean similarity, {text}", f"{score[k]:.3f}")
+    left, right = st.columns(2)
+    with left:
+        st.caption(f"Figure 7 for {label}: tile (r, c) is patch (r, c)'s similarity to every patch — click a tile")
+        ui.clickable(figures.figure7_image(sim_grid, patch=patch), f"{PAGE}_click",
+                     lambda x, y, w, h: figures.figure7_pixel_to_patch(x, y, w, h, grid))
+    with right:
+        ui.patch_controls(PAGE, grid)
+        ui.patch_text(patch, grid)
+        m = sim_grid[patch]                                          # (H, W)
+        base = f"{source}_similarity_p{patch[0]}-{patch[1]}"
+        ui.chart(figures.patch_map_fig(m, title=f"Similarity of the embedding of patch r={patch[0]}, c={patch[1]} to every patch ({label})",
+                                       colorbar_title="cosine<br>similarity", patch=patch,
+                                       colorscale=figures.SIMILARITY_SCALE, zmin=-1, zmax=1),
+                 base, key=f"{PAGE}_patch_map")
+        ui.downloads(base, m, key=f"{PAGE}_patch_dl")
+    tabs = st.tabs(["Figure 7 (interactive)", "N×N matrix", "Across checkpoints", "During training"])
+    with tabs[0]:
+        ui.chart(figures.figure7_grid_fig(sim_grid, patch=patch, title=f"ViT Figure 7 for {label}"),
+                 f"{source}_figure7", key=f"{PAGE}_figure7")
+        ui.downloads(f"{source}_figure7", figures.figure7_canvas(sim_grid), key=f"{PAGE}_figure7_dl", full=sim_grid)
+    with tabs[1]:
+        ui.chart(figures.similarity_matrix_fig(sim, grid, patch=patch,
+                                               title=f"Cosine similarity of all {H * W} position embeddings ({label})"),
+                 f"{source}_similarity_matrix", key=f"{PAGE}_matrix")
+        ui.downloads(f"{source}_similarity_matrix", sim, key=f"{PAGE}_matrix_dl")
+    with tabs[2]:
+        across_checkpoints(source, res)
+    with tabs[3]:
+        during_training(source)
+
+
+def across_checkpoints(current: str, current_res: dict) -> None:
+    rows = {}
+    for name in st_cache.checkpoint_names():
+        try:
+            res = st_cache.similarity(name) if st_cache.has_table(name) else None
+        except (ValueError, OSError):
+            res = None
+        if res is not None:
+            rows[name] = res["score"]
+    if current == UPLOADED:
+        rows[f"{current_res['filename']} (uploaded)"] = current_res["score"]
+    df = pd.DataFrame.from_dict(rows, orient="index").round(4)
+    df.index.name = "source (final table)"
+    st.dataframe(df, key=f"{PAGE}_scores")
+    st.caption(SCORE_HELP + "; the other columns are mean cosine similarities of patch pairs in the same row, "
+               "the same column, neither, and of 4-neighbours.")
+    st.download_button("Scores (CSV)", data=df.to_csv().encode(), file_name="structure_scores.csv",
+                       mime="text/csv", key=f"{PAGE}_scores_csv", on_click="ignore")
+
+
+def during_training(source: str) -> None:
+    if source == UPLOADED:
+        st.caption("An uploaded timm checkpoint has no training history.")
+        return
+    hist = st_cache.structure_history(source)
+    if not hist:
+        st.caption("This checkpoint recorded no training history.")
+        return
+    epochs = sorted(hist)
+    series = {k: [hist[e][k] for e in epochs] for k in ("spearman", "same_row", "same_col", "other")}
+    ui.chart(figures.line_fig(epochs, series, title=f"2D structure of {source}'s table during training",
+                              x_title="epoch", y_title="score / mean similarity"),
+             f"{source}_structure_history", key=f"{PAGE}_history")
+    st.caption("Move the epoch slider in the sidebar to see the table of any recorded epoch above.")
+
+
+main()

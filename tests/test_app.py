@@ -1,0 +1,256 @@
+"""The Streamlit app through app.py in AppTest: every page with and without checkpoints, views
+restored from the URL, bad parameters falling back with a warning, the clicked patch set
+through session_state, widgets driven by key, uploads. Checkpoints: tests/conftest.py's
+`app_checkpoint_dir` (tiny random-weight models)."""
+from __future__ import annotations
+
+import base64
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from streamlit.testing.v1 import AppTest
+
+from vitpe_core import figures, gallery
+
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+PAGES = ("bias", "similarity", "compare", "checkpoints")
+TITLES = {"bias": "Bias explorer", "similarity": "Position-embedding similarity", "compare": "Compare encodings",
+          "checkpoints": "Checkpoints"}
+
+
+@pytest.fixture
+def with_ckpts(app_checkpoint_dir, monkeypatch):
+    monkeypatch.setenv("VITPE_CHECKPOINTS", str(app_checkpoint_dir))
+    return app_checkpoint_dir
+
+
+@pytest.fixture
+def without_ckpts(tmp_path, monkeypatch):
+    monkeypatch.setenv("VITPE_CHECKPOINTS", str(tmp_path / "empty"))
+    return tmp_path
+
+
+def run(params: dict | None = None, session: dict | None = None) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=60)
+    for k, v in (params or {}).items():
+        at.query_params[k] = v
+    for k, v in (session or {}).items():
+        at.session_state[k] = v
+    return at.run()
+
+
+def ok(at: AppTest) -> AppTest:
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def patch_texts(at: AppTest) -> list[str]:
+    return [m.value for m in at.markdown if "Patch (" in m.value]
+
+
+def chart_spec(at: AppTest, key: str) -> dict:
+    [chart] = [c for c in at.get("plotly_chart") if c.proto.id.endswith(key) or getattr(c, "key", None) == key]
+    return json.loads(chart.proto.spec)
+
+
+def z_of(spec: dict) -> np.ndarray:
+    """The first trace's z; Plotly >= 6 sends numpy arrays as base64 typed arrays."""
+    z = spec["data"][0]["z"]
+    if isinstance(z, dict):
+        shape = [int(s) for s in str(z.get("shape", "-1")).split(",")]
+        return np.frombuffer(base64.b64decode(z["bdata"]), dtype=np.dtype(z["dtype"])).reshape(shape)
+    return np.array(z, dtype=float)
+
+
+def title(at: AppTest) -> str:
+    return at.title[0].value
+
+
+# ----------------------------------------------------------------------------- pages
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_runs_with_checkpoints(with_ckpts, page):
+    at = ok(run({"page": page}))
+    assert title(at) == TITLES[page]
+    assert not at.warning and not at.error
+    assert at.query_params["page"] == page
+    if page != "checkpoints":
+        assert patch_texts(at) == [p for p in patch_texts(at) if "Patch (4, 4)" in p] != []
+        assert at.get("plotly_chart")
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_explains_how_to_get_checkpoints(without_ckpts, page):
+    at = ok(run({"page": page}))
+    assert title(at) == TITLES[page]
+    assert any("scripts/train_checkpoints.sh" in i.value and "python -m vitpe_core train" in i.value for i in at.info)
+
+
+def test_page_parameter_routes_from_the_root(with_ckpts):
+    at = ok(run({"page": "compare", "ckpt": "rpb"}))
+    assert title(at) == "Compare encodings"
+    assert at.query_params["ckpt"] == "rpb"
+
+
+# ----------------------------------------------------------------------------- URL
+def test_url_restores_the_view(with_ckpts):
+    at = ok(run({"page": "bias", "ckpt": "sape2+ape", "patch": "3,4", "layer": "1", "head": "1",
+                 "image": "cifar10-test-0008"}))
+    assert not at.warning
+    assert any("Patch (3, 4)" in t for t in patch_texts(at))
+    assert at.selectbox(key="bias_ckpt").value == "sape2+ape"
+    assert at.selectbox(key="bias_image").value == "cifar10-test-0008"
+    assert at.select_slider(key="bias_layer").value == 1
+    assert at.selectbox(key="bias_head").value == "1"
+    assert (at.number_input(key="bias_row").value, at.number_input(key="bias_col").value) == (3, 4)
+    assert "SaPE²(K)" in " ".join(m.value for m in at.markdown)          # readout="query"
+    assert "layer 1, head 1" in chart_spec(at, "bias_bias_map")["layout"]["title"]["text"]
+    link = at.code[0].value
+    assert "page=bias" in link and "ckpt=sape2%2Bape" in link and "patch=3,4" in link and "head=1" in link
+
+
+def test_bad_parameters_fall_back_with_warnings(with_ckpts):
+    at = ok(run({"page": "bias", "ckpt": "../../etc/passwd", "patch": "99,99", "layer": "-1", "head": "abc",
+                 "image": "nope"}))
+    text = " ".join(w.value for w in at.warning)
+    for key in ("ckpt", "patch", "layer", "head", "image"):
+        assert f"Ignored {key}=" in text
+    assert any("Patch (4, 4)" in t for t in patch_texts(at))
+    assert dict(at.query_params) == {"page": "bias", "ckpt": "sape2+ape", "image": gallery.gallery_ids()[0],
+                                     "patch": "4,4", "layer": "0", "head": "mean"}
+    at.run()                                                             # the URL is valid now
+    assert not at.warning
+
+
+def test_bad_page_parameter_warns(with_ckpts):
+    at = ok(run({"page": "admin"}))
+    assert title(at) == "Bias explorer" and "Ignored page=" in at.warning[0].value
+
+
+# ----------------------------------------------------------------------------- interaction
+def test_session_state_patch_changes_text_and_map(with_ckpts):
+    at = ok(run({"ckpt": "sape2+ape"}))
+    before = z_of(chart_spec(at, "bias_bias_map"))
+    at.session_state["patch"] = (1, 6)
+    ok(at.run())
+    assert any("Patch (1, 6)" in t for t in patch_texts(at))
+    assert at.query_params["patch"] == "1,6"
+    after = z_of(chart_spec(at, "bias_bias_map"))
+    assert before.shape == after.shape == (8, 8) and not np.allclose(before, after)
+    assert (at.number_input(key="bias_row").value, at.number_input(key="bias_col").value) == (1, 6)
+
+
+def test_widgets_by_key_update_view_and_url(with_ckpts):
+    at = ok(run({"ckpt": "sape2+ape"}))
+    at.number_input(key="bias_row").set_value(6)
+    ok(at.run())
+    assert at.query_params["patch"] == "6,4"
+    at.radio(key="bias_part").set_value("x")
+    ok(at.run())
+    assert "x part" in chart_spec(at, "bias_bias_map")["layout"]["title"]["text"]
+    at.selectbox(key="bias_ckpt").set_value("rope_mixed")
+    ok(at.run())
+    assert at.query_params["ckpt"] == "rope_mixed"
+    assert any("adds no attention bias" in i.value for i in at.info)
+    at.switch_page("pages/compare.py")
+    ok(at.run())                                                         # the view follows to another page
+    assert any("Patch (6, 4)" in t for t in patch_texts(at)) and at.query_params["page"] == "compare"
+    at.selectbox(key="compare_head").set_value("1")
+    ok(at.run())
+    assert at.query_params["head"] == "1"
+
+
+def test_similarity_page_epochs_and_tables(with_ckpts):
+    at = ok(run({"page": "similarity", "ckpt": "rpb"}))                  # rpb has no table
+    assert any("no position table" in i.value for i in at.info)
+    assert at.query_params["ckpt"] in ("ape", "sape2+ape")
+    at.select_slider(key="similarity_epoch").set_value(0)
+    ok(at.run())
+    assert "epoch 0" in chart_spec(at, "similarity_patch_map")["layout"]["title"]["text"]
+    at.session_state["patch"] = (0, 7)
+    ok(at.run())
+    assert any("Patch (0, 7)" in t for t in patch_texts(at))
+
+
+# ----------------------------------------------------------------------------- uploads
+def _png(size=(40, 30), color=(200, 30, 30)) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", size, color).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def test_decode_upload():
+    from vitpe_core import ui
+
+    img, err = ui.decode_upload(_png())
+    assert err is None and img.mode == "RGB" and img.size == (40, 30)
+    img, err = ui.decode_upload(b"definitely not an image")
+    assert img is None and "not an image" in err
+    img, err = ui.decode_upload(_png()[:60])
+    assert img is None and err
+    assert ui.decode_upload("text")[0] is None
+
+
+def test_image_upload_in_the_app(with_ckpts):
+    at = ok(run({"ckpt": "sape2+ape"}))
+    at.file_uploader(key="bias_upload").set_value(("bad.png", b"\x89PNG broken", "image/png"))
+    ok(at.run())
+    assert at.error and "bad.png" in at.error[0].value
+    at.file_uploader(key="bias_upload").set_value(("red.png", _png(), "image/png"))
+    ok(at.run())
+    assert not at.error
+    assert any("cannot be shared" in c.value for c in at.caption)
+
+
+def _timm_npz(model) -> bytes:
+    sd = {k: v.numpy() for k, v in model.state_dict().items()}
+    sd["pos_embed"] = sd.pop("pos_enc.pos_embed")
+    buf = io.BytesIO()
+    np.savez(buf, **sd)
+    return buf.getvalue()
+
+
+def test_timm_upload_on_the_similarity_page(without_ckpts):
+    from vitpe_core import ViTConfig, build_model
+
+    model = build_model(ViTConfig(img_size=(40, 40), patch_size=4, dim=64, depth=1, heads=1, mlp_dim=64))
+    at = ok(run({"page": "similarity", "patch": "9,9"}))
+    assert "Ignored patch=" in at.warning[0].value                     # no checkpoint: an 8x8 default grid...
+    at.file_uploader(key="similarity_timm_upload").set_value(("vit.npz", _timm_npz(model), "application/octet-stream"))
+    ok(at.run())
+    assert not at.error
+    assert "vit.npz" in chart_spec(at, "similarity_patch_map")["layout"]["title"]["text"]
+    at.session_state["patch"] = (9, 9)                                   # ...a 10x10 grid for the upload
+    ok(at.run())
+    assert any("Patch (9, 9)" in t for t in patch_texts(at)) and not at.warning
+    at.file_uploader(key="similarity_timm_upload").set_value(("junk.pth", b"junk", "application/octet-stream"))
+    ok(at.run())
+    assert at.error and "junk.pth" in at.error[0].value
+
+
+# ----------------------------------------------------------------------------- pure helpers
+def test_gallery():
+    ids = gallery.gallery_ids()
+    cifar = [i for i in ids if i.startswith("cifar10-test-")]
+    assert len(cifar) == 12 and len({gallery.gallery_label(i) for i in cifar}) == 10
+    img = gallery.gallery_image(cifar[0])
+    assert img.mode == "RGB" and img.size == (32, 32)
+    assert gallery.gallery_image("photo-camera").mode == "RGB"          # grayscale photo -> RGB
+    with pytest.raises(ValueError, match="valid"):
+        gallery.gallery_image("../../etc/passwd")
+
+
+def test_click_geometry():
+    assert figures.pixel_to_patch(0, 0, 320, 320, (8, 8)) == (0, 0)
+    assert figures.pixel_to_patch(319.9, 100, 320, 320, (8, 8)) == (2, 7)
+    assert figures.pixel_to_patch(500, -3, 320, 240, (6, 8)) == (0, 7)   # clamped
+    sim = np.random.default_rng(0).random((4, 3, 4, 3))
+    canvas = figures.figure7_canvas(sim)                                 # tile (r, c) at (r*5, c*4)
+    assert canvas.shape == (4 * 5 - 1, 3 * 4 - 1)
+    assert canvas[2 * 5 + 1, 1 * 4 + 2] == pytest.approx(sim[2, 1, 1, 2]) and np.isnan(canvas[4, 0])
+    img = figures.figure7_image(sim, cell_px=2)
+    w, h = img.size
+    assert figures.figure7_pixel_to_patch((1 * 4 + 1) * 2, (2 * 5 + 3) * 2, w, h, (4, 3)) == (2, 1)

@@ -1,0 +1,125 @@
+"""The app's view state: query strings parse to valid views, invalid values fall back with a
+note, and a view survives the round trip through a real URL."""
+from __future__ import annotations
+
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vitpe_core.viewstate import KEYS, MAX_VALUE_CHARS, PAGES, ViewState, default_view, parse_view, to_query
+
+CKPTS = ["ape", "none", "rope_mixed", "rpb", "sape2+ape"]
+IMAGES = ["cifar10-test-0000", "cifar10-test-0007", "photo-astronaut"]
+DIMS = dict(grid=(8, 6), depth=3, heads=4)
+
+
+def parse(params, **kw):
+    return parse_view(params, checkpoints=CKPTS, images=IMAGES, **{**DIMS, **kw})
+
+
+def test_empty_query_gives_defaults_without_notes():
+    view, notes = parse({})
+    assert notes == []
+    assert view == ViewState(page="bias", ckpt="sape2+ape", image=IMAGES[0], patch=(4, 3), layer=0, head=None)
+    assert default_view(checkpoints=["b", "a"], images=[]).ckpt == "b"      # no sape2+ape: the first
+    assert default_view(checkpoints=[], images=[]) == ViewState(patch=(4, 4))
+
+
+def test_valid_query_is_restored():
+    view, notes = parse({"page": "similarity", "ckpt": "sape2+ape", "image": "photo-astronaut",
+                         "patch": "7,5", "layer": "2", "head": "3"})
+    assert notes == []
+    assert view == ViewState("similarity", "sape2+ape", "photo-astronaut", (7, 5), 2, 3)
+    assert parse({"head": "mean"})[0].head is None
+    assert parse({"patch": " 1 , 2 "})[0].patch == (1, 2)
+
+
+@pytest.mark.parametrize("view", [
+    ViewState("bias", "sape2+ape", "cifar10-test-0007", (3, 4), 1, None),
+    ViewState("compare", "rope_mixed", "photo-astronaut", (0, 5), 2, 0),
+    ViewState("checkpoints", "ape", "cifar10-test-0000", (7, 0), 0, 3),
+])
+def test_round_trip_through_a_url(view):
+    url = "http://localhost:8501/?" + urlencode(to_query(view))
+    params = parse_qs(urlsplit(url).query, keep_blank_values=True)      # key -> list of values
+    assert "sape2%2Bape" in url or view.ckpt != "sape2+ape"             # '+' must be escaped
+    assert parse(params) == (view, [])
+
+
+@pytest.mark.parametrize("key,value,words", [
+    ("page", "admin", "not a page"),
+    ("ckpt", "../../etc/passwd", "no checkpoint"),
+    ("ckpt", "sape2 ape", "no checkpoint"),              # '+' decoded as a space by a careless client
+    ("image", "nope", "not a gallery image"),
+    ("image", "upload", "cannot be shared"),
+    ("patch", "99,99", "outside the 8x6"),
+    ("patch", "8,0", "outside"),
+    ("patch", "3", "row,col"),
+    ("patch", "a,b", "row,col"),
+    ("patch", "1,2,3", "row,col"),
+    ("patch", "١,٢", "row,col"),                          # non-ASCII digits are not accepted
+    ("layer", "-1", "valid layers are 0-2"),
+    ("layer", "3", "valid layers are 0-2"),
+    ("layer", "1.5", "not an integer"),
+    ("layer", "", "not an integer"),
+    ("head", "abc", "'mean' or an integer"),
+    ("head", "4", "valid heads are 0-3"),
+    ("head", "9" * 100, f"longer than {MAX_VALUE_CHARS}"),
+])
+def test_invalid_values_fall_back_with_a_note(key, value, words):
+    view, notes = parse({key: value})
+    assert view == parse({})[0]
+    assert len(notes) == 1 and words in notes[0] and key in notes[0], notes
+
+
+def test_notes_do_not_echo_long_values():
+    view, notes = parse({"ckpt": "x" * 60})
+    assert len(notes) == 1 and "x" * 41 not in notes[0]
+
+
+def test_lists_use_the_last_value_and_empty_lists_are_missing():
+    assert parse({"layer": ["0", "2"]})[0].layer == 2
+    assert parse({"layer": []}) == parse({})
+
+
+def test_non_text_values_and_odd_mappings_never_raise():
+    view, notes = parse({"layer": 2, "head": None, "patch": (1, 2), "ckpt": b"ape"})
+    assert view == parse({})[0] and len(notes) == 3   # head=None counts as absent
+
+    class Broken(dict):
+        def __contains__(self, key):
+            raise RuntimeError("boom")
+
+    view, notes = parse(Broken())
+    assert view == parse({})[0] and len(notes) == 1
+
+
+def test_no_checkpoints_and_no_images():
+    view, notes = parse_view({"ckpt": "ape", "image": "cifar10-test-0000"}, checkpoints=[], images=[],
+                             grid=(8, 8), depth=1, heads=1)
+    assert view.ckpt == "" and view.image == "" and len(notes) == 2
+    assert "ckpt" not in to_query(view) and "image" not in to_query(view)
+
+
+def _valid(view: ViewState, grid, depth, heads) -> bool:
+    return (view.page in PAGES and view.ckpt in CKPTS and view.image in IMAGES
+            and 0 <= view.patch[0] < grid[0] and 0 <= view.patch[1] < grid[1]
+            and 0 <= view.layer < depth and (view.head is None or 0 <= view.head < heads))
+
+
+values = st.one_of(st.text(max_size=80), st.lists(st.text(max_size=20), max_size=3), st.integers(), st.none(),
+                   st.sampled_from(["3,4", "0,0", "-1,2", "mean", "sape2+ape", "7", " 2", "1e3", "0x1"]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(params=st.dictionaries(st.one_of(st.sampled_from(KEYS), st.text(max_size=8)), values, max_size=8),
+       grid=st.tuples(st.integers(1, 16), st.integers(1, 16)), depth=st.integers(1, 12), heads=st.integers(1, 8))
+def test_any_query_gives_a_valid_view(params, grid, depth, heads):
+    view, notes = parse_view(params, checkpoints=CKPTS, images=IMAGES, grid=grid, depth=depth, heads=heads)
+    assert _valid(view, grid, depth, heads)
+    assert all(isinstance(n, str) and len(n) < 400 for n in notes)
+    assert len(notes) <= len(KEYS)
+    again, more = parse_view(to_query(view), checkpoints=CKPTS, images=IMAGES, grid=grid, depth=depth, heads=heads)
+    assert (again, more) == (view, [])

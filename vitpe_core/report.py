@@ -1,0 +1,65 @@
+"""The README's results table, regenerated from the checkpoints' metrics:
+`python -m vitpe_core table --dir checkpoints`. Every number comes from a `NAME.json`
+written by training / evaluation; nothing is typed in by hand except the published
+reference numbers, which are labelled as theirs (ENCODINGS.md)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+ORDER = ["ape", "sape2+ape", "sape2", "cope+ape", "rope_mixed", "rpb", "ape2d", "sincos2d", "rope_axial", "none"]
+
+# Published numbers (top-1 %, CIFAR-10 / CIFAR-100) quoted in ENCODINGS.md, with their budgets.
+PUBLISHED = {
+    "SaPE² paper (ViT-S: D 384, 12 layers, 6 heads, patch 4; 400 epochs, DeiT augmentation, 4 GPUs)": [
+        ("ViT (learned APE)", 87.41, 66.54), ("2D RoPE", 89.92, 70.71), ("2D RoPE + APE", 89.98, 71.32),
+        ("CoPE + APE", 92.54, 72.10), ("SaPE²", 91.06, 71.29), ("SaPE² + APE", 93.98, 72.23)],
+    "compact-ViT peer (0.82 M params: D 128, 6 layers, 4 heads, MLP 256, patch 4; 200 epochs)": [
+        ("none", 79.63, 53.25), ("learned", 86.52, 60.87), ("sin-cos", 86.09, 59.73),
+        ("relative", 90.57, 65.11), ("RoPE", 88.49, 62.88)],
+}
+
+
+def _fmt(v, digits=1) -> str:
+    return "—" if v is None else f"{v:.{digits}f}"
+
+
+def load_metrics(folder: str | Path) -> dict[str, dict]:
+    out = {}
+    for p in sorted(Path(folder).glob("*.json")):
+        try:
+            out[p.stem] = json.loads(p.read_text())["metrics"]
+        except (OSError, ValueError, KeyError):
+            continue
+    return out
+
+
+def results_table(folder: str | Path = "checkpoints") -> str:
+    metrics = load_metrics(folder)
+    names = [n for n in ORDER if n in metrics] + sorted(set(metrics) - set(ORDER))
+    head = ("| encoding | top-1 | top-5 | 24 px | 40 px | 48 px | agree ½-patch | agree 1-patch | bias shift err "
+            "| 2D score | params | epochs | train min | img/s |")
+    lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
+    for n in names:
+        m = metrics[n]
+        res = m.get("resolution", {})
+        tr = m.get("translation", {})
+        top1 = lambda s: res.get(s, {}).get("top1")
+        agree = lambda k: tr.get(k, {}).get("agreement")
+        half = [v for v in (agree("half_x"), agree("half_y")) if v is not None]
+        whole = [v for v in (agree("whole_x"), agree("whole_y")) if v is not None]
+        err = tr.get("whole_x", {}).get("bias_shift_error")
+        score = m.get("structure", {}).get("spearman")
+        lines.append(
+            f"| `{n}` | {_fmt(m.get('test', {}).get('top1'), 2)} | {_fmt(m.get('test', {}).get('top5'), 2)} "
+            f"| {_fmt(top1('24'))} | {_fmt(top1('40'))} | {_fmt(top1('48'))} "
+            f"| {_fmt(sum(half) / len(half) if half else None)} | {_fmt(sum(whole) / len(whole) if whole else None)} "
+            f"| {_fmt(err, 3)} | {_fmt(score, 2)} | {m.get('parameters', 0) / 1e6:.3f} M | {m.get('epochs', '—')} "
+            f"| {_fmt(m.get('wall_time_s', 0) / 60, 0)} | {_fmt(m.get('images_per_s'), 0)} |")
+    if not names:
+        lines.append("| (no checkpoints yet) |" + " |" * (head.count("|") - 2))
+    pub = ["", "Published numbers (theirs, not reproduced here; top-1 %):", ""]
+    for budget, rows in PUBLISHED.items():
+        pub += [f"*{budget}*", "", "| model | CIFAR-10 | CIFAR-100 |", "|---|---|---|"]
+        pub += [f"| {a} | {b:.2f} | {c:.2f} |" for a, b, c in rows] + [""]
+    return "\n".join(lines + pub)

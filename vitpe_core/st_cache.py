@@ -1,0 +1,199 @@
+"""Cached computations for the Streamlit app (one of the two vitpe_core modules that import
+Streamlit; the other is `ui`).
+
+* Models: `st.cache_resource(max_entries=16)`, keyed by the checkpoint file's resolved path
+  and modification time (a retrained checkpoint is reloaded), loaded through
+  `checkpoint.resolve_checkpoint` (only files inside the folder) and `load_checkpoint`.
+* Arrays: `st.cache_data`, bounded, keyed by (checkpoint name, file mtime, image id or upload
+  sha256, ...). A trace of one image (one forward pass) is cached per (checkpoint, image);
+  selecting another patch only slices its arrays (`analysis.patch_maps`).
+
+The checkpoint folder is `$VITPE_CHECKPOINTS`, default `checkpoints/` in the repository root
+(next to app.py).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import streamlit as st
+import torch
+from PIL import Image
+
+from . import analysis
+from .checkpoint import Checkpoint, CheckpointError, import_timm, list_checkpoints, load_checkpoint, resolve_checkpoint
+from .data import CIFAR_MEAN, normalize
+from .gallery import CIFAR10_CLASSES, gallery_image
+from .images import prepare_for_model
+from .model import ViT
+
+ENV_VAR = "VITPE_CHECKPOINTS"
+DEFAULT_ROOT = Path(__file__).resolve().parents[1] / "checkpoints"
+TIMM_SUFFIXES = (".npz", ".safetensors", ".pth", ".pt", ".bin")
+
+
+def checkpoint_root() -> Path:
+    value = os.environ.get(ENV_VAR, "").strip()
+    return Path(value).expanduser() if value else DEFAULT_ROOT
+
+
+def checkpoint_names() -> list[str]:
+    """Checkpoint names in the folder (read on every run: a glob, no file is opened)."""
+    return list_checkpoints(checkpoint_root())
+
+
+# ----------------------------------------------------------------------------- models
+@st.cache_resource(max_entries=16, show_spinner="Loading checkpoint…")
+def _load(path: str, mtime_ns: int) -> Checkpoint:
+    return load_checkpoint(path)
+
+
+def _file(name: str) -> tuple[str, int]:
+    path = resolve_checkpoint(name, checkpoint_root())
+    return str(path), path.stat().st_mtime_ns
+
+
+def get_checkpoint(name: str) -> Checkpoint:
+    """The checkpoint `name` of the folder; raises `CheckpointError` (a ValueError)."""
+    return _load(*_file(name))
+
+
+def dataset_of(ckpt: Checkpoint) -> str:
+    """The dataset the model was trained on (for normalisation and class names)."""
+    recipe = ckpt.metrics.get("recipe") if isinstance(ckpt.metrics, dict) else None
+    name = recipe.get("dataset") if isinstance(recipe, dict) else None
+    return name if name in CIFAR_MEAN else "cifar10"
+
+
+def class_names(ckpt: Checkpoint) -> list[str]:
+    """Class names: the metrics' own if present, CIFAR-10's for cifar10, else 'class k'."""
+    n = ckpt.config.num_classes
+    given = ckpt.metrics.get("class_names") if isinstance(ckpt.metrics, dict) else None
+    if isinstance(given, list) and len(given) == n and all(isinstance(s, str) for s in given):
+        return given
+    if dataset_of(ckpt) == "cifar10" and n == len(CIFAR10_CLASSES):
+        return list(CIFAR10_CLASSES)
+    return [f"class {k}" for k in range(n)]
+
+
+def model_input(img: Image.Image, size: tuple[int, int], dataset: str) -> torch.Tensor:
+    """Centre-crop + resize to `size`, normalise with the dataset's mean/std: `(3, H, W)`."""
+    x = prepare_for_model(img, size)                                     # (3, H, W) in [0, 1]
+    x = (x * 255).round().to(torch.uint8)[None]                          # (1, 3, H, W) uint8
+    return normalize(x, dataset)[0]                                      # (3, H, W)
+
+
+def image_key(img: Image.Image) -> str:
+    """Cache key of an uploaded image: sha256 of its pixels and size."""
+    h = hashlib.sha256(f"{img.size}".encode())
+    h.update(np.asarray(img.convert("RGB")).tobytes())
+    return "upload-" + h.hexdigest()[:32]
+
+
+# ----------------------------------------------------------------------------- traces
+@st.cache_data(max_entries=64, show_spinner=False)
+def _trace(path: str, mtime_ns: int, key: str, _img: Image.Image | None) -> analysis.Trace:
+    ckpt = _load(path, mtime_ns)
+    img = _img if _img is not None else gallery_image(key)
+    x = model_input(img, ckpt.config.img_size, dataset_of(ckpt))
+    return analysis.trace_image(ckpt.model, x)
+
+
+def trace(name: str, key: str, img: Image.Image | None = None) -> analysis.Trace:
+    """The trace of image `key` (a gallery id, or `image_key(img)` with `img` for uploads)."""
+    return _trace(*_file(name), key, img)
+
+
+@st.cache_data(max_entries=256, show_spinner=False)
+def _positional(path: str, mtime_ns: int, key: str, patch: tuple[int, int],
+                _img: Image.Image | None) -> tuple[str, np.ndarray] | None:
+    ckpt = _load(path, mtime_ns)
+    return analysis.positional_component(ckpt.model, _trace(path, mtime_ns, key, _img), patch)
+
+
+def positional(name: str, key: str, patch: tuple[int, int], img: Image.Image | None = None
+               ) -> tuple[str, np.ndarray] | None:
+    """`analysis.positional_component`: (label, `(L, h, H, W)`) or None for `none`."""
+    return _positional(*_file(name), key, tuple(patch), img)
+
+
+@st.cache_data(max_entries=256, show_spinner=False)
+def _stats(path: str, mtime_ns: int, key: str, _img: Image.Image | None) -> dict[str, np.ndarray]:
+    return analysis.attention_stats(_trace(path, mtime_ns, key, _img))
+
+
+def attention_stats(name: str, key: str, img: Image.Image | None = None) -> dict[str, np.ndarray]:
+    return _stats(*_file(name), key, img)
+
+
+# ----------------------------------------------------------------------------- tables
+def has_table(name: str) -> bool:
+    return "table" in get_checkpoint(name).model.pos_enc.hooks
+
+
+def _similarity_of(model: ViT, params: dict | None = None) -> dict[str, Any] | None:
+    table = analysis.position_table(model, params=params)
+    if table is None:
+        return None
+    sim = analysis.cosine_similarity(table)                              # (N, N)
+    return {"sim": sim.astype(np.float32), "grid": model.cfg.grid,
+            "score": analysis.structure_score(sim, model.cfg.grid)}
+
+
+@st.cache_data(max_entries=256, show_spinner=False)
+def _similarity(path: str, mtime_ns: int, epoch: int | None) -> dict[str, Any] | None:
+    ckpt = _load(path, mtime_ns)
+    params = None if epoch is None else ckpt.history[epoch]
+    return _similarity_of(ckpt.model, params)
+
+
+def similarity(name: str, epoch: int | None = None) -> dict[str, Any] | None:
+    """`{"sim": (N, N), "grid": (H, W), "score": structure_score}` of the table (at `epoch`
+    from the training history, or the final one); None without a table."""
+    return _similarity(*_file(name), epoch)
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def _structure_history(path: str, mtime_ns: int) -> dict[int, dict[str, float]]:
+    ckpt = _load(path, mtime_ns)
+    out = {}
+    for epoch in ckpt.history:
+        res = _similarity(path, mtime_ns, epoch)
+        if res is not None:
+            out[epoch] = res["score"]
+    return out
+
+
+def structure_history(name: str) -> dict[int, dict[str, float]]:
+    """epoch -> structure score of the table recorded at that epoch."""
+    return _structure_history(*_file(name))
+
+
+@st.cache_data(max_entries=4, show_spinner="Importing the timm checkpoint…")
+def _timm_similarity(sha: str, suffix: str, _data: bytes) -> dict[str, Any]:
+    fd, tmp = tempfile.mkstemp(suffix=suffix, prefix="vitpe-timm-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(_data)
+        model = import_timm(tmp)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    res = _similarity_of(model)
+    assert res is not None  # import_timm always builds an `ape` model
+    res["config"] = model.cfg.to_dict()
+    return res
+
+
+def timm_similarity(filename: str, data: bytes) -> dict[str, Any]:
+    """Similarity of an uploaded timm ViT checkpoint's `pos_embed` (.npz, .safetensors,
+    .pth/.pt/.bin); raises `CheckpointError`. The upload is written to a temporary file for
+    `checkpoint.import_timm` and deleted at once."""
+    suffix = Path(filename).suffix.lower()
+    if suffix not in TIMM_SUFFIXES:
+        raise CheckpointError(f"{filename!r}: expected one of {', '.join(TIMM_SUFFIXES)}")
+    return _timm_similarity(hashlib.sha256(data).hexdigest(), suffix, data)
+
