@@ -60,8 +60,9 @@ def _distances_backward(s: Tensor, dist: Tensor, grad: Tensor) -> Tensor:
     """Gradient of `sum(grad * dist)` w.r.t. `s: (A, B, h, N, m)`; zero where a distance is 0
     (torch.cdist's choice)."""
     w = torch.div(grad, dist).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)    # (A, B, h, N, N)
-    w = w + w.transpose(-1, -2)
-    return s * w.sum(-1, keepdim=True) - torch.matmul(w, s)                   # (A, B, h, N, m)
+    wt = w.transpose(-1, -2)                                                  # a view: no N x N copy
+    rows = w.sum(-1, keepdim=True) + wt.sum(-1, keepdim=True)                 # (A, B, h, N, 1)
+    return s * rows - torch.matmul(w, s) - torch.matmul(wt, s)                # (A, B, h, N, m)
 
 
 class _SaPE2Distance(torch.autograd.Function):

@@ -1,0 +1,1078 @@
+"""Benchmarks: `python -m vitpe_core.bench [--quick] [--skip-app] [--out DIR] [--threads N] [--checkpoints DIR]`.
+
+One run measures, as ratios between variants timed in the same run (absolute times only
+beside their ratio; these machines are noisy), and writes `BENCHMARKS.md` and
+`benchmarks.json` into `--out` (default: the repository root):
+
+1. attention layer forward+backward per encoding (`model.Attention` + `build_encoding`,
+   `attn(x, pos, grid, layer=0)`) vs the same layer with `none` (plain SDPA) and vs `rpb`,
+   at the compact width (D 128, 4 heads) and ViT-S width (D 384, 6 heads), T = 65 tokens
+   (CLS + 8x8 patches), batch 1 and 128;
+2. whole-model training throughput (forward + backward + AdamW step, batch 128, compact
+   preset) per encoding vs `none` and `ape`, and for a reference ViT of the same size built
+   from plain `torch.nn` (timm's VisionTransformer too, when `import timm` works);
+3. the compute a click triggers in the app, replicated from pages/bias.py and
+   pages/compare.py through the same library calls, without the Streamlit cache: a new
+   patch with the trace cached, and a new image (cold trace); p50 / p95;
+4. the app's cold start (`python -m streamlit run app.py`): to `/_stcore/health`, to `GET /`,
+   and in headless Debian chromium (playwright) to the first element and to the end of the
+   first script run; a patch change end to end in the browser (informational);
+5. peak memory (VmHWM) of a training subprocess and of the app server with every checkpoint
+   loaded (after the compare page ran in the browser).
+
+Method: the variants of one comparison are run round-robin, the starting variant rotating
+every round, so load changes hit all of them alike; a variant's time is the median over
+rounds and a ratio is the median of the per-round ratios (paired), the verdict of a target.
+Beside it, the ratio of the variants' fastest samples (best-of-N) is a cross-check: load
+only adds time, and where the two differ by more than 20 % the table flags the row. A timed
+sample repeats a call as often as fits `min_sample_s` in a calibration pass (batch-1 layers
+take a fraction of a millisecond). Targets that are missed get a **Why** line for the
+maintainers; its text survives a rerun (`written_whys`).
+
+Checkpoints: the shipped set is the ten of scripts/train_checkpoints.sh. Those present in
+`checkpoints/` are used as they are; missing ones are replaced by freshly built compact
+models with random weights saved in the same format (a 15-epoch history included), in a
+temporary folder, and every table says which is which. Compute per click does not depend
+on the weights' values.
+
+Deliberate limits:
+* this module imports `st_cache` (hence Streamlit) lazily, for `model_input`, the exact
+  preprocessing the pages use; no Streamlit runtime is started in this process;
+* click compute excludes Streamlit's own costs (the cache's copy of cached results,
+  widgets, figures, protobuf): the browser end-to-end number includes them;
+* the process does not pause other jobs; whether a background `vitpe_core train` was
+  stopped during the run is detected (process state `T`) and written into the report.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import gc
+import json
+import logging
+import os
+import platform
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import analysis
+from .checkpoint import (Checkpoint, history_params, list_checkpoints, load_checkpoint, resolve_checkpoint,
+                         save_checkpoint)
+from .config import ViTConfig, preset_config
+from .encodings import EncodingContext, available_encodings, build_encoding
+from .gallery import gallery_ids, gallery_image
+from .model import Attention, build_model
+from .viewstate import PREFERRED_CKPT
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = ("ape", "sape2+ape", "sape2", "cope+ape", "rope_mixed", "rpb", "ape2d", "sincos2d", "rope_axial",
+           "none")  # scripts/train_checkpoints.sh
+GRID = (8, 8)                                  # 32x32 images, patch 4: T = 1 + 64 tokens
+WIDTHS = {"compact": (128, 4), "vit-s": (384, 6)}
+BATCHES = (1, 128)
+TRAIN_BATCH = 128
+EXTRA_TRAIN = ("sape2+ape", "cope+ape")        # shipped compositions, also timed whole-model
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+GB = 1e9
+NOISY = 0.2          # paired-median and best-of-N ratios further apart than this: flagged
+BORDERLINE = 0.05    # a target measured this close to its limit is marked borderline
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Repetitions of one run."""
+
+    attn_rounds: int          # timed rounds per attention comparison
+    attn_min_sample_s: float  # a timed sample repeats the call until it lasts this long
+    train_rounds: int         # timed optimiser steps per whole-model variant
+    warmup: int               # untimed calls per variant before timing
+    clicks: int               # clicks per click kind
+    app_runs: int             # cold starts of the app
+    e2e_clicks: int           # patch changes in the browser, per page
+    memory_steps: int         # optimiser steps of the training-memory subprocess
+    memory_encodings: tuple[str, ...] = ("ape", "sape2+ape", "cope+ape")
+
+
+FULL = Plan(attn_rounds=7, attn_min_sample_s=0.1, train_rounds=8, warmup=1, clicks=50, app_runs=3, e2e_clicks=6,
+            memory_steps=3)
+QUICK = Plan(attn_rounds=2, attn_min_sample_s=0.0, train_rounds=1, warmup=0, clicks=8, app_runs=1, e2e_clicks=2,
+             memory_steps=1, memory_encodings=("sape2+ape",))
+
+
+# ----------------------------------------------------------------------------- timing
+def _time_calls(fn: Callable[[], object], n: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n
+
+
+def _calls_within(fn: Callable[[], object], seconds: float) -> int:
+    """How many calls of `fn` fill `seconds` (at least 1); doubles as a warm-up."""
+    n, t0 = 0, time.perf_counter()
+    while n == 0 or time.perf_counter() - t0 < seconds:
+        fn()
+        n += 1
+    return n
+
+
+def interleaved(fns: dict[str, Callable[[], object]], *, rounds: int, warmup: int,
+                min_sample_s: float = 0.0) -> dict[str, list[float]]:
+    """Seconds per call of every variant, one sample per round, variants round-robin with the
+    starting variant rotating each round. After `warmup` calls, a calibration pass counts how
+    many calls fill `min_sample_s`; a sample is the mean over that many calls (one if 0).
+    Returns name -> `rounds` samples."""
+    names = list(fns)
+    inner = {name: 1 for name in names}
+    for name in names:
+        for _ in range(warmup):
+            fns[name]()
+        if min_sample_s > 0:
+            inner[name] = _calls_within(fns[name], min_sample_s)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for j in range(len(names)):
+            name = names[(r + j) % len(names)]
+            samples[name].append(_time_calls(fns[name], inner[name]))
+    return samples
+
+
+def paired_ratio(samples: dict[str, list[float]], a: str, b: str) -> float:
+    """Median over rounds of `time(a) / time(b)` measured in the same round."""
+    return float(np.median(np.asarray(samples[a]) / np.asarray(samples[b])))
+
+
+def best_ratio(samples: dict[str, list[float]], a: str, b: str) -> float:
+    """`min time(a) / min time(b)`: the best-of-N cross-check of `paired_ratio` (load only
+    ever adds time, so each minimum is the sample least disturbed by it)."""
+    return float(min(samples[a]) / min(samples[b]))
+
+
+def ratios(samples: dict[str, list[float]], a: str, b: str, key: str, *, invert: bool = False) -> dict[str, Any]:
+    """`key`: paired median of time(a)/time(b) (or b/a with `invert`, for throughput),
+    `key_best`: the best-of-N ratio, `key_noisy`: the two differ by more than NOISY."""
+    if invert:
+        a, b = b, a
+    med, best = paired_ratio(samples, a, b), best_ratio(samples, a, b)
+    return {key: med, f"{key}_best": best, f"{key}_noisy": bool(abs(med / best - 1) > NOISY)}
+
+
+def percentiles(ms: list[float], prefix: str = "") -> dict[str, float]:
+    a = np.asarray(ms)
+    return {f"{prefix}p50_ms": float(np.percentile(a, 50)), f"{prefix}p95_ms": float(np.percentile(a, 95)),
+            f"{prefix}max_ms": float(a.max())}
+
+
+# ----------------------------------------------------------------------------- 1. attention layer
+def attention_step(encoding: str, dim: int, heads: int, batch: int, grid: tuple[int, int] = GRID
+                   ) -> Callable[[], None]:
+    """Forward + backward of one `Attention` layer with `encoding` (all its gradients)."""
+    torch.manual_seed(0)
+    attn = Attention(dim, heads)
+    pos = build_encoding(encoding, EncodingContext(dim, heads, 1, grid, 1))
+    T = 1 + grid[0] * grid[1]
+    x = torch.randn(batch, T, dim, requires_grad=True)                        # (B, T, D)
+    grad_out = torch.randn(batch, T, dim)                                     # (B, T, D)
+    params = [*attn.parameters(), *pos.parameters(), x]
+
+    def step() -> None:
+        for p in params:
+            p.grad = None
+        attn(x, pos, grid, layer=0).backward(grad_out)
+    return step
+
+
+def bench_attention(plan: Plan, encodings: list[str]) -> list[dict]:
+    rows = []
+    for width, (dim, heads) in WIDTHS.items():
+        for batch in BATCHES:
+            log.info("attention layer: %s (D %d, %d heads), batch %d", width, dim, heads, batch)
+            fns = {e: attention_step(e, dim, heads, batch) for e in encodings}
+            s = interleaved(fns, rounds=plan.attn_rounds, warmup=plan.warmup, min_sample_s=plan.attn_min_sample_s)
+            for e in encodings:
+                rows.append({"width": width, "dim": dim, "heads": heads, "tokens": 1 + GRID[0] * GRID[1],
+                             "batch": batch, "encoding": e, "median_ms": 1e3 * float(np.median(s[e])),
+                             "min_ms": 1e3 * min(s[e]), **ratios(s, e, "none", "vs_none"),
+                             **ratios(s, e, "rpb", "vs_rpb"), "samples_ms": [1e3 * t for t in s[e]]})
+            del fns
+            gc.collect()
+    return rows
+
+
+# ----------------------------------------------------------------------------- 2. training throughput
+class TorchViT(nn.Module):
+    """Reference ViT from plain `torch.nn` at a vitpe config: conv patch embed, CLS token,
+    learned position table, `nn.TransformerEncoder` (pre-norm, GELU, batch-first, no
+    dropout), final norm, linear head on CLS."""
+
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        H, W = cfg.grid
+        self.patch_embed = nn.Conv2d(cfg.in_chans, cfg.dim, cfg.patch_size, stride=cfg.patch_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.dim))
+        self.pos_embed = nn.Parameter(torch.randn(1, 1 + H * W, cfg.dim) * 0.02)
+        layer = nn.TransformerEncoderLayer(cfg.dim, cfg.heads, cfg.mlp_dim, dropout=0.0, activation="gelu",
+                                           layer_norm_eps=cfg.norm_eps, batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, cfg.depth, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
+        self.head = nn.Linear(cfg.dim, cfg.num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(x).flatten(2).transpose(1, 2)                       # (B, N, D)
+        x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)     # (B, T, D)
+        return self.head(self.norm(self.encoder(x + self.pos_embed))[:, 0])      # (B, classes)
+
+
+def reference_models(cfg: ViTConfig) -> dict[str, Callable[[], nn.Module]]:
+    """The plain-torch reference, and timm's VisionTransformer when timm is importable."""
+    out: dict[str, Callable[[], nn.Module]] = {"torch.nn ViT (reference)": lambda: TorchViT(cfg)}
+    try:
+        from timm.models.vision_transformer import VisionTransformer
+    except ImportError:
+        return out
+    out["timm VisionTransformer (reference)"] = lambda: VisionTransformer(
+        img_size=cfg.img_size, patch_size=cfg.patch_size, embed_dim=cfg.dim, depth=cfg.depth, num_heads=cfg.heads,
+        mlp_ratio=cfg.mlp_dim / cfg.dim, num_classes=cfg.num_classes, qkv_bias=cfg.qkv_bias)
+    return out
+
+
+def train_step(model: nn.Module, batch: int = TRAIN_BATCH) -> Callable[[], None]:
+    """One training step as train.py does it on its normalised batch: label-smoothed cross
+    entropy, backward, grad-norm clip 1.0, AdamW with train.py's parameter groups."""
+    from .train import TrainConfig, _optimizer
+
+    torch.manual_seed(0)
+    model.train()
+    opt = _optimizer(model, TrainConfig())
+    x = torch.randn(batch, 3, 32, 32)                                           # (B, 3, 32, 32)
+    y = torch.randint(0, 10, (batch,))
+
+    def step() -> None:
+        loss = F.cross_entropy(model(x), y, label_smoothing=0.1)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    return step
+
+
+def bench_training(plan: Plan, encodings: list[str]) -> list[dict]:
+    cfg = preset_config("compact")
+    builders: dict[str, Callable[[], nn.Module]] = {
+        e: (lambda e=e: build_model(preset_config("compact", encoding=e))) for e in [*encodings, *EXTRA_TRAIN]}
+    builders.update(reference_models(cfg))
+    log.info("training throughput: %d variants, batch %d", len(builders), TRAIN_BATCH)
+    fns = {}
+    for name, build in builders.items():
+        torch.manual_seed(0)
+        fns[name] = train_step(build())
+    s = interleaved(fns, rounds=plan.train_rounds, warmup=plan.warmup)
+    rows = []
+    for name in builders:
+        rows.append({"variant": name, "images_per_s": TRAIN_BATCH / float(np.median(s[name])),
+                     "median_step_ms": 1e3 * float(np.median(s[name])), "min_step_ms": 1e3 * min(s[name]),
+                     **ratios(s, name, "none", "throughput_vs_none", invert=True),
+                     **ratios(s, name, "ape", "throughput_vs_ape", invert=True),
+                     "samples_ms": [1e3 * t for t in s[name]]})
+    return rows
+
+
+# ----------------------------------------------------------------------------- checkpoints
+@dataclass
+class CheckpointSet:
+    root: Path                 # folder the app and the click benchmark read
+    names: list[str]           # all checkpoints in it
+    fresh: list[str]           # those built here with random weights
+    single: str                # the one-checkpoint case
+
+
+@contextlib.contextmanager
+def checkpoint_set(source: Path) -> Iterator[CheckpointSet]:
+    """The shipped set: `source` itself when it holds all of them, else a temporary folder
+    with copies of those present and fresh compact models for the rest."""
+    present = list_checkpoints(source)
+    missing = [e for e in SHIPPED if e not in present]
+    single = next((n for n in ("sape2+ape", "ape") if n in present), "sape2+ape")
+    if not missing:
+        yield CheckpointSet(source, present, [], single)
+        return
+    with tempfile.TemporaryDirectory(prefix="vitpe-bench-ckpts-") as tmp:
+        root = Path(tmp)
+        for name in present:
+            path = resolve_checkpoint(name, source)
+            shutil.copy2(path, root / path.name)
+            if path.with_suffix(".json").is_file():
+                shutil.copy2(path.with_suffix(".json"), root / path.with_suffix(".json").name)
+        for i, enc in enumerate(missing):
+            torch.manual_seed(i)
+            model = build_model(preset_config("compact", encoding=enc)).eval()
+            history = {epoch: history_params(model) for epoch in range(16)}
+            metrics = {"recipe": {"dataset": "cifar10", "encoding": enc}, "fresh_random_weights": True}
+            save_checkpoint(root / f"{enc}.safetensors", model, metrics=metrics, history=history)
+        log.info("checkpoints: %d from %s, %d fresh (%s)", len(present), source, len(missing), ", ".join(missing))
+        yield CheckpointSet(root, list_checkpoints(root), missing, single)
+
+
+# ----------------------------------------------------------------------------- 3. click compute
+def _reduce_head(m: np.ndarray, head: int | None) -> np.ndarray:
+    return m.mean(0) if head is None else m[head]
+
+
+def _sape2_part_names(parts: dict) -> tuple[str, str] | None:
+    """pages/bias.py `sape2_part_names`."""
+    xs = [n for n in parts if n == "x" or n.endswith("sape2.x")]
+    return (xs[0], xs[0][:-1] + "y") if xs and xs[0][:-1] + "y" in parts else None
+
+
+def cold_trace(ckpt: Checkpoint, image_id: str) -> analysis.Trace:
+    """st_cache._trace without the cache: gallery image -> model input -> trace."""
+    from . import st_cache
+
+    x = st_cache.model_input(gallery_image(image_id), ckpt.config.img_size, st_cache.dataset_of(ckpt))
+    return analysis.trace_image(ckpt.model, x)
+
+
+def bias_page_compute(tr: analysis.Trace, patch: tuple[int, int], layer: int = 0, head: int | None = None) -> None:
+    """What pages/bias.py computes from a trace for one patch (main, show_prediction,
+    show_bias with its default part, show_attention), all layers and heads."""
+    maps = analysis.patch_maps(tr, patch)                                 # name -> (L, h, H, W)
+    int(np.argmax(tr.probs))
+    if "bias" in maps:
+        sape = _sape2_part_names(tr.parts)
+        full = maps[sape[0]] + maps[sape[1]] if sape else maps["bias"]   # (L, h, H, W)
+        analysis.normalize01(_reduce_head(full[layer], head))
+        analysis.normalize01(np.stack([_reduce_head(m, head) for m in full]))
+        analysis.normalize01(full[layer])
+    _reduce_head(maps["attn"][layer], head)
+
+
+def compare_page_compute(ckpts: dict[str, Checkpoint], traces: dict[str, analysis.Trace], patch: tuple[int, int],
+                         layer: int = 0, head: int | None = None) -> None:
+    """What pages/compare.py computes per checkpoint for a new patch (`panel`; the summary
+    row's statistics are cached per image, see `compare_cold`)."""
+    for name, ckpt in ckpts.items():
+        H, W = ckpt.config.grid
+        p = (min(patch[0], H - 1), min(patch[1], W - 1))
+        lay = min(layer, ckpt.config.depth - 1)
+        _reduce_head(analysis.patch_maps(traces[name], p)["attn"][lay], head)
+        comp = analysis.positional_component(ckpt.model, traces[name], p)
+        if comp is not None:
+            label, full = comp
+            pos = _reduce_head(full[lay], head)
+            if label == "bias row":
+                analysis.normalize01(pos)
+
+
+def compare_cold(ckpts: dict[str, Checkpoint], image_id: str, patch: tuple[int, int]) -> dict[str, analysis.Trace]:
+    """A new image on the compare page: per checkpoint its trace and attention statistics,
+    then the per-patch work."""
+    traces = {}
+    for name, ckpt in ckpts.items():
+        traces[name] = cold_trace(ckpt, image_id)
+        analysis.attention_stats(traces[name])
+    compare_page_compute(ckpts, traces, patch)
+    return traces
+
+
+def click_patches(grid: tuple[int, int], n: int, seed: int = 0) -> list[tuple[int, int]]:
+    """`n` pseudo-random patches, each different from the one before."""
+    rng = np.random.default_rng(seed)
+    out: list[tuple[int, int]] = []
+    while len(out) < n:
+        p = (int(rng.integers(grid[0])), int(rng.integers(grid[1])))
+        if not out or p != out[-1]:
+            out.append(p)
+    return out
+
+
+def bench_clicks(plan: Plan, cs: CheckpointSet) -> dict:
+    ckpts = {n: load_checkpoint(resolve_checkpoint(n, cs.root)) for n in cs.names}
+    one = ckpts[cs.single]
+    images = gallery_ids()
+    log.info("click compute: %s alone, and the compare page over %d checkpoints; %d clicks each",
+             cs.single, len(ckpts), plan.clicks)
+    for image_id in images:                           # warm-up: imports, photo decoding (cached, as in the app)
+        gallery_image(image_id)
+    trace_one = cold_trace(one, images[0])
+    traces_all = compare_cold(ckpts, images[0], (0, 0))  # also warms every model's first call
+    clicks: dict[str, Callable[[int, tuple[int, int]], object]] = {
+        "bias_patch": lambda i, patch: bias_page_compute(trace_one, patch),
+        "bias_image": lambda i, patch: bias_page_compute(cold_trace(one, images[i]), patch),
+        "compare_patch": lambda i, patch: compare_page_compute(ckpts, traces_all, patch),
+        "compare_image": lambda i, patch: compare_cold(ckpts, images[i], patch)}
+    wall: dict[str, list[float]] = {k: [] for k in clicks}
+    cpu: dict[str, list[float]] = {k: [] for k in clicks}
+    for i, patch in enumerate(click_patches(one.config.grid, plan.clicks)):   # the four kinds interleaved
+        for kind, click in clicks.items():
+            w0, c0 = time.perf_counter(), time.process_time()
+            click((i + 1) % len(images), patch)
+            wall[kind].append(1e3 * (time.perf_counter() - w0))
+            cpu[kind].append(1e3 * (time.process_time() - c0))
+    return {"single": cs.single, "single_fresh": cs.single in cs.fresh, "checkpoints": list(ckpts),
+            "fresh": cs.fresh, "images": images,
+            **{k: {"n": len(wall[k]), **percentiles(wall[k]), **percentiles(cpu[k], "cpu_"), "samples_ms": wall[k],
+                   "cpu_samples_ms": cpu[k]} for k in clicks}}
+
+
+# ----------------------------------------------------------------------------- memory
+_TRAIN_CHILD = r"""
+import sys, torch, torch.nn.functional as F
+from vitpe_core import build_model, preset_config
+from vitpe_core.train import TrainConfig, _optimizer
+enc, steps, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+torch.manual_seed(0)
+model = build_model(preset_config("compact", encoding=enc)).train()
+opt = _optimizer(model, TrainConfig(encoding=enc))
+x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+for _ in range(steps):
+    loss = F.cross_entropy(model(x), y, label_smoothing=0.1)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+print("done", flush=True)
+sys.stdin.readline()
+"""
+
+
+def proc_memory(pid: int) -> dict[str, float]:
+    """VmHWM (peak resident) and VmRSS of a live process, in MiB."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmHWM", "VmRSS"):
+            out[key] = int(value.split()[0]) / 1024
+    return out
+
+
+def train_memory(encoding: str, steps: int, threads: int) -> dict:
+    """Peak memory of a subprocess that trains the compact `encoding` model `steps` steps on
+    random data at batch 128 (read from /proc/<pid>/status while it waits)."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": str(threads)}
+    proc = subprocess.Popen([sys.executable, "-c", _TRAIN_CHILD, encoding, str(steps), str(TRAIN_BATCH)], cwd=REPO,
+                            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        if line.strip() != "done":
+            raise RuntimeError(f"training subprocess failed: {proc.stderr.read()[-2000:]}")
+        mem = proc_memory(proc.pid)
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            proc.stdin.close()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return {"encoding": encoding, "steps": steps, "batch": TRAIN_BATCH, "vmhwm_mib": mem["VmHWM"],
+            "vmrss_mib": mem["VmRSS"]}
+
+
+def bench_train_memory(plan: Plan) -> list[dict]:
+    threads = torch.get_num_threads()
+    log.info("training memory: %s, %d steps", ", ".join(plan.memory_encodings), plan.memory_steps)
+    rows = [{**train_memory("ape", 0, threads), "what": "import + build only (0 steps)"}]
+    for enc in plan.memory_encodings:
+        steps = f"{plan.memory_steps} step" + ("s" if plan.memory_steps != 1 else "")
+        rows.append({**train_memory(enc, plan.memory_steps, threads), "what": steps})
+    return rows
+
+
+# ----------------------------------------------------------------------------- 4./5. the app
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except (urllib.error.URLError, ConnectionError, OSError):
+        return 0, b""
+
+
+@contextlib.contextmanager
+def app_server(ckpt_root: Path, log_path: Path) -> Iterator[tuple[subprocess.Popen, str, float]]:
+    """`python -m streamlit run app.py` on a free port; yields (process, base URL, start time)."""
+    port = free_port()
+    env = {**os.environ, "VITPE_CHECKPOINTS": str(ckpt_root)}
+    cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
+           "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"]
+    with open(log_path, "wb") as logf:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=logf, stderr=subprocess.STDOUT)
+        try:
+            yield proc, f"http://127.0.0.1:{port}/", t0
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def wait_http(base: str, proc: subprocess.Popen, t0: float, timeout: float = 120.0) -> dict[str, float]:
+    """Seconds from process start to `/_stcore/health` answering "ok", then to `GET /` 200."""
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"streamlit exited with {proc.returncode}")
+        status, body = _get(base + "_stcore/health", timeout=1.0)
+        if status == 200 and body.strip() == b"ok":
+            break
+        if time.perf_counter() - t0 > timeout:
+            raise RuntimeError("streamlit did not become healthy")
+        time.sleep(0.02)
+    health = time.perf_counter() - t0
+    status, body = _get(base)
+    if status != 200 or b"<html" not in body.lower():
+        raise RuntimeError(f"GET / answered {status}")
+    return {"health_s": health, "get_root_s": time.perf_counter() - t0}
+
+
+_RUN_DONE = "() => document.querySelector('[data-testid=\"stApp\"]')?.dataset.testScriptState === 'notRunning'"
+
+
+def _wait_run(page, timeout_s: float = 180.0, text: str | None = None) -> None:
+    """Until the script run finished (and, if given, `text` is on the page)."""
+    cond = _RUN_DONE if text is None else (
+        "(t) => document.body.innerText.includes(t) && (" + _RUN_DONE + ")()")
+    page.wait_for_function(cond, arg=text, timeout=timeout_s * 1e3)
+
+
+def e2e_patch_changes(page, n: int, grid: tuple[int, int], start: tuple[int, int]) -> list[float]:
+    """Type a new row into the patch's row input and press Enter; time until the page shows
+    the new patch and the rerun finished (ms)."""
+    ms = []
+    row_input = page.locator('[data-testid="stNumberInput"] input').first
+    r, c = start
+    for i in range(n):
+        r = (r + 1 + i % (grid[0] - 1)) % grid[0]
+        t0 = time.perf_counter()
+        row_input.fill(str(r))
+        row_input.press("Enter")
+        _wait_run(page, 120, f"Patch ({r}, {c})")
+        ms.append(1e3 * (time.perf_counter() - t0))
+    return ms
+
+
+def _browser_or_reason():
+    """(playwright context manager, chromium path) or (None, why not)."""
+    exe = shutil.which("chromium")
+    if exe is None:
+        return None, "chromium not found"
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError as e:
+        return None, f"playwright not importable: {e}"
+    return (sync_playwright, exe), None
+
+
+def bench_app(plan: Plan, cs: CheckpointSet, workdir: Path) -> dict:
+    """Cold starts (HTTP always; browser where chromium + playwright work), then in the last
+    run: patch changes on the bias page, the compare page with every checkpoint, its memory."""
+    browser_kit, reason = _browser_or_reason()
+    runs: list[dict] = []
+    out: dict[str, Any] = {"checkpoints": cs.names, "fresh": cs.fresh, "default": app_default(cs),
+                           "browser": reason is None, "browser_reason": reason}
+    with contextlib.ExitStack() as stack:
+        browser = None
+        if browser_kit is not None:
+            sync_playwright, exe = browser_kit
+            try:
+                pw = stack.enter_context(sync_playwright())
+                browser = pw.chromium.launch(executable_path=exe, headless=True, args=CHROMIUM_ARGS)
+                stack.callback(browser.close)
+            except Exception as e:  # a browser that will not start is reported, not fatal
+                out["browser"], out["browser_reason"] = False, f"chromium did not launch: {e}"
+                browser = None
+        for i in range(plan.app_runs):
+            last = i == plan.app_runs - 1
+            log.info("app cold start %d/%d", i + 1, plan.app_runs)
+            with app_server(cs.root, workdir / f"streamlit-{i}.log") as (proc, base, t0):
+                run = wait_http(base, proc, t0)
+                if browser is not None:
+                    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                    page.goto(base)
+                    page.locator("h1").first.wait_for(state="visible", timeout=180_000)
+                    run["first_element_s"] = time.perf_counter() - t0
+                    _wait_run(page)
+                    run["first_run_s"] = time.perf_counter() - t0
+                    run["after_first_page_mib"] = proc_memory(proc.pid)
+                    if last:
+                        out.update(_browse(page, base, proc, plan, cs))
+                    page.close()
+                runs.append(run)
+    out["runs"] = runs
+    for key in ("health_s", "get_root_s", "first_element_s", "first_run_s"):
+        values = [r[key] for r in runs if key in r]
+        if values:
+            out[key] = float(np.median(values))
+    return out
+
+
+def app_default(cs: CheckpointSet) -> str:
+    """The checkpoint the app opens with (viewstate.default_view)."""
+    return PREFERRED_CKPT if PREFERRED_CKPT in cs.names else cs.names[0]
+
+
+def _browse(page, base: str, proc: subprocess.Popen, plan: Plan, cs: CheckpointSet) -> dict:
+    cfg = load_checkpoint(resolve_checkpoint(app_default(cs), cs.root)).config
+    start = (cfg.grid[0] // 2, cfg.grid[1] // 2)            # the default view's patch
+    out: dict[str, Any] = {"e2e_bias": e2e_patch_changes(page, plan.e2e_clicks, cfg.grid, start)}
+    t0 = time.perf_counter()
+    page.goto(base + "compare")
+    _wait_run(page)
+    out["compare_first_run_s"] = time.perf_counter() - t0
+    out["after_compare"] = proc_memory(proc.pid)
+    out["e2e_compare"] = e2e_patch_changes(page, plan.e2e_clicks, cfg.grid, start)
+    return out
+
+
+# ----------------------------------------------------------------------------- environment
+def _first(pattern: str, text: str, default: str = "unknown") -> str:
+    m = re.search(pattern, text, re.M)
+    return m.group(1).strip() if m else default
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def background_jobs() -> list[dict]:
+    """Other `python -m vitpe_core train` processes and their state (R running, S sleeping,
+    T stopped)."""
+    jobs = []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            args = (d / "cmdline").read_bytes().split(b"\0")
+            if int(d.name) == os.getpid() or b"vitpe_core" not in args:
+                continue
+            i = args.index(b"vitpe_core")
+            if args[i + 1:i + 2] != [b"train"]:
+                continue
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, ValueError, IndexError):
+            continue
+        jobs.append({"pid": int(d.name), "state": state,
+                     "args": " ".join(a.decode(errors="replace") for a in args[i:i + 4])})
+    return sorted(jobs, key=lambda j: j["pid"])
+
+
+def environment(argv: list[str], threads: int) -> dict:
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    chromium = shutil.which("chromium")
+    chromium_version = "not found"
+    if chromium:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            res = subprocess.run([chromium, "--version"], capture_output=True, text=True, timeout=30)
+            chromium_version = _first(r"^(Chromium.*)$", res.stdout, res.stdout.strip() or "unknown")
+    from .train import git_commit
+    return {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": "python -m vitpe_core.bench" + "".join(" " + shlex.quote(a) for a in argv),
+        "cpu": _first(r"^model name\s*:\s*(.*)$", cpuinfo, platform.processor() or "unknown"),
+        "cores": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0)), "torch_threads": threads,
+        "platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+        "numpy": np.__version__, "streamlit": _version("streamlit"), "playwright": _version("playwright"),
+        "chromium": chromium_version, "git_commit": git_commit(), "loadavg_start": list(os.getloadavg()),
+        "background_start": background_jobs(),
+    }
+
+
+# ----------------------------------------------------------------------------- targets
+@dataclass
+class Target:
+    key: str
+    text: str            # what is measured
+    limit: float
+    kind: str            # "max": measured <= limit passes; "min": measured >= limit passes
+    unit: str            # "x" ratio, "ms", "s", "MiB"
+    measured: float | None = None
+    note: str = ""
+    check: float | None = None   # the best-of-N ratio, for ratio targets
+
+    def verdict(self, value: float | None) -> str:
+        if value is None:
+            return "NOT MEASURED"
+        ok = value <= self.limit if self.kind == "max" else value >= self.limit
+        return "PASS" if ok else "MISS"
+
+    @property
+    def status(self) -> str:
+        return self.verdict(self.measured)
+
+    @property
+    def borderline(self) -> bool:
+        """Within BORDERLINE of the limit: another run on a loaded machine may flip the verdict."""
+        return self.measured is not None and abs(self.measured / self.limit - 1) < BORDERLINE
+
+    @property
+    def check_text(self) -> str:
+        if self.check is None:
+            return "—"
+        same = self.verdict(self.check) == self.status
+        return f"{_fmt(self.check, self.unit)} ({'same verdict' if same else '**verdict differs**'})"
+
+    @property
+    def miss_by(self) -> str:
+        if self.status != "MISS":
+            return ""
+        m, lim = self.measured, self.limit
+        if self.kind == "max":
+            return f"{_fmt(m - lim, self.unit)} over the limit ({100 * (m / lim - 1):.0f} % over)"
+        return f"{_fmt(lim - m, self.unit)} under the limit ({100 * (1 - m / lim):.0f} % under)"
+
+
+def _fmt(v: float | None, unit: str) -> str:
+    if v is None:
+        return "—"
+    if unit == "x":
+        return f"{v:.2f}x"
+    if unit == "ms":
+        return f"{v:.1f} ms"
+    if unit == "s":
+        return f"{v:.2f} s"
+    return f"{v:.0f} {unit}"
+
+
+def targets(res: dict) -> list[Target]:
+    attn = {(r["width"], r["batch"], r["encoding"]): r for r in res["attention"]}
+    train = {r["variant"]: r for r in res["training"]}
+    clicks, app = res["clicks"], res["app"]
+    mib_1gb = GB / 2**20
+    out = [
+        Target("sape2_attention_vs_rpb", "SaPE² attention layer fwd+bwd / `rpb`, compact, batch 128", 1.5, "max", "x",
+               attn.get(("compact", 128, "sape2"), {}).get("vs_rpb"),
+               check=attn.get(("compact", 128, "sape2"), {}).get("vs_rpb_best")),
+        Target("sape2_training_vs_ape", "SaPE² training throughput / `ape` (compact, batch 128)", 0.7, "min", "x",
+               train.get("sape2", {}).get("throughput_vs_ape"),
+               check=train.get("sape2", {}).get("throughput_vs_ape_best")),
+        Target("bias_click_patch_p95",
+               f"bias explorer click, new patch (trace cached), p95 compute, `{clicks['single']}`",
+               50, "max", "ms", clicks["bias_patch"]["p95_ms"]),
+        Target("bias_click_image_p95", f"bias explorer, new image (cold trace), p95 compute, `{clicks['single']}`",
+               50, "max", "ms", clicks["bias_image"]["p95_ms"]),
+        Target("compare_click_patch_p95",
+               f"compare page click, new patch, p95 compute, {len(clicks['checkpoints'])} checkpoints",
+               300, "max", "ms", clicks["compare_patch"]["p95_ms"]),
+        Target("compare_click_image_p95",
+               f"compare page, new image (cold traces), p95 compute, {len(clicks['checkpoints'])} checkpoints",
+               300, "max", "ms", clicks["compare_image"]["p95_ms"]),
+    ]
+    skipped = "skipped (--skip-app)" if app.get("skipped") else ""
+    no_browser = skipped or (app.get("browser_reason") or "")
+    after = app.get("after_compare") or {}
+    out += [
+        Target("cold_start_http", "app cold start: process start -> `GET /` answered (HTTP only)", 5, "max", "s",
+               app.get("get_root_s"), skipped),
+        Target("cold_start_first_element", "app cold start: process start -> first element shown (browser)", 5, "max",
+               "s", app.get("first_element_s"), no_browser),
+        Target("cold_start_first_run", "app cold start: process start -> first script run complete (browser)", 5,
+               "max", "s", app.get("first_run_s"), no_browser),
+        Target("app_memory_peak", f"app server peak resident (VmHWM) with all {len(clicks['checkpoints'])} "
+               "checkpoints loaded (compare page)", mib_1gb, "max", "MiB", after.get("VmHWM"), no_browser),
+        Target("app_memory_rss", "app server resident (VmRSS) after the compare page", mib_1gb, "max", "MiB",
+               after.get("VmRSS"), no_browser),
+    ]
+    return out
+
+
+# ----------------------------------------------------------------------------- report
+def md_table(headers: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _load(avg: list[float]) -> str:
+    return "/".join(f"{x:.1f}" for x in avg)
+
+
+def _jobs_text(jobs: list[dict]) -> str:
+    if not jobs:
+        return "none"
+    names = {"T": "**stopped (paused)**", "R": "running", "D": "running (waiting on I/O)"}
+    busy = [j for j in jobs if j["state"] != "S"]
+    idle = [j for j in jobs if j["state"] == "S"]
+    parts = [f"pid {j['pid']} `{j['args']}`: {names.get(j['state'], j['state'])}" for j in busy]
+    if idle:
+        parts.append(f"{len(idle)} sleeping (pids {', '.join(str(j['pid']) for j in idle)})")
+    return "; ".join(parts)
+
+
+WHY_TODO = "_TODO (maintainers): explanation not yet written._"
+_WHY_LINE = re.compile(r"^\s*\*\*Why:\*\* (.*?) <!-- why:([\w-]+) -->\s*$", re.M)
+
+
+def written_whys(path: Path) -> dict[str, str]:
+    """The maintainers' **Why** texts of an existing BENCHMARKS.md, by target key (kept
+    when the file is rewritten and the target is still missed)."""
+    if not path.is_file():
+        return {}
+    return {key: text for text, key in _WHY_LINE.findall(path.read_text()) if text != WHY_TODO}
+
+
+def render_markdown(res: dict, tgts: list[Target], whys: dict[str, str] | None = None) -> str:
+    env, plan = res["environment"], res["plan"]
+    out = ["# Benchmarks", "",
+           "Generated by `python -m vitpe_core.bench` (vitpe_core/bench.py); the numbers are in "
+           "`benchmarks.json` beside this file. Edit only the text of the **Why** lines by hand (a rerun "
+           "keeps it while the target is still missed) and rerun the command to refresh the rest. Ratios come from variants timed round-robin in the same run (paired medians); "
+           "absolute times are only context for them.", ""]
+    if res["mode"] == "quick":
+        out += ["> **QUICK smoke run** (`--quick`): few repetitions, numbers not fit for comparison.", ""]
+    out += ["## Machine and run", "", md_table(["", ""], [
+        ["date (UTC)", env["date"]], ["command", f"`{env['command']}`"], ["mode", res["mode"]],
+        ["CPU", env["cpu"]], ["cores (logical / usable)", f"{env['cores']} / {env['usable_cores']}"],
+        ["torch threads", env["torch_threads"]], ["python", env["python"]], ["torch", env["torch"]],
+        ["streamlit", env["streamlit"]], ["numpy", env["numpy"]], ["playwright / chromium",
+                                                                   f"{env['playwright']} / {env['chromium']}"],
+        ["platform", env["platform"]], ["git commit", env["git_commit"]],
+        ["background `vitpe_core train` at start", _jobs_text(env["background_start"])],
+        ["background `vitpe_core train` at end", _jobs_text(env["background_end"])],
+        ["load average (1/5/15 min) start → end", f"{_load(env['loadavg_start'])} → {_load(env['loadavg_end'])}"],
+        ["wall time of this run", f"{res['wall_time_s']:.0f} s ("
+         + ", ".join(f"{k} {v:.0f} s" for k, v in res["section_s"].items()) + ")"],
+        ["repetitions", ", ".join(f"{k} {v}" for k, v in plan.items())]]), ""]
+
+    out += ["## Targets", "", md_table(["target", "measured", "limit", "result", "best-of-N cross-check"], [
+        [t.text, _fmt(t.measured, t.unit), ("≤ " if t.kind == "max" else "≥ ") + _fmt(t.limit, t.unit),
+         f"**{t.status}**" + (f" ({t.note})" if t.status == "NOT MEASURED" and t.note else "")
+         + (f" (borderline: within {BORDERLINE:.0%} of the limit)" if t.borderline else ""), t.check_text]
+        for t in tgts]), "",
+        "Ratios are paired medians (the verdict); the cross-check is the ratio of the variants' fastest "
+        "samples. Latencies are p95 of wall time.", ""]
+    if any(t.unit == "MiB" for t in tgts):
+        out += ["1 GB is taken as 10⁹ bytes = 954 MiB.", ""]
+    misses = [t for t in tgts if t.status == "MISS"]
+    for t in misses:
+        why = (whys or {}).get(t.key, WHY_TODO)
+        out += [f"* **MISS — {t.text}**: {_fmt(t.measured, t.unit)}, {t.miss_by}.",
+                f"  **Why:** {why} <!-- why:{t.key} -->"]
+    if misses:
+        out.append("")
+
+    out += ["## 1. Attention layer, forward + backward", "",
+            "`vitpe_core.model.Attention` with the encoding from `build_encoding(name, EncodingContext(D, h, 1, "
+            "(8, 8), 1))`, called as `attn(x, pos, (8, 8), layer=0)`, 65 tokens (CLS + 8×8 patches), "
+            "backward from a fixed random output gradient into x, the layer's and the encoding's parameters. "
+            "`none` = plain SDPA; `rpb` = the floor for bias encodings. Ratios: paired medians; below 1 is "
+            "within noise when the encoding has no attention hook.", ""]
+    for width in WIDTHS:
+        for batch in BATCHES:
+            rows = [r for r in res["attention"] if r["width"] == width and r["batch"] == batch]
+            if not rows:
+                continue
+            out += [f"**{width}** (D {rows[0]['dim']}, {rows[0]['heads']} heads), batch {batch}", "",
+                    md_table(["encoding", "× none (SDPA)", "× rpb", "best-of-N × none / × rpb", "median ms",
+                              "min ms"],
+                             [[f"`{r['encoding']}`", _ratio(r, "vs_none"), _ratio(r, "vs_rpb"),
+                               f"{r['vs_none_best']:.2f} / {r['vs_rpb_best']:.2f}", f"{r['median_ms']:.2f}",
+                               f"{r['min_ms']:.2f}"] for r in rows]), ""]
+
+    if any(r[f"{k}_noisy"] for r in res["attention"] for k in ("vs_none", "vs_rpb")):
+        out += [NOISY_NOTE, ""]
+    out += ["## 2. Training throughput (whole model)", "",
+            f"Compact preset (D 128, 6 layers, 4 heads, MLP 256, patch 4, 32×32), batch {TRAIN_BATCH}, one "
+            "step = forward, label-smoothed cross entropy, backward, grad-norm clip, AdamW (train.py's "
+            "optimiser); random input. The reference is the same architecture from plain `torch.nn` "
+            "(`nn.TransformerEncoder`, norm_first, GELU, conv patch embed, CLS, learned table)"
+            + ("" if any("timm" in r["variant"] for r in res["training"]) else "; timm is not installed, so no "
+               "timm ViT row") + ".", "",
+            md_table(["variant", "throughput × none", "throughput × ape", "best-of-N × none / × ape", "images/s",
+                      "median ms/step", "min ms/step"],
+                     [[f"`{r['variant']}`" if "reference" not in r["variant"] else r["variant"],
+                       _ratio(r, "throughput_vs_none"), _ratio(r, "throughput_vs_ape"),
+                       f"{r['throughput_vs_none_best']:.2f} / {r['throughput_vs_ape_best']:.2f}",
+                       f"{r['images_per_s']:.0f}", f"{r['median_step_ms']:.0f}", f"{r['min_step_ms']:.0f}"]
+                      for r in res["training"]]), ""]
+    if any(r[f"{k}_noisy"] for r in res["training"] for k in ("throughput_vs_none", "throughput_vs_ape")):
+        out += [NOISY_NOTE, ""]
+
+    c = res["clicks"]
+    single = f"`{c['single']}`" + (" (freshly built compact model, random weights)" if c["single_fresh"] else "")
+    out += ["## 3. Click compute (app, without Streamlit)", "",
+            f"The pages' calls replicated without the Streamlit cache (vitpe_core/bench.py `bias_page_compute`, "
+            f"`compare_page_compute`, `cold_trace`): a new patch = per-patch maps from a cached trace (compare: "
+            f"plus each checkpoint's positional component); a new image = gallery image → `st_cache.model_input` "
+            f"→ `analysis.trace_image` (compare: plus `attention_stats`) → the same maps. All layers and heads, "
+            f"layer 0 / mean of heads shown. Images cycle through the {len(c['images'])} gallery images. "
+            "Not included: Streamlit's cache copy, widgets, Plotly figures, transport (see section 4's "
+            "browser numbers). p50 / p95 / max are wall-clock latency (what the targets judge); the CPU columns "
+            "are this process's CPU time over all its threads, context for a loaded machine.", "",
+            md_table(["page", "checkpoints", "click", "n", "p50 ms", "p95 ms", "max ms", "CPU p50 ms", "CPU p95 ms"], [
+                [page, who, what, c[k]["n"], f"{c[k]['p50_ms']:.1f}", f"{c[k]['p95_ms']:.1f}", f"{c[k]['max_ms']:.1f}",
+                 f"{c[k]['cpu_p50_ms']:.1f}", f"{c[k]['cpu_p95_ms']:.1f}"]
+                for page, who, what, k in (
+                    ("bias explorer", single, "new patch (trace cached)", "bias_patch"),
+                    ("bias explorer", single, "new image (cold trace)", "bias_image"),
+                    ("compare", f"all {len(c['checkpoints'])}", "new patch (traces cached)", "compare_patch"),
+                    ("compare", f"all {len(c['checkpoints'])}", "new image (cold traces)", "compare_image"))]), ""]
+    out += [_checkpoint_note(c["checkpoints"], c["fresh"]), ""]
+
+    app = res["app"]
+    out += ["## 4. App cold start and browser end to end", ""]
+    if app.get("skipped"):
+        out += ["Not measured in this run (`--skip-app`).", ""]
+    else:
+        out += ["`python -m streamlit run app.py --server.headless true --server.port <free>` with "
+                "`VITPE_CHECKPOINTS` set to the checkpoint folder; times from process start, median over "
+                f"{len(app['runs'])} cold starts (each run listed in benchmarks.json). The default page is the "
+                "bias explorer on " + f"`{app['default']}`.", ""]
+        rows = [["`/_stcore/health` answers ok (HTTP)", _fmt(app.get("health_s"), "s")],
+                ["`GET /` answered 200 (HTTP)", _fmt(app.get("get_root_s"), "s")]]
+        if app["browser"]:
+            rows += [["first element (`h1`) visible (chromium)", _fmt(app.get("first_element_s"), "s")],
+                     ["first script run complete (chromium)", _fmt(app.get("first_run_s"), "s")]]
+            if "compare_first_run_s" in app:
+                rows += [[f"compare page, first run with all {len(app['checkpoints'])} checkpoints (after the "
+                          "bias page)", _fmt(app["compare_first_run_s"], "s")]]
+        out += [md_table(["measure", "median"], rows), "",
+                "HTTP readiness is the server and its static page shell; the app's Python script (imports, "
+                "checkpoint, trace, figures) runs only when a browser session connects, which the browser rows "
+                "include.", ""]
+        if not app["browser"]:
+            out += [f"Browser measurements not taken: {app['browser_reason']}.", ""]
+        if app.get("e2e_bias"):
+            e2e = [("bias explorer", app["e2e_bias"]), ("compare", app.get("e2e_compare", []))]
+            out += ["Patch change end to end (informational, no target): type a row into the patch's row input, "
+                    "press Enter, until the new patch is shown and the rerun finished — includes the "
+                    "Streamlit rerun, Plotly figures and rendering in headless chromium.", "",
+                    md_table(["page", "n", "p50 ms", "max ms"],
+                             [[p, len(v), f"{np.percentile(v, 50):.0f}", f"{max(v):.0f}"] for p, v in e2e if v]), ""]
+
+    mem_rows = [[f"training `{r['encoding']}`, {r['what']}", f"{r['vmhwm_mib']:.0f}", f"{r['vmrss_mib']:.0f}"]
+                for r in res["memory"]["training"]]
+    first = app["runs"][-1].get("after_first_page_mib") if app.get("runs") else None
+    if first:
+        mem_rows.append(["app server after the first (bias) page", f"{first['VmHWM']:.0f}", f"{first['VmRSS']:.0f}"])
+    if app.get("after_compare"):
+        mem = app["after_compare"]
+        mem_rows.append([f"app server after the compare page (all {len(app['checkpoints'])} checkpoints loaded)",
+                         f"{mem['VmHWM']:.0f}", f"{mem['VmRSS']:.0f}"])
+    out += ["## 5. Peak memory", "",
+            "Training: a subprocess builds the compact model, trains on random data at batch "
+            f"{TRAIN_BATCH} (train.py's step) and waits; VmHWM / VmRSS read from `/proc/<pid>/status`. "
+            "App: the streamlit server process of the last cold start.", "",
+            md_table(["process", "VmHWM MiB", "VmRSS MiB"], mem_rows), ""]
+    if app.get("skipped"):
+        out += ["App memory not measured in this run (`--skip-app`).", ""]
+    elif not app.get("after_compare"):
+        out += [f"App memory not measured: {app.get('browser_reason') or 'the browser part did not run'}.", ""]
+    return "\n".join(out)
+
+
+NOISY_NOTE = (f"† the paired median and the best-of-N ratio differ by more than {NOISY:.0%}: the machine's load "
+              "disturbed this comparison; read both (samples in benchmarks.json).")
+
+
+def _ratio(row: dict, key: str) -> str:
+    return f"{row[key]:.2f}" + (" †" if row[f"{key}_noisy"] else "")
+
+
+def _checkpoint_note(names: list[str], fresh: list[str]) -> str:
+    real = [n for n in names if n not in fresh]
+    text = f"Checkpoints: {len(names)} ({', '.join(f'`{n}`' for n in names)}). "
+    text += (f"From `checkpoints/`: {', '.join(f'`{n}`' for n in real)}. " if real else "`checkpoints/` held none. ")
+    if fresh:
+        text += (f"Freshly built compact models with random weights (same format and size, 15-epoch history): "
+                 f"{', '.join(f'`{n}`' for n in fresh)}.")
+    return text
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (np.floating, np.integer)):
+        return x.item()
+    return x
+
+
+# ----------------------------------------------------------------------------- main
+def run(plan: Plan, *, out: Path, skip_app: bool, argv: list[str], checkpoints: Path, mode: str) -> dict:
+    t_start = time.perf_counter()
+    env = environment(argv, torch.get_num_threads())
+    encodings = available_encodings()
+    res: dict[str, Any] = {"schema": 1, "mode": mode, "environment": env, "plan": asdict(plan), "section_s": {}}
+
+    def section(name: str, fn: Callable[[], Any]) -> Any:
+        t0 = time.perf_counter()
+        value = fn()
+        res["section_s"][name] = time.perf_counter() - t0
+        gc.collect()
+        return value
+
+    res["attention"] = section("attention", lambda: bench_attention(plan, encodings))
+    res["training"] = section("training", lambda: bench_training(plan, encodings))
+    res["memory"] = {"training": section("training_memory", lambda: bench_train_memory(plan))}
+    with checkpoint_set(checkpoints) as cs, tempfile.TemporaryDirectory(prefix="vitpe-bench-") as work:
+        res["clicks"] = section("clicks", lambda: bench_clicks(plan, cs))
+        res["app"] = {"skipped": True} if skip_app else section("app", lambda: bench_app(plan, cs, Path(work)))
+    env["loadavg_end"] = list(os.getloadavg())
+    env["background_end"] = background_jobs()
+    res["wall_time_s"] = time.perf_counter() - t_start
+    tgts = targets(res)
+    res["targets"] = [{**asdict(t), "status": t.status, "miss_by": t.miss_by, "borderline": t.borderline}
+                      for t in tgts]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "benchmarks.json").write_text(json.dumps(_jsonable(res), indent=1) + "\n")
+    whys = written_whys(out / "BENCHMARKS.md")
+    (out / "BENCHMARKS.md").write_text(render_markdown(res, tgts, whys) + "\n")
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(prog="python -m vitpe_core.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="smoke run: few repetitions (numbers not comparable)")
+    p.add_argument("--skip-app", action="store_true", help="skip the app parts (cold start, browser, app memory)")
+    p.add_argument("--out", type=Path, default=REPO, help="folder for BENCHMARKS.md and benchmarks.json "
+                   "(default: the repository root)")
+    p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's default)")
+    p.add_argument("--checkpoints", type=Path, default=REPO / "checkpoints",
+                   help="folder of trained checkpoints (default: checkpoints/)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.threads:
+        if args.threads < 1:
+            p.error("--threads must be >= 1")
+        torch.set_num_threads(args.threads)
+    res = run(QUICK if args.quick else FULL, out=args.out, skip_app=args.skip_app, argv=argv,
+              checkpoints=args.checkpoints, mode="quick" if args.quick else "full")
+    for t in res["targets"]:
+        print(f"{t['status']:>12}  {_fmt(t['measured'], t['unit']):>10}  {t['text']}")
+    print(f"wrote {args.out / 'BENCHMARKS.md'} and benchmarks.json in {res['wall_time_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
