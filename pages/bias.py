@@ -14,12 +14,6 @@ PART_LABELS = {"sum": "x + y (the SaPE² bias)", "x": "x part (along the patch's
                "y": "y part (along the patch's column)", "bias": "full bias"}
 
 
-def sape2_part_names(parts: dict) -> tuple[str, str] | None:
-    """Trace part names of SaPE²'s x and y parts (`x`/`y`, or `sape2.x`/`sape2.y` in a composite)."""
-    xs = [n for n in parts if n == "x" or n.endswith("sape2.x")]
-    return (xs[0], xs[0][:-1] + "y") if xs and xs[0][:-1] + "y" in parts else None
-
-
 def readout_text(encoding_options: dict) -> str:
     if encoding_options.get("readout", "query") == "key":
         return ("**SaPE²(Q)** — read-out with the key, `readout=\"key\"` (90.17 % top-1 on CIFAR-10 "
@@ -31,11 +25,6 @@ def readout_text(encoding_options: dict) -> str:
 
 def head_text(head: int | None) -> str:
     return "mean over heads" if head is None else f"head {head}"
-
-
-def reduce_head(m: np.ndarray, head: int | None) -> np.ndarray:
-    """`(h, H, W)` -> `(H, W)`: one head, or the mean over heads."""
-    return m.mean(0) if head is None else m[head]
 
 
 def main() -> None:
@@ -91,7 +80,7 @@ def show_bias(ckpt, tr, maps, display, view, layer, head) -> None:
                 "Its positional component is on the Compare page (table similarity or RoPE kernel); "
                 "the attention row is below.")
         return
-    sape = sape2_part_names(tr.parts)
+    sape = analysis.sape2_part_names(tr.parts)
     if sape is not None:
         st.markdown(readout_text(cfg.encoding_options))
         enc = ckpt.model.pos_enc
@@ -109,7 +98,7 @@ def show_bias(ckpt, tr, maps, display, view, layer, head) -> None:
     else:
         part, full = "row", maps["bias"]
         what, scale_note = f"{cfg.encoding} bias row", "normalised to [0, 1]"
-    shown = analysis.normalize01(reduce_head(full[layer], head))    # (H, W)
+    shown = analysis.normalize01(analysis.reduce_head(full[layer], head))    # (H, W)
     title = f"{what}, layer {layer}, {head_text(head)} ({scale_note})"
     base = f"{ckpt.name}_bias_{part}_p{view.patch[0]}-{view.patch[1]}_l{layer}_{head_text(head)}"
     tab_overlay, tab_map, tab_layers, tab_heads = st.tabs(["On the image", "Heatmap", "All layers", "All heads"])
@@ -121,7 +110,7 @@ def show_bias(ckpt, tr, maps, display, view, layer, head) -> None:
                                        zmin=0, zmax=1), base, key=f"{PAGE}_bias_map")
         ui.downloads(base, shown, key=f"{PAGE}_bias_dl", full=full)
     with tab_layers:
-        per_layer = analysis.normalize01(np.stack([reduce_head(m, head) for m in full]))   # (L, H, W)
+        per_layer = analysis.normalize01(np.stack([analysis.reduce_head(m, head) for m in full]))   # (L, H, W)
         ui.chart(figures.layers_fig(per_layer, title=f"{what}, every layer, {head_text(head)} ({scale_note})",
                                     colorbar_title="bias<br>(0-1)", patch=view.patch),
                  base + "_layers", key=f"{PAGE}_bias_layers")
@@ -135,7 +124,7 @@ def show_bias(ckpt, tr, maps, display, view, layer, head) -> None:
 
 def show_attention(maps, display, view, layer, head, grid) -> None:
     st.subheader("Attention row of the full model")
-    attn = reduce_head(maps["attn"][layer], head)                   # (H, W)
+    attn = analysis.reduce_head(maps["attn"][layer], head)                   # (H, W)
     title = (f"Attention of the query patch (r={view.patch[0]}, c={view.patch[1]}) to every patch, layer {layer}, {head_text(head)} "
              "(softmax weights; the CLS column is left out)")
     base = f"{view.ckpt}_attention_p{view.patch[0]}-{view.patch[1]}_l{layer}_{head_text(head)}"

@@ -197,3 +197,15 @@ def positional_component(model: ViT, trace: Trace, patch: tuple[int, int]) -> tu
     if kernels[0] is not None:
         return "RoPE kernel", np.stack(kernels)
     return None
+
+
+def sape2_part_names(parts: dict) -> tuple[str, str] | None:
+    """Trace part names of SaPE²'s x and y parts (`x`/`y` alone, `sape2.x`/`sape2.y` in a
+    composite), or None when the encoding has no SaPE²."""
+    xs = [n for n in parts if n == "x" or n.endswith("sape2.x")]
+    return (xs[0], xs[0][:-1] + "y") if xs and xs[0][:-1] + "y" in parts else None
+
+
+def reduce_head(m: np.ndarray, head: int | None) -> np.ndarray:
+    """`(h, H, W)` -> `(H, W)`: one head, or the mean over heads (`head=None`)."""
+    return m.mean(0) if head is None else m[head]

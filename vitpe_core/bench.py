@@ -334,16 +334,6 @@ def checkpoint_set(source: Path) -> Iterator[CheckpointSet]:
 
 
 # ----------------------------------------------------------------------------- 3. click compute
-def _reduce_head(m: np.ndarray, head: int | None) -> np.ndarray:
-    return m.mean(0) if head is None else m[head]
-
-
-def _sape2_part_names(parts: dict) -> tuple[str, str] | None:
-    """pages/bias.py `sape2_part_names`."""
-    xs = [n for n in parts if n == "x" or n.endswith("sape2.x")]
-    return (xs[0], xs[0][:-1] + "y") if xs and xs[0][:-1] + "y" in parts else None
-
-
 def cold_trace(ckpt: Checkpoint, image_id: str) -> analysis.Trace:
     """st_cache._trace without the cache: gallery image -> model input -> trace."""
     from . import st_cache
@@ -358,12 +348,12 @@ def bias_page_compute(tr: analysis.Trace, patch: tuple[int, int], layer: int = 0
     maps = analysis.patch_maps(tr, patch)                                 # name -> (L, h, H, W)
     int(np.argmax(tr.probs))
     if "bias" in maps:
-        sape = _sape2_part_names(tr.parts)
+        sape = analysis.sape2_part_names(tr.parts)
         full = maps[sape[0]] + maps[sape[1]] if sape else maps["bias"]   # (L, h, H, W)
-        analysis.normalize01(_reduce_head(full[layer], head))
-        analysis.normalize01(np.stack([_reduce_head(m, head) for m in full]))
+        analysis.normalize01(analysis.reduce_head(full[layer], head))
+        analysis.normalize01(np.stack([analysis.reduce_head(m, head) for m in full]))
         analysis.normalize01(full[layer])
-    _reduce_head(maps["attn"][layer], head)
+    analysis.reduce_head(maps["attn"][layer], head)
 
 
 def compare_page_compute(ckpts: dict[str, Checkpoint], traces: dict[str, analysis.Trace], patch: tuple[int, int],
@@ -374,11 +364,11 @@ def compare_page_compute(ckpts: dict[str, Checkpoint], traces: dict[str, analysi
         H, W = ckpt.config.grid
         p = (min(patch[0], H - 1), min(patch[1], W - 1))
         lay = min(layer, ckpt.config.depth - 1)
-        _reduce_head(analysis.patch_maps(traces[name], p)["attn"][lay], head)
+        analysis.reduce_head(analysis.patch_maps(traces[name], p)["attn"][lay], head)
         comp = analysis.positional_component(ckpt.model, traces[name], p)
         if comp is not None:
             label, full = comp
-            pos = _reduce_head(full[lay], head)
+            pos = analysis.reduce_head(full[lay], head)
             if label == "bias row":
                 analysis.normalize01(pos)
 
