@@ -116,14 +116,14 @@ def panel(name, ckpt, key, img, patch, layer, head) -> None:
     st.markdown(f"**{name}** · `{ckpt.config.encoding}` · hooks: {', '.join(ckpt.model.pos_enc.hooks) or 'none'}")
     tr = st_cache.trace(name, key, img)
     attn = analysis.patch_maps(tr, patch)["attn"][layer]            # (h, H, W)
-    attn = attn.mean(0) if head is None else attn[head]
+    attn = analysis.reduce_head(attn, head)
     comp = st_cache.positional(name, key, patch, img)
     if comp is None:
         label, pos = "none", np.zeros_like(attn)
         scale, rng, cbar, norm = figures.BIAS_SCALE, (0, 1), "—", False
     else:
         label, full = comp
-        pos = full[layer].mean(0) if head is None else full[layer, head]
+        pos = analysis.reduce_head(full[layer], head)
         scale, rng, cbar, norm = COMPONENT_STYLE.get(label, (figures.BIAS_SCALE, (None, None), label, False))
         if norm:
             pos = analysis.normalize01(pos)
