@@ -125,8 +125,9 @@ def show_bias(ckpt, tr, maps, display, view, layer, head) -> None:
 def show_attention(maps, display, view, layer, head, grid) -> None:
     st.subheader("Attention row of the full model")
     attn = analysis.reduce_head(maps["attn"][layer], head)                   # (H, W)
-    title = (f"Attention of the query patch (r={view.patch[0]}, c={view.patch[1]}) to every patch, layer {layer}, {head_text(head)} "
-             "(softmax weights; the CLS column is left out)")
+    title = f"Attention row, layer {layer}, {head_text(head)}"
+    st.caption(f"Softmax weights from the query patch (r={view.patch[0]}, c={view.patch[1]}) to every patch "
+               "(the CLS column is left out).")
     base = f"{view.ckpt}_attention_p{view.patch[0]}-{view.patch[1]}_l{layer}_{head_text(head)}"
     a, b = st.columns(2)
     with a:

@@ -1,0 +1,127 @@
+"""The README's screenshots of the app, taken in headless chromium (re-run after retraining):
+
+    python scripts/screenshots.py                    # checkpoints/ -> docs/screenshot_{bias,similarity}.png
+    python scripts/screenshots.py --checkpoints DIR --out docs
+
+* docs/screenshot_bias.png: the bias explorer on a photo with a clicked patch (`sape2+ape` if
+  the folder has it, else its first checkpoint), the bias row over the image and the full
+  model's attention row.
+* docs/screenshot_similarity.png: the similarity page for `ape` (else the first checkpoint
+  with a position table) with the ViT paper's Figure-7 grid.
+
+1400 px wide, whole page (Streamlit scrolls inside its main block: the viewport is grown to
+the content), quantised to a 256-colour palette when that keeps a PNG under 400 KB. If the
+folder holds no checkpoint, tiny random-weight ones are used (their maps are noise: re-run
+once the trained checkpoints exist). Needs Debian's chromium and python playwright.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import load_test as lt  # noqa: E402  (the server and page helpers)
+
+REPO = lt.REPO
+WIDTH = 1400
+MAX_BYTES = 400 * 1024
+TIMEOUT_MS = 120_000
+
+
+def port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def save_small(png: Path, max_bytes: int = MAX_BYTES) -> int:
+    """Re-encode `png` optimised, as a 256-colour palette if the RGB file is over `max_bytes`."""
+    img = Image.open(png).convert("RGB")
+    buf = io.BytesIO()
+    img.save(buf, "PNG", optimize=True)
+    if buf.tell() > max_bytes:
+        buf = io.BytesIO()
+        img.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(buf, "PNG", optimize=True)
+    png.write_bytes(buf.getvalue())
+    return buf.tell()
+
+
+def wait_ready(page, patch: tuple[int, int]) -> None:
+    page.get_by_text(lt.patch_label(patch), exact=True).wait_for(timeout=TIMEOUT_MS)
+    page.frame_locator(lt.IMAGE_FRAME).locator("#image").wait_for(timeout=TIMEOUT_MS)
+    page.wait_for_function(lt.IDLE_JS, timeout=TIMEOUT_MS)
+    page.wait_for_timeout(1500)                                          # plotly finishes drawing
+
+
+def shoot_bias(page, base: str, ckpt: str, grid: tuple[int, int], out: Path) -> None:
+    H, W = grid
+    page.goto(lt.share_url(base, ckpt=ckpt, image="photo-chelsea", patch=(H // 2, W // 2), layer=0, head="mean"))
+    wait_ready(page, (H // 2, W // 2))
+    target = (max(0, H // 2 - 2), min(W - 1, W // 2 + 1))               # click a patch off the centre
+    image = page.frame_locator(lt.IMAGE_FRAME).locator("#image")
+    image.click(position=lt.click_point(image.bounding_box(), target, grid))
+    wait_ready(page, target)
+    lt.full_page_screenshot(page, out)
+
+
+def shoot_similarity(page, base: str, ckpt: str, grid: tuple[int, int], out: Path) -> None:
+    H, W = grid
+    patch = (H // 2 - 1, W // 2 - 2)
+    page.goto(lt.share_url(base, page="similarity", ckpt=ckpt, patch=patch))
+    wait_ready(page, patch)
+    lt.full_page_screenshot(page, out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--checkpoints", default="checkpoints", help="checkpoint folder (relative to the repository)")
+    ap.add_argument("--out", default=str(REPO / "docs"))
+    ap.add_argument("--port", type=int, default=None)
+    args = ap.parse_args(argv)
+    if shutil.which("chromium") is None:
+        ap.error("Debian's chromium is needed (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    from vitpe_core.checkpoint import list_checkpoints
+    from vitpe_core.viewstate import PREFERRED_CKPT
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="vitpe-shots-") as tmp:
+        folder = Path(args.checkpoints)
+        names = list_checkpoints(REPO / folder) if (REPO / folder).is_dir() else []
+        if not names:
+            print(f"no checkpoints in {folder}: using tiny random-weight ones (re-run after training)", file=sys.stderr)
+            folder = lt.make_tiny_checkpoints(Path(tmp) / "checkpoints")
+            names = list_checkpoints(folder)
+        grids = lt.checkpoint_grids(REPO / folder)
+        table = [n for n in ("ape", "sape2+ape", "ape2d", "sincos2d") if n in names] or names
+        bias_ckpt = PREFERRED_CKPT if PREFERRED_CKPT in names else names[0]
+        port = args.port or (8501 if port_free(8501) else None)             # the link as `streamlit run` shows it
+        with lt.streamlit_server(folder, port=port) as server, sync_playwright() as p:
+            base = server.url.replace("127.0.0.1", "localhost")            # the link the sidebar shows
+            browser = p.chromium.launch(executable_path=shutil.which("chromium"), headless=True, args=lt.CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": WIDTH, "height": 1000})
+            shots = {"screenshot_bias.png": (shoot_bias, bias_ckpt), "screenshot_similarity.png": (shoot_similarity, table[0])}
+            for name, (shoot, ckpt) in shots.items():
+                shoot(page, base, ckpt, grids[ckpt], out / name)
+                size = save_small(out / name)
+                w, h = Image.open(out / name).size
+                print(f"{out / name}: {ckpt}, {w}x{h}, {size / 1024:.0f} KB")
+            browser.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
