@@ -127,3 +127,18 @@ def test_torchrun_two_processes_follow_the_single_process_run(data_dir, tmp_path
     for k in w1:
         torch.testing.assert_close(w1[k], w2[k], atol=2e-3, rtol=2e-3)   # fp16 storage
     assert single["steps"] == 2
+
+
+def test_results_table_comes_from_the_checkpoints(data_dir, tmp_path):
+    from vitpe_core.report import results_table, update_readme
+    ck = tmp_path / "ck"
+    m = train(cfg(encoding="sape2"), data_dir=data_dir, out=tmp_path / "run", checkpoint=ck / "sape2.safetensors",
+              progress=False)
+    table = results_table(ck)
+    row = [line for line in table.splitlines() if line.startswith("| `sape2`")][0]
+    assert f"{m['test']['top1']:.2f}" in row and "93.98" in table      # ours, and theirs labelled
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- results:start -->\nold\n<!-- results:end -->\nrest\n")
+    update_readme(readme, ck)
+    text = readme.read_text()
+    assert "old" not in text and row in text and text.startswith("intro") and text.endswith("rest\n")

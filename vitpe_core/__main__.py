@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 
     r = sub.add_parser("table", help="the README results table from checkpoints/*.json")
     r.add_argument("--dir", default="checkpoints")
+    r.add_argument("--readme", help="rewrite the table between the results markers of this file (e.g. README.md)")
 
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -76,8 +77,11 @@ def main(argv: list[str] | None = None) -> int:
             return _train(args, TrainConfig)
         if args.cmd == "evaluate":
             return _evaluate(args)
-        from .report import results_table
-        print(results_table(args.dir))
+        from .report import results_table, update_readme
+        if args.readme:
+            update_readme(args.readme, args.dir)
+        else:
+            print(results_table(args.dir))
         return 0
     except ValueError as err:  # user errors: say what is wrong, no traceback
         print(f"error: {err}", file=sys.stderr)

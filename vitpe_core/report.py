@@ -63,3 +63,14 @@ def results_table(folder: str | Path = "checkpoints") -> str:
         pub += [f"*{budget}*", "", "| model | CIFAR-10 | CIFAR-100 |", "|---|---|---|"]
         pub += [f"| {a} | {b:.2f} | {c:.2f} |" for a, b, c in rows] + [""]
     return "\n".join(lines + pub)
+
+
+MARKERS = ("<!-- results:start -->", "<!-- results:end -->")
+
+
+def update_readme(readme: str | Path, folder: str | Path = "checkpoints") -> None:
+    """Replace the text between the README's results markers with a fresh table."""
+    path = Path(readme)
+    text = path.read_text()
+    start, end = text.index(MARKERS[0]) + len(MARKERS[0]), text.index(MARKERS[1])
+    path.write_text(text[:start] + "\n" + results_table(folder) + "\n" + text[end:])
