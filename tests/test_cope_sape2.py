@@ -160,3 +160,18 @@ def test_cope_gradients_finite():
     cope_bias(q, k, e).sum().backward()
     for t in (q, k, e):
         assert torch.isfinite(t.grad).all() and t.grad.abs().sum() > 0
+
+
+def test_positions_never_negative_when_the_last_gates_vanish():
+    """Regression: a trained model drove the last gates of a line to ~0, `total - cumsum`
+    rounded to -1e-6, and the read-out indexed position -1 (crash in training)."""
+    from vitpe_core.encodings._interp import reverse_cumsum
+    g = torch.sigmoid(torch.randn(100_000, 8, generator=torch.Generator().manual_seed(0)) * 3)
+    g[:, -1] = torch.sigmoid(torch.tensor(-80.0))
+    assert reverse_cumsum(g).min() >= 0
+    q = torch.randn(4, 2, 16, 8) * 4
+    k = q.clone()
+    k[:, :, 3::4] = -q[:, :, 3::4] * 50          # the last column's keys repel every query
+    e = torch.randn(8, 10)
+    assert torch.isfinite(sape2_bias(q, k, e, e, (4, 4))).all()
+    assert torch.isfinite(cope_bias(q, k, e)).all()

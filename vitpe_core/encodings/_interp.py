@@ -6,8 +6,12 @@ from torch import Tensor
 
 
 def reverse_cumsum(g: Tensor) -> Tensor:
-    """`p[..., m] = sum_{j >= m} g[..., j]` along the last axis (no flips, no causal cut)."""
-    return g.sum(-1, keepdim=True) - g.cumsum(-1) + g
+    """`p[..., m] = sum_{j >= m} g[..., j]` along the last axis (no causal cut).
+
+    Summed from the end (flip, cumsum, flip) so every position is a sum of non-negative
+    gates: `total - cumsum + g` is cheaper but rounds to small negative numbers when the last
+    gates are ~0, and a negative position has no integer read-out below it."""
+    return g.flip(-1).cumsum(-1).flip(-1)
 
 
 def interpolate_readout(z: Tensor, p: Tensor) -> Tensor:
