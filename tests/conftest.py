@@ -53,3 +53,15 @@ def app_checkpoint_dir(tmp_path_factory) -> Path:
         save_checkpoint(root / f"{enc}.safetensors", model, metrics=metrics,
                         history={0: first, 1: history_params(model)})
     return root
+
+
+def load_script(name: str):
+    """scripts/<name>.py as a module (the browser and load tests share scripts/load_test.py)."""
+    import importlib.util
+    import sys
+    mod_name = f"vitpe_scripts_{name}"
+    if mod_name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(mod_name, REPO / "scripts" / f"{name}.py")
+        sys.modules[mod_name] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[mod_name]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 SHOTS = REPO / "artifacts" / "screenshots"
@@ -32,16 +33,6 @@ try:
 except ImportError as e:
     pytest.skip(f"playwright is not importable ({e}); pip install -r requirements-dev.txt",
                 allow_module_level=True)
-
-
-def load_script(name: str):
-    """scripts/<name>.py as a module (the server helper lives in scripts/load_test.py)."""
-    mod_name = f"vitpe_scripts_{name}"
-    if mod_name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(mod_name, REPO / "scripts" / f"{name}.py")
-        sys.modules[mod_name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[mod_name]
 
 
 lt = load_script("load_test")

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 SESSIONS, SECONDS = 6, 20
@@ -27,15 +28,6 @@ if shutil.which("chromium") is None:
                 allow_module_level=True)
 if importlib.util.find_spec("playwright") is None:
     pytest.skip("playwright is not importable; pip install -r requirements-dev.txt", allow_module_level=True)
-
-
-def load_script(name: str):
-    mod_name = f"vitpe_scripts_{name}"
-    if mod_name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(mod_name, REPO / "scripts" / f"{name}.py")
-        sys.modules[mod_name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[mod_name]
 
 
 def test_concurrent_sessions_click_without_errors_or_crosstalk(app_checkpoint_dir, tmp_path):
