@@ -6,12 +6,14 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from einops import rearrange
 
 from vitpe_core import ViTConfig, available_encodings, build_encoding, build_model
 from vitpe_core.encodings import EncodingContext
 from vitpe_core.encodings.absolute import sincos_2d_table
 from vitpe_core.encodings.base import rotate_patches
+from vitpe_core.model import Attention
 
 COMPOSITES = ["sape2+ape", "cope+ape", "rope_mixed+ape", "rpb+ape2d", "rope_axial+sape2"]
 ALL = available_encodings() + COMPOSITES
@@ -62,6 +64,36 @@ def test_contract_shapes_finite_gradients_and_fast_equals_trace(encoding):
     pos_params = list(model.pos_enc.named_parameters())
     for name, p in pos_params:
         assert p.grad.abs().sum() > 0, f"position parameter {name} has an all-zero gradient"
+
+
+@pytest.mark.parametrize("encoding", ["sape2", "cope", "sape2+ape", "cope+ape"])
+def test_gates_from_the_shared_logits_equal_their_own_matmul(encoding):
+    """CoPE/SaPE² reuse the attention's logits for their gates; output and every gradient
+    must equal the bias computed from q, k on its own and passed to SDPA as a mask."""
+    torch.manual_seed(0)
+    attn, pos = Attention(32, 2), build_encoding(encoding, EncodingContext(32, 2, 1, GRID, 1))
+    assert pos.uses_logits
+    with torch.no_grad():
+        for p in pos.parameters():
+            p.normal_(std=0.5)  # a bias large enough to matter
+    x = torch.randn(3, 1 + GRID[0] * GRID[1], 32, requires_grad=True)
+    params = [x, *attn.parameters(), *pos.parameters()]
+
+    def reference() -> torch.Tensor:
+        q, k, v = rearrange(attn.qkv(x), "b t (three h d) -> three b h t d", three=3, h=2).unbind(0)
+        bias = pos.bias(q, k, grid=GRID, layer=0)                           # its own q·k matmul
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        return attn.proj(rearrange(out, "b h t d -> b t (h d)"))
+
+    results = []
+    for fn in (lambda: attn(x, pos, GRID, layer=0), reference):
+        out = fn()
+        results.append((out, torch.autograd.grad(out.square().sum(), params, allow_unused=True,
+                                                 materialize_grads=True)))  # ape: not in attention
+    (a, ga), (b, gb) = results
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    for p_a, p_b in zip(ga, gb):
+        torch.testing.assert_close(p_a, p_b, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("encoding", ALL)

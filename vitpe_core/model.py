@@ -6,7 +6,8 @@ keeps timm's `pos_embed` layout, so a timm / DeiT state dict with a learned tabl
 into `encoding="ape"` with `model.load_state_dict(sd)` (the key `pos_embed` is mapped).
 
 One attention class with two paths:
-* fast: `F.scaled_dot_product_attention`, the encoding's bias passed as `attn_mask`;
+* fast: `F.scaled_dot_product_attention`, the encoding's bias passed as `attn_mask`; for
+  encodings that reuse the logits (CoPE, SaPE²) an explicit softmax over logits computed once;
 * trace: explicit softmax, recording per layer the bias, its named parts and the weights.
 tests/test_model.py proves both give the same logits for every encoding.
 The grid is taken from the input size, so a model runs at other resolutions; each
@@ -37,18 +38,23 @@ class Attention(nn.Module):
         qkv = rearrange(self.qkv(x), "b t (three h d) -> three b h t d", three=3, h=self.heads)
         q, k, v = qkv.unbind(0)                                      # (B, h, T, d) each
         parts: dict[str, Tensor] | None = {} if trace is not None else None
-        bias = pos.bias(q, k, grid=grid, layer=layer, parts=parts)   # (B|1, h, T, T) or None
+        # gates of CoPE / SaPE² are σ of these very logits: compute them once (not after a rotation)
+        shared = pos.uses_logits and "rotation" not in pos.hooks
+        logits = (q * self.scale) @ k.transpose(-1, -2) if shared else None  # (B, h, T, T)
+        bias = pos.bias(q, k, grid=grid, layer=layer, parts=parts, logits=logits)  # (B|1, h, T, T) or None
         q, k = pos.rotate(q, k, grid=grid, layer=layer)
-        if trace is None:
+        if trace is None and logits is None:
             mask = None if bias is None else bias.to(q.dtype)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, h, T, d)
-        else:
-            logits = (q * self.scale) @ k.transpose(-1, -2)          # (B, h, T, T)
+        else:  # explicit softmax: what SDPA does on CPU with a float mask anyway
+            if logits is None:
+                logits = (q * self.scale) @ k.transpose(-1, -2)      # (B, h, T, T)
             if bias is not None:
-                logits = logits + bias.to(q.dtype)
+                logits = logits + bias.to(logits.dtype)
             attn = logits.softmax(dim=-1)                            # (B, h, T, T)
             out = attn @ v                                           # (B, h, T, d)
-            trace.append({"attn": attn, "bias": bias, "parts": parts, "q": q, "k": k})
+            if trace is not None:
+                trace.append({"attn": attn, "bias": bias, "parts": parts, "q": q, "k": k})
         return self.proj(rearrange(out, "b h t d -> b t (h d)"))    # (B, T, D)
 
 

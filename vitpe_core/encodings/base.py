@@ -4,7 +4,9 @@ An encoding plugs into attention through up to three hooks (ENCODINGS.md):
 
 * `table(grid)`   -> `(P+N, D)` absolute table added to the tokens before block 0, or None;
 * `bias(q, k, grid=, layer=)` -> `(B|1, h, T, T)` float32 additive attention bias (added
-  to the logits after the `1/sqrt(d)` scaling), or None;
+  to the logits after the `1/sqrt(d)` scaling), or None. An encoding whose gates are
+  `σ(q·k/sqrt d)` (CoPE, SaPE²) sets `uses_logits = True`; the attention then computes the
+  logits once and passes them as `logits=` instead of the encoding repeating the matmul;
 * `angles(grid, layer)` -> `(h|1, N, d/2)` float32 rotation angles of q/k pairs, or None.
   `rotate` applies them to the patch tokens (prefix tokens are never rotated).
 
@@ -44,6 +46,7 @@ class PositionEncoding(nn.Module):
     """Base class: every hook returns "not applicable"."""
 
     hooks: tuple[str, ...] = ()  # subset of ("table", "bias", "rotation"), for labels in the app
+    uses_logits: bool = False    # bias() reads `q·k/sqrt d` of the unrotated q, k (see bias)
 
     def __init__(self, ctx: EncodingContext) -> None:
         super().__init__()
@@ -53,9 +56,11 @@ class PositionEncoding(nn.Module):
         return None
 
     def bias(self, q: Tensor, k: Tensor, *, grid: Grid, layer: int,
-             parts: dict[str, Tensor] | None = None) -> Tensor | None:
+             parts: dict[str, Tensor] | None = None, logits: Tensor | None = None) -> Tensor | None:
         """`q, k: (B, h, T, d)` before rotation. If `parts` is a dict, named components of
-        the bias (e.g. SaPE²'s x and y parts, `(B|1, h, N, N)` over patches) are put into it."""
+        the bias (e.g. SaPE²'s x and y parts, `(B|1, h, N, N)` over patches) are put into it.
+        `logits`, when given, is `(q·k^T)/sqrt d: (B, h, T, T)` of these q and k (an encoding
+        with `uses_logits` reuses it; the others ignore it)."""
         return None
 
     def angles(self, grid: Grid, layer: int) -> Tensor | None:
@@ -142,6 +147,7 @@ class Composite(PositionEncoding):
         self.parts = nn.ModuleList(parts)
         self.name = name
         self.hooks = tuple(h for h in ("table", "bias", "rotation") if any(h in p.hooks for p in parts))
+        self.uses_logits = any(p.uses_logits for p in parts)
 
     def _sum(self, values: list[Tensor | None]) -> Tensor | None:
         values = [v for v in values if v is not None]
@@ -155,11 +161,11 @@ class Composite(PositionEncoding):
     def table(self, grid: Grid) -> Tensor | None:
         return self._sum([p.table(grid) for p in self.parts])
 
-    def bias(self, q, k, *, grid, layer, parts=None):
+    def bias(self, q, k, *, grid, layer, parts=None, logits=None):
         out = []
         for p in self.parts:
             sub = {} if parts is not None else None
-            out.append(p.bias(q, k, grid=grid, layer=layer, parts=sub))
+            out.append(p.bias(q, k, grid=grid, layer=layer, parts=sub, logits=logits))
             if sub:
                 parts.update({f"{p.name}.{key}": v for key, v in sub.items()})
         return self._sum(out)

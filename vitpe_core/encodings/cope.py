@@ -16,13 +16,16 @@ from ._interp import interpolate_readout, reverse_cumsum
 from .base import EncodingContext, PositionEncoding, register_encoding
 
 
-def cope_bias(q: Tensor, k: Tensor, e: Tensor, npos_max: int = 10) -> Tensor:
-    """`q, k: (B, h, T, d)`, `e: (d, npos_max)` -> bias `(B, h, T, T)` float32."""
+def cope_bias(q: Tensor, k: Tensor, e: Tensor, npos_max: int = 10, *, logits: Tensor | None = None) -> Tensor:
+    """`q, k: (B, h, T, d)`, `e: (d, npos_max)` -> bias `(B, h, T, T)` float32. `logits`:
+    `q·k^T/sqrt d` when the caller has it already (the gates then reuse it)."""
     if e.shape != (q.shape[-1], npos_max):
         raise ValueError(f"e must have shape (d, npos_max) = {(q.shape[-1], npos_max)}, got {tuple(e.shape)}")
     q, k = q.float(), k.float()
     scale = q.shape[-1] ** -0.5
-    gates = torch.sigmoid((q * scale) @ k.transpose(-1, -2))       # (B, h, T, T)
+    if logits is None:
+        logits = (q * scale) @ k.transpose(-1, -2)                 # (B, h, T, T)
+    gates = torch.sigmoid(logits.float())                          # (B, h, T, T)
     pos = reverse_cumsum(gates).clamp(max=npos_max - 1)            # (B, h, T, T)
     z = q @ e.float()                                              # (B, h, T, M+1)
     return interpolate_readout(z, pos)                             # (B, h, T, T)
@@ -31,6 +34,7 @@ def cope_bias(q: Tensor, k: Tensor, e: Tensor, npos_max: int = 10) -> Tensor:
 @register_encoding("cope")
 class CoPE(PositionEncoding):
     hooks = ("bias",)
+    uses_logits = True
 
     def __init__(self, ctx: EncodingContext, *, npos_max: int = 10) -> None:
         super().__init__(ctx)
@@ -40,5 +44,5 @@ class CoPE(PositionEncoding):
         self.cope_embed = nn.Parameter(torch.empty(ctx.depth, ctx.head_dim, npos_max))  # (L, d, M+1)
         nn.init.trunc_normal_(self.cope_embed, std=0.02)
 
-    def bias(self, q, k, *, grid, layer, parts=None):
-        return cope_bias(q, k, self.cope_embed[layer], self.npos_max)
+    def bias(self, q, k, *, grid, layer, parts=None, logits=None):
+        return cope_bias(q, k, self.cope_embed[layer], self.npos_max, logits=logits)

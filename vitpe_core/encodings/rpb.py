@@ -32,7 +32,7 @@ class RelativePositionBias(PositionEncoding):
             table = F.interpolate(table[None].float(), size=size, mode="bicubic", align_corners=False)[0]
         return table
 
-    def bias(self, q, k, *, grid, layer, parts=None):
+    def bias(self, q, k, *, grid, layer, parts=None, logits=None):
         table = self.offset_table(grid, layer).flatten(1)                 # (h, (2H-1)(2W-1))
         idx = relative_index(grid, table.device)                          # (N, N)
         bias = table[:, idx]                                              # (h, N, N)

@@ -12,9 +12,10 @@ Per layer and head, from the patch tokens only (prefix tokens get zero bias):
 
 Checked against a naive per-equation loop in tests/test_cope_sape2.py on several grids.
 Implementation notes (speed: see BENCHMARKS.md):
-* fully batched, no loops: all gate logits come from one `(N x N)` matmul whose same-row and
-  same-column entries are diagonals of its `(H, W, H, W)` view; both read-out tables in one
-  matmul; no `(…, N, N, d)` tensors;
+* fully batched, no loops: the gate logits are the attention's own `q·k/sqrt d` (passed in,
+  or one `(N x N)` matmul), their same-row and same-column entries diagonals of its
+  `(H, W, H, W)` view (`_LineLogits`, one-allocation backward); both read-out tables in one
+  matmul; line cumsums as a matmul with a triangle of ones; no `(…, N, N, d)` tensors;
 * distances and their gradient are one autograd Function (`_SaPE2Distance`): squared
   distances from one matmul of augmented vectors for both axes at once, an analytic
   backward, the result written straight into the `(B, h, T, T)` bias (one allocation);
@@ -24,9 +25,10 @@ from __future__ import annotations
 
 import torch
 from einops import rearrange
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._interp import interpolate_readout, reverse_cumsum
+from ._interp import interpolate_readout
 from .base import EncodingContext, PositionEncoding, register_encoding
 
 READOUTS = ("query", "key")
@@ -58,11 +60,14 @@ def _distances(s: Tensor) -> Tensor:
 
 def _distances_backward(s: Tensor, dist: Tensor, grad: Tensor) -> Tensor:
     """Gradient of `sum(grad * dist)` w.r.t. `s: (A, B, h, N, m)`; zero where a distance is 0
-    (torch.cdist's choice)."""
+    (torch.cdist's choice). `grad: (1|A, B, h, N, N)` contiguous."""
     w = torch.div(grad, dist).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)    # (A, B, h, N, N)
-    wt = w.transpose(-1, -2)                                                  # a view: no N x N copy
-    rows = w.sum(-1, keepdim=True) + wt.sum(-1, keepdim=True)                 # (A, B, h, N, 1)
-    return s * rows - torch.matmul(w, s) - torch.matmul(wt, s)                # (A, B, h, N, m)
+    rows = w.sum(-1, keepdim=True) + w.sum(-2).unsqueeze(-1)                  # (A, B, h, N, 1)
+    # (w + w^T) @ s, computed as s^T @ w^T + s^T @ w: with m << N the narrow output is
+    # about twice as fast on CPU, and w^T stays a view (no N x N copy)
+    s_t = s.transpose(-1, -2)                                                 # (A, B, h, m, N)
+    ws_t = torch.matmul(s_t, w.transpose(-1, -2)) + torch.matmul(s_t, w)      # (A, B, h, m, N)
+    return s * rows - ws_t.transpose(-1, -2)                                  # (A, B, h, N, m)
 
 
 class _SaPE2Distance(torch.autograd.Function):
@@ -89,27 +94,63 @@ class _SaPE2Distance(torch.autograd.Function):
     def backward(ctx, grad: Tensor, *_):
         s, dist = ctx.saved_tensors
         P, (w_x, w_y) = ctx.num_prefix, ctx.widths
-        g = _distances_backward(s, dist, grad[None, ..., P:, P:])             # (2, B, h, N, m)
+        g = _distances_backward(s, dist, grad[..., P:, P:].contiguous()[None])  # (2, B, h, N, m)
         return g[0, ..., :w_x], g[1, ..., :w_y], None, None
+
+
+class _LineLogits(torch.autograd.Function):
+    """Same-row and same-column entries of the logits `(B, h, P+N, P+N)`: `row (B, h, H, W, W)`
+    (`row[y, x, u]` = logit of patch (y, x) to (y, u)) and `col (B, h, W, H, H)` (`col[x, y, v]`
+    = logit of (y, x) to (v, x)), both diagonals of the `(H, W, H, W)` view of the patch block.
+    The backward writes both into one zero tensor (autograd's diagonal backward would
+    allocate one padded N x N tensor per axis and add them)."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, grid: tuple[int, int], num_prefix: int):
+        H, W = grid
+        P = num_prefix
+        l6 = logits[..., P:, P:].unflatten(-1, (H, W)).unflatten(-3, (H, W))  # (B, h, H, W, H, W)
+        row = l6.diagonal(dim1=2, dim2=4).permute(0, 1, 4, 2, 3)             # (B, h, H, W, W)
+        col = l6.diagonal(dim1=3, dim2=5).permute(0, 1, 4, 2, 3)             # (B, h, W, H, H)
+        ctx.shape, ctx.grid, ctx.num_prefix = logits.shape, grid, P
+        return (row.clone(memory_format=torch.contiguous_format),
+                col.clone(memory_format=torch.contiguous_format))
+
+    @staticmethod
+    def backward(ctx, grad_row: Tensor, grad_col: Tensor):
+        H, W = ctx.grid
+        P = ctx.num_prefix
+        g = grad_row.new_zeros(ctx.shape)                                     # (B, h, T, T)
+        g6 = g[..., P:, P:].unflatten(-1, (H, W)).unflatten(-3, (H, W))       # (B, h, H, W, H, W)
+        # the pair (i, i) lies on both diagonals: add, do not overwrite
+        g6.diagonal(dim1=2, dim2=4).add_(grad_row.permute(0, 1, 3, 4, 2))    # (B, h, W, W, H)
+        g6.diagonal(dim1=3, dim2=5).add_(grad_col.permute(0, 1, 3, 4, 2))    # (B, h, H, H, W)
+        return g, None, None
 
 
 def _line_descriptors(gate_logits: Tensor, z: Tensor, npos_max: int) -> Tensor:
     """Descriptors along lines: `gate_logits: (B, h, L, A, A)` (token `a` of a line against
     every token of the same line), `z: (B, h, L, A, M+1)` read-outs -> `(B, h, L, A, A)`:
     for token `(l, a)`, its read-out at the gated position of each of the A tokens of its line."""
-    pos = reverse_cumsum(torch.sigmoid(gate_logits)).clamp(max=npos_max - 1)  # (B, h, L, A, A)
+    A = gate_logits.shape[-1]
+    # reverse cumsum along a short line as one matmul with a triangle of ones (sums of
+    # non-negative gates only, like reverse_cumsum; cheaper than flip-cumsum-flip here)
+    tri = torch.ones(A, A, dtype=gate_logits.dtype, device=gate_logits.device).tril_()  # [j, m] = j >= m
+    pos = (torch.sigmoid(gate_logits) @ tri).clamp(max=npos_max - 1)          # (B, h, L, A, A)
     return interpolate_readout(z, pos)                                         # (B, h, L, A, A)
 
 
 def sape2_bias(q: Tensor, k: Tensor, e_x: Tensor, e_y: Tensor, grid: tuple[int, int],
                readout: str = "query", npos_max: int = 10, return_parts: bool = False, *,
-               num_prefix: int = 0):
+               num_prefix: int = 0, logits: Tensor | None = None):
     """SaPE² bias between patch tokens.
 
     `q, k: (B, h, N, d)` patch tokens only, `e_x, e_y: (d, npos_max)`, `grid = (H, W)`,
     `N = H*W` row-major. Returns the `(B, h, N, N)` float32 bias, or with `return_parts=True`
     the tuple `(bias, bias_x, bias_y)`. With `num_prefix=P` the bias comes already padded to
     `(B, h, P+N, P+N)` with zero prefix rows/columns (the parts stay `(B, h, N, N)`).
+    `logits`: `q·k^T/sqrt d` over all `P+N` tokens when the caller has them already (the
+    attention does); the gates then reuse them instead of a second matmul.
     """
     H, W = grid
     B, h, N, d = q.shape
@@ -122,10 +163,13 @@ def sape2_bias(q: Tensor, k: Tensor, e_x: Tensor, e_y: Tensor, grid: tuple[int, 
             raise ValueError(f"{name} must have shape (d, npos_max) = {(d, npos_max)}, got {tuple(e.shape)}")
     q, k = q.float(), k.float()
     r = q if readout == "query" else k
-    # all gate logits in one matmul; same-row and same-column pairs are diagonals of its 6D view
-    logits = rearrange((q * d ** -0.5) @ k.transpose(-1, -2), "b h (y x) (v u) -> b h y x v u", y=H, v=H)
-    row_logits = logits.diagonal(dim1=2, dim2=4).permute(0, 1, 4, 2, 3)      # (B, h, H, W, W)
-    col_logits = logits.diagonal(dim1=3, dim2=5).permute(0, 1, 4, 2, 3)      # (B, h, W, H, H)
+    P = num_prefix
+    if logits is None:  # all gate logits in one matmul
+        logits = (q * d ** -0.5) @ k.transpose(-1, -2)                        # (B, h, N, N)
+        logits = F.pad(logits, (P, 0, P, 0)) if P else logits                 # (B, h, P+N, P+N)
+    elif logits.shape[-2:] != (P + N, P + N):
+        raise ValueError(f"logits must cover the {P}+{N} tokens, got shape {tuple(logits.shape)}")
+    row_logits, col_logits = _LineLogits.apply(logits.float(), grid, P)       # (B,h,H,W,W), (B,h,W,H,H)
     z = r @ torch.cat((e_x, e_y), dim=1).float()                             # (B, h, N, 2(M+1))
     z_x = rearrange(z[..., :npos_max], "b h (y x) t -> b h y x t", y=H)      # (B, h, H, W, M+1)
     z_y = rearrange(z[..., npos_max:], "b h (y x) t -> b h x y t", y=H)      # (B, h, W, H, M+1)
@@ -139,6 +183,7 @@ def sape2_bias(q: Tensor, k: Tensor, e_x: Tensor, e_y: Tensor, grid: tuple[int, 
 @register_encoding("sape2")
 class SaPE2(PositionEncoding):
     hooks = ("bias",)
+    uses_logits = True
 
     def __init__(self, ctx: EncodingContext, *, npos_max: int = 10, readout: str = "query") -> None:
         super().__init__(ctx)
@@ -153,10 +198,11 @@ class SaPE2(PositionEncoding):
         nn.init.trunc_normal_(self.sape_x, std=0.02)
         nn.init.trunc_normal_(self.sape_y, std=0.02)
 
-    def bias(self, q, k, *, grid, layer, parts=None):
+    def bias(self, q, k, *, grid, layer, parts=None, logits=None):
         P = self.ctx.num_prefix
         out = sape2_bias(q[:, :, P:], k[:, :, P:], self.sape_x[layer], self.sape_y[layer], grid, self.readout,
-                         self.npos_max, return_parts=parts is not None, num_prefix=P)  # (B, h, T, T)
+                         self.npos_max, return_parts=parts is not None, num_prefix=P,
+                         logits=logits)                                          # (B, h, T, T)
         if parts is None:
             return out
         bias, parts["x"], parts["y"] = out
