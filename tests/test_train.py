@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,23 @@ def test_interrupted_run_resumes_to_the_same_result(data_dir, tmp_path, augment)
         assert torch.equal(wa[k], wb[k]), k
     assert whole["curves"]["train_loss"] == resumed["curves"]["train_loss"]
     assert whole["test"] == resumed["test"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile's CPU backend needs a C++ compiler (g++)")
+def test_compiled_training_follows_the_eager_run(data_dir, tmp_path):
+    """`--compile`: same steps, same checkpoint layout (no `_orig_mod.` keys), weights equal to
+    the eager run's up to kernel rounding."""
+    c = cfg(encoding="sape2+ape")
+    eager = train(c, data_dir=data_dir, out=tmp_path / "eager", progress=False, full_eval=False)
+    compiled = train(c, data_dir=data_dir, out=tmp_path / "compiled", progress=False, full_eval=False,
+                     compile_model=True)
+    assert compiled["steps"] == eager["steps"] == 2
+    we, wc = _final_weights(tmp_path / "eager"), _final_weights(tmp_path / "compiled")
+    assert we.keys() == wc.keys()
+    for k in we:
+        torch.testing.assert_close(wc[k], we[k], atol=1e-4, rtol=1e-3, msg=k)
+    assert abs(compiled["test"]["top1"] - eager["test"]["top1"]) <= 100 / 6 + 1e-6  # at most one of 6 flips
 
 
 def test_resume_with_another_config_is_refused(data_dir, tmp_path):
