@@ -31,7 +31,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as st_save
 
 from .config import ViTConfig
-from .model import ViT
+from .model import ViT, map_timm_pos_embed
 
 log = logging.getLogger(__name__)
 
@@ -181,10 +181,8 @@ def load_weights(model: torch.nn.Module, weights: Mapping[str, torch.Tensor], na
     mis-shaped key."""
     own = model.state_dict()
     weights = dict(weights)
-    if "pos_embed" in weights and "pos_embed" not in own:   # timm layout, see model._map_timm_keys
-        targets = [k for k in own if k.endswith(".pos_embed")]
-        if len(targets) == 1:
-            weights[targets[0]] = weights.pop("pos_embed")
+    if isinstance(model, ViT):
+        map_timm_pos_embed(model, weights)   # timm layout: before the key checks below
     missing = sorted(set(own) - set(weights))
     unexpected = sorted(set(weights) - set(own))
     shapes = [f"{k}: file {tuple(weights[k].shape)} vs model {tuple(own[k].shape)}"

@@ -145,13 +145,18 @@ class ViT(nn.Module):
         return self.head(self.forward_features(x, trace)[:, 0])               # (B, classes)
 
 
-def _map_timm_keys(module: ViT, state_dict: dict, prefix: str, *args) -> None:
-    """Accept timm's top-level `pos_embed` for the `ape` table wherever it sits in the encoding."""
+def map_timm_pos_embed(model: ViT, state_dict: dict, prefix: str = "") -> None:
+    """Move timm's top-level `pos_embed` (in place) to the `ape` table wherever it sits in the
+    encoding; nothing to do for other state dicts."""
     key = prefix + "pos_embed"
     if key in state_dict:
-        targets = [n for n, _ in module.pos_enc.named_parameters() if n.split(".")[-1] == "pos_embed"]
+        targets = [n for n, _ in model.pos_enc.named_parameters() if n.split(".")[-1] == "pos_embed"]
         if len(targets) == 1:
             state_dict[prefix + "pos_enc." + targets[0]] = state_dict.pop(key)
+
+
+def _map_timm_keys(module: ViT, state_dict: dict, prefix: str, *args) -> None:
+    map_timm_pos_embed(module, state_dict, prefix)
 
 
 def build_model(cfg: ViTConfig) -> ViT:
