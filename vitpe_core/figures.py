@@ -116,10 +116,24 @@ def figure7_grid_fig(sim_grid: np.ndarray, *, patch: tuple[int, int] | None = No
     return fig
 
 
+def _bounds(m: np.ndarray, zmin: float | None, zmax: float | None) -> tuple[float | None, float | None]:
+    """Complete a half-given colour range from the data: plotly keeps `zauto` on unless both
+    ends are set, and its colour bar then shows a band that no cell uses."""
+    if (zmin is None) == (zmax is None):
+        return zmin, zmax
+    finite = np.asarray(m, dtype=float)[np.isfinite(m)]
+    if finite.size == 0:
+        return None, None
+    lo = float(finite.min()) if zmin is None else zmin
+    hi = float(finite.max()) if zmax is None else zmax
+    return (lo, hi) if hi > lo else (lo, lo + 1e-12)
+
+
 def patch_map_fig(m: np.ndarray, *, title: str, colorbar_title: str, patch: tuple[int, int] | None = None,
                   colorscale: str = BIAS_SCALE, zmin: float | None = None, zmax: float | None = None) -> go.Figure:
     """`m: (H, W)` on the patch grid; `patch` outlined."""
     H, W = m.shape
+    zmin, zmax = _bounds(m, zmin, zmax)
     fig = go.Figure(go.Heatmap(
         z=m, colorscale=colorscale, zmin=zmin, zmax=zmax,
         colorbar=dict(title=dict(text=colorbar_title)),
@@ -147,6 +161,7 @@ def overlay_fig(image_rgb: np.ndarray, m: np.ndarray, grid: Grid, *, patch: tupl
     H, W = grid
     assert m.shape == (H, W), (m.shape, grid)
     ph, pw = h_px / H, w_px / W
+    zmin, zmax = _bounds(m, zmin, zmax)
     fig = go.Figure(go.Image(source=png_data_uri(image_rgb), x0=0.5, y0=0.5, hoverinfo="skip"))  # edges at 0
     fig.add_trace(go.Heatmap(
         z=m, x0=pw / 2, dx=pw, y0=ph / 2, dy=ph, colorscale=colorscale, zmin=zmin, zmax=zmax,
@@ -171,6 +186,7 @@ def layers_fig(maps: np.ndarray, *, title: str, colorbar_title: str, patch: tupl
                labels: Sequence[str] | None = None) -> go.Figure:
     """`maps: (L, H, W)`, one small heatmap per layer, one shared colour scale."""
     L, H, W = maps.shape
+    zmin, zmax = _bounds(maps, zmin, zmax)   # one range for all layers
     labels = list(labels) if labels is not None else [f"layer {i}" for i in range(L)]
     fig = make_subplots(rows=1, cols=L, subplot_titles=labels, horizontal_spacing=0.02)
     for i in range(L):
@@ -197,6 +213,7 @@ def pair_fig(left: np.ndarray, right: np.ndarray, *, titles: tuple[str, str], co
     spacing = 0.3
     fig = make_subplots(rows=1, cols=2, subplot_titles=titles, horizontal_spacing=spacing)
     for i, (m, cbt, cs, (lo, hi)) in enumerate(zip((left, right), colorbar_titles, colorscales, ranges)):
+        lo, hi = _bounds(m, lo, hi)
         fig.add_trace(go.Heatmap(
             z=m, colorscale=cs, zmin=lo, zmax=hi,
             colorbar=dict(title=dict(text=cbt), x=(1 - spacing) / 2 + 0.02 if i == 0 else 1.02, xanchor="left",
