@@ -46,7 +46,7 @@ def _final_weights(out: Path) -> dict[str, torch.Tensor]:
     return C.load_checkpoint(out / "final.safetensors", dtype=torch.float32).model.state_dict()
 
 
-@pytest.mark.parametrize("augment", ["cropflip", "mixup"])
+@pytest.mark.parametrize("augment", ["cropflip", "mixup", "deit"])
 def test_interrupted_run_resumes_to_the_same_result(data_dir, tmp_path, augment):
     c = cfg(epochs=2, augment=augment, encoding="rope_mixed+ape")
     whole = train(c, data_dir=data_dir, out=tmp_path / "a", progress=False, full_eval=False)

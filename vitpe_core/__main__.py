@@ -45,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         kind = int if name in ("epochs", "batch_size", "seed", "train_subset", "test_subset", "eval_batch_size") else float
         t.add_argument("--" + name.replace("_", "-"), type=kind, default=default, help=f"default {default}")
     t.add_argument("--schedule", default=defaults.schedule, choices=SCHEDULES)
-    t.add_argument("--augment", default=defaults.augment, choices=AUGMENTS)
+    t.add_argument("--augment", default=defaults.augment, choices=AUGMENTS,
+                   help="cropflip: random crop (pad 4) + flip; mixup: + mixup/cutmix; randaug: + RandAugment "
+                        "(timm rand-m9-mstd0.5-inc1); deit: + both (the SaPE² paper's recipe); none")
     t.add_argument("--data-dir", default="data", help="folder holding cifar-10-batches-py / cifar-100-python")
     t.add_argument("--download", action="store_true", help="fetch the dataset from the official site if missing")
     t.add_argument("--out", help="run folder (default runs/<encoding>)")

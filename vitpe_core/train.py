@@ -33,10 +33,11 @@ from .checkpoint import atomic_write_bytes, clean_state_dict, history_params, sa
 from .config import ViTConfig, preset_config
 from .evaluate import accuracy, full_report, predict, summarize_table
 from .model import ViT
+from .randaugment import rand_augment
 
 log = logging.getLogger(__name__)
 SCHEDULES = ("onecycle", "cosine")
-AUGMENTS = ("cropflip", "mixup", "none")
+AUGMENTS = ("cropflip", "mixup", "randaug", "deit", "none")  # each includes crop+flip except none
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class TrainConfig:
     schedule: str = "onecycle"      # onecycle: warm-up over `warmup` of all steps; cosine: over `warmup` epochs
     warmup: float = 0.15
     label_smoothing: float = 0.1
-    augment: str = "cropflip"       # mixup = crop+flip then mixup/cutmix (the paper's DeiT-style recipe)
+    augment: str = "cropflip"       # + mixup/cutmix (mixup), + RandAugment (randaug), + both (deit: the paper's)
     grad_clip: float = 1.0
     seed: int = 0
     train_subset: int | None = None  # tiny runs (tests, smoke)
@@ -220,9 +221,11 @@ def train(cfg: TrainConfig, *, data_dir: str | Path, out: str | Path, resume: bo
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)  # uint8 to the device
             if cfg.augment != "none":
                 x = D.random_crop_flip(x, padding=4, generator=aug_gen)                 # (B, 3, 32, 32) uint8
+            if cfg.augment in ("randaug", "deit"):
+                x = rand_augment(x, generator=aug_gen)                                   # rand-m9-mstd0.5-inc1
             x = D.normalize(x, cfg.dataset)
             target = y
-            if cfg.augment == "mixup":
+            if cfg.augment in ("mixup", "deit"):
                 x, target = D.mixup_cutmix(x, y, num_classes, label_smoothing=cfg.label_smoothing, generator=aug_gen)
             if world > 1:  # this process's shard of the global batch
                 x, y, target = (t.chunk(world)[rank] for t in (x, y, target))
@@ -230,7 +233,7 @@ def train(cfg: TrainConfig, *, data_dir: str | Path, out: str | Path, resume: bo
                 g["lr"] = lr_at(step, total, steps_per_epoch, cfg)
             with autocast:
                 logits = net(x)
-                loss = F.cross_entropy(logits.float(), target, label_smoothing=0.0 if cfg.augment == "mixup"
+                loss = F.cross_entropy(logits.float(), target, label_smoothing=0.0 if cfg.augment in ("mixup", "deit")
                                        else cfg.label_smoothing)
             opt.zero_grad(set_to_none=True)
             loss.backward()
