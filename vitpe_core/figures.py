@@ -55,6 +55,15 @@ def _square(fig: go.Figure) -> None:
     fig.update_yaxes(scaleanchor="x", scaleratio=1)
 
 
+def scale_stops(colorscale: str) -> list[list]:
+    """A named Plotly colour scale as explicit `rgb()` stops. Streamlit's Plotly theme uses the
+    hex colours `#000001`-`#0000xx` as placeholders and swaps them for theme colours in the
+    browser: Magma's first stop, `#000004`, was drawn pink."""
+    from plotly.colors import get_colorscale, hex_to_rgb
+    return [[float(v), "rgb({},{},{})".format(*hex_to_rgb(c)) if c.startswith("#") else c]
+            for v, c in get_colorscale(colorscale)]
+
+
 def _outline(fig: go.Figure, x0: float, y0: float, x1: float, y1: float, **kw) -> None:
     fig.add_shape(type="rect", x0=x0, y0=y0, x1=x1, y1=y1, line=dict(color=HIGHLIGHT, width=3),
                   fillcolor="rgba(0,0,0,0)", **kw)
@@ -69,7 +78,7 @@ def similarity_matrix_fig(sim: np.ndarray, grid: Grid, *, title: str = "Cosine s
     r, c = np.divmod(np.arange(N), W)                                     # (N,) each
     cells = np.stack(np.broadcast_arrays(r[:, None], c[:, None], r[None], c[None]), -1)  # (N, N, 4)
     fig = go.Figure(go.Heatmap(
-        z=sim, customdata=cells, colorscale=SIMILARITY_SCALE, zmin=-1, zmax=1,
+        z=sim, customdata=cells, colorscale=scale_stops(SIMILARITY_SCALE), zmin=-1, zmax=1,
         colorbar=dict(title=dict(text="cosine<br>similarity")),
         hovertemplate="patch (%{customdata[0]}, %{customdata[1]}) vs (%{customdata[2]}, %{customdata[3]})"
                       "<br>similarity %{z:.3f}<extra></extra>"))
@@ -101,7 +110,7 @@ def figure7_grid_fig(sim_grid: np.ndarray, *, patch: tuple[int, int] | None = No
     y, x = np.divmod(np.arange(H * (H + 1) - 1), H + 1), np.divmod(np.arange(W * (W + 1) - 1), W + 1)
     cells = np.stack(np.broadcast_arrays(y[0][:, None], x[0][None], y[1][:, None], x[1][None]), -1)
     fig = go.Figure(go.Heatmap(
-        z=z, customdata=cells, colorscale=SIMILARITY_SCALE, zmin=-1, zmax=1, hoverongaps=False,
+        z=z, customdata=cells, colorscale=scale_stops(SIMILARITY_SCALE), zmin=-1, zmax=1, hoverongaps=False,
         colorbar=dict(title=dict(text="cosine<br>similarity")),
         hovertemplate="tile = patch (%{customdata[0]}, %{customdata[1]})<br>"
                       "vs patch (%{customdata[2]}, %{customdata[3]}): %{z:.3f}<extra></extra>"))
@@ -135,7 +144,7 @@ def patch_map_fig(m: np.ndarray, *, title: str, colorbar_title: str, patch: tupl
     H, W = m.shape
     zmin, zmax = _bounds(m, zmin, zmax)
     fig = go.Figure(go.Heatmap(
-        z=m, colorscale=colorscale, zmin=zmin, zmax=zmax,
+        z=m, colorscale=scale_stops(colorscale), zmin=zmin, zmax=zmax,
         colorbar=dict(title=dict(text=colorbar_title)),
         hovertemplate="patch (%{y}, %{x})<br>value %{z:.4g}<extra></extra>"))
     if patch is not None:
@@ -164,7 +173,7 @@ def overlay_fig(image_rgb: np.ndarray, m: np.ndarray, grid: Grid, *, patch: tupl
     zmin, zmax = _bounds(m, zmin, zmax)
     fig = go.Figure(go.Image(source=png_data_uri(image_rgb), x0=0.5, y0=0.5, hoverinfo="skip"))  # edges at 0
     fig.add_trace(go.Heatmap(
-        z=m, x0=pw / 2, dx=pw, y0=ph / 2, dy=ph, colorscale=colorscale, zmin=zmin, zmax=zmax,
+        z=m, x0=pw / 2, dx=pw, y0=ph / 2, dy=ph, colorscale=scale_stops(colorscale), zmin=zmin, zmax=zmax,
         opacity=opacity, colorbar=dict(title=dict(text=colorbar_title)),
         customdata=np.stack(np.meshgrid(np.arange(H), np.arange(W), indexing="ij"), -1),
         hovertemplate="patch (%{customdata[0]}, %{customdata[1]})<br>value %{z:.4g}<extra></extra>"))
@@ -191,7 +200,7 @@ def layers_fig(maps: np.ndarray, *, title: str, colorbar_title: str, patch: tupl
     fig = make_subplots(rows=1, cols=L, subplot_titles=labels, horizontal_spacing=0.02)
     for i in range(L):
         fig.add_trace(go.Heatmap(
-            z=maps[i], colorscale=colorscale, zmin=zmin, zmax=zmax, showscale=i == L - 1,
+            z=maps[i], colorscale=scale_stops(colorscale), zmin=zmin, zmax=zmax, showscale=i == L - 1,
             colorbar=dict(title=dict(text=colorbar_title)),
             hovertemplate=f"{labels[i]}<br>patch (%{{y}}, %{{x}})<br>value %{{z:.4g}}<extra></extra>"),
             row=1, col=i + 1)
@@ -215,7 +224,7 @@ def pair_fig(left: np.ndarray, right: np.ndarray, *, titles: tuple[str, str], co
     for i, (m, cbt, cs, (lo, hi)) in enumerate(zip((left, right), colorbar_titles, colorscales, ranges)):
         lo, hi = _bounds(m, lo, hi)
         fig.add_trace(go.Heatmap(
-            z=m, colorscale=cs, zmin=lo, zmax=hi,
+            z=m, colorscale=scale_stops(cs), zmin=lo, zmax=hi,
             colorbar=dict(title=dict(text=cbt), x=(1 - spacing) / 2 + 0.02 if i == 0 else 1.02, xanchor="left",
                           len=0.9, thickness=12),
             hovertemplate="patch (%{y}, %{x})<br>value %{z:.4g}<extra></extra>"), row=1, col=i + 1)
