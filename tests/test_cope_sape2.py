@@ -166,9 +166,12 @@ def test_positions_never_negative_when_the_last_gates_vanish():
     """Regression: a trained model drove the last gates of a line to ~0, `total - cumsum`
     rounded to -1e-6, and the read-out indexed position -1 (crash in training)."""
     from vitpe_core.encodings._interp import reverse_cumsum
-    g = torch.sigmoid(torch.randn(100_000, 8, generator=torch.Generator().manual_seed(0)) * 3)
-    g[:, -1] = torch.sigmoid(torch.tensor(-80.0))
-    assert reverse_cumsum(g).min() >= 0
+    for width in (8, 40):  # both branches: matmul (short lines) and flip-cumsum-flip
+        g = torch.sigmoid(torch.randn(100_000 // width * 8, width, generator=torch.Generator().manual_seed(0)) * 3)
+        g[:, -1] = torch.sigmoid(torch.tensor(-80.0))
+        p = reverse_cumsum(g)
+        assert p.min() >= 0
+        torch.testing.assert_close(p, g.double().flip(-1).cumsum(-1).flip(-1).float())
     q = torch.randn(4, 2, 16, 8) * 4
     k = q.clone()
     k[:, :, 3::4] = -q[:, :, 3::4] * 50          # the last column's keys repel every query

@@ -5,12 +5,20 @@ import torch
 from torch import Tensor
 
 
+TRIANGLE_MAX = 16  # lines up to this long are summed by one matmul (SaPE²'s rows and columns)
+
+
 def reverse_cumsum(g: Tensor) -> Tensor:
     """`p[..., m] = sum_{j >= m} g[..., j]` along the last axis (no causal cut).
 
-    Summed from the end (flip, cumsum, flip) so every position is a sum of non-negative
-    gates: `total - cumsum + g` is cheaper but rounds to small negative numbers when the last
-    gates are ~0, and a negative position has no integer read-out below it."""
+    Every position is a sum of the non-negative gates only: `total - cumsum + g` is cheaper
+    but rounds to small negative numbers when the last gates are ~0, and a negative position
+    has no integer read-out below it. Short lines (SaPE²) take one matmul with a triangle of
+    ones, cheaper there than flip-cumsum-flip; long ones (CoPE's whole sequence) the flips."""
+    A = g.shape[-1]
+    if A <= TRIANGLE_MAX:
+        tri = torch.ones(A, A, dtype=g.dtype, device=g.device).tril_()   # [j, m] = j >= m
+        return g @ tri
     return g.flip(-1).cumsum(-1).flip(-1)
 
 

@@ -15,7 +15,7 @@ Implementation notes (speed: see BENCHMARKS.md):
 * fully batched, no loops: the gate logits are the attention's own `q·k/sqrt d` (passed in,
   or one `(N x N)` matmul), their same-row and same-column entries diagonals of its
   `(H, W, H, W)` view (`_LineLogits`, one-allocation backward); both read-out tables in one
-  matmul; line cumsums as a matmul with a triangle of ones; no `(…, N, N, d)` tensors;
+  matmul; line cumsums by `reverse_cumsum` (a matmul for short lines); no `(…, N, N, d)` tensors;
 * distances and their gradient are one autograd Function (`_SaPE2Distance`): squared
   distances from one matmul of augmented vectors for both axes at once, an analytic
   backward, the result written straight into the `(B, h, T, T)` bias (one allocation);
@@ -25,10 +25,9 @@ from __future__ import annotations
 
 import torch
 from einops import rearrange
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._interp import interpolate_readout
+from ._interp import interpolate_readout, reverse_cumsum
 from .base import EncodingContext, PositionEncoding, register_encoding
 
 READOUTS = ("query", "key")
@@ -132,11 +131,7 @@ def _line_descriptors(gate_logits: Tensor, z: Tensor, npos_max: int) -> Tensor:
     """Descriptors along lines: `gate_logits: (B, h, L, A, A)` (token `a` of a line against
     every token of the same line), `z: (B, h, L, A, M+1)` read-outs -> `(B, h, L, A, A)`:
     for token `(l, a)`, its read-out at the gated position of each of the A tokens of its line."""
-    A = gate_logits.shape[-1]
-    # reverse cumsum along a short line as one matmul with a triangle of ones (sums of
-    # non-negative gates only, like reverse_cumsum; cheaper than flip-cumsum-flip here)
-    tri = torch.ones(A, A, dtype=gate_logits.dtype, device=gate_logits.device).tril_()  # [j, m] = j >= m
-    pos = (torch.sigmoid(gate_logits) @ tri).clamp(max=npos_max - 1)          # (B, h, L, A, A)
+    pos = reverse_cumsum(torch.sigmoid(gate_logits)).clamp(max=npos_max - 1)  # (B, h, L, A, A)
     return interpolate_readout(z, pos)                                         # (B, h, L, A, A)
 
 
@@ -164,12 +159,13 @@ def sape2_bias(q: Tensor, k: Tensor, e_x: Tensor, e_y: Tensor, grid: tuple[int, 
     q, k = q.float(), k.float()
     r = q if readout == "query" else k
     P = num_prefix
-    if logits is None:  # all gate logits in one matmul
-        logits = (q * d ** -0.5) @ k.transpose(-1, -2)                        # (B, h, N, N)
-        logits = F.pad(logits, (P, 0, P, 0)) if P else logits                 # (B, h, P+N, P+N)
+    if logits is None:  # all gate logits in one matmul, over the patches only
+        logits, offset = (q * d ** -0.5) @ k.transpose(-1, -2), 0             # (B, h, N, N)
     elif logits.shape[-2:] != (P + N, P + N):
         raise ValueError(f"logits must cover the {P}+{N} tokens, got shape {tuple(logits.shape)}")
-    row_logits, col_logits = _LineLogits.apply(logits.float(), grid, P)       # (B,h,H,W,W), (B,h,W,H,H)
+    else:
+        offset = P                                                            # (B, h, P+N, P+N)
+    row_logits, col_logits = _LineLogits.apply(logits.float(), grid, offset)  # (B,h,H,W,W), (B,h,W,H,H)
     z = r @ torch.cat((e_x, e_y), dim=1).float()                             # (B, h, N, 2(M+1))
     z_x = rearrange(z[..., :npos_max], "b h (y x) t -> b h y x t", y=H)      # (B, h, H, W, M+1)
     z_y = rearrange(z[..., npos_max:], "b h (y x) t -> b h x y t", y=H)      # (B, h, W, H, M+1)
