@@ -155,6 +155,7 @@ def test_results_table_comes_from_the_checkpoints(data_dir, tmp_path):
     table = results_table(ck)
     row = [line for line in table.splitlines() if line.startswith("| `sape2`")][0]
     assert f"{m['test']['top1']:.2f}" in row and "93.98" in table      # ours, and theirs labelled
+    assert "Not trained yet (9 of 10)" in table and "`ape`" in table.split("Not trained yet")[1]
     readme = tmp_path / "README.md"
     readme.write_text("intro\n<!-- results:start -->\nold\n<!-- results:end -->\nrest\n")
     update_readme(readme, ck)

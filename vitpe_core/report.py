@@ -58,6 +58,10 @@ def results_table(folder: str | Path = "checkpoints") -> str:
             f"| {_fmt(m.get('wall_time_s', 0) / 60, 0)} | {_fmt(m.get('images_per_s'), 0)} |")
     if not names:
         lines.append("| (no checkpoints yet) |" + " |" * (head.count("|") - 2))
+    missing = [n for n in ORDER if n not in metrics]
+    if missing:
+        lines += ["", f"Not trained yet ({len(missing)} of {len(ORDER)}): "
+                  + ", ".join(f"`{n}`" for n in missing) + " — `bash scripts/train_checkpoints.sh` resumes them."]
     pub = ["", "Published numbers (theirs, not reproduced here; top-1 %):", ""]
     for budget, rows in PUBLISHED.items():
         pub += [f"*{budget}*", "", "| model | CIFAR-10 | CIFAR-100 |", "|---|---|---|"]
