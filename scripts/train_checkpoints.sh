@@ -10,7 +10,9 @@ cd "$(dirname "$0")/.."
 DATA_DIR=${1:-data}
 EPOCHS=${2:-15}
 OUT_DIR=${CHECKPOINT_DIR:-checkpoints}
-for enc in ape sape2+ape sape2 cope+ape rope_mixed rpb ape2d sincos2d rope_axial none; do
+# The shipped set and its order: vitpe_core.report.ORDER (the README table reads the same list).
+ENCODINGS=$(python -c "from vitpe_core.report import ORDER; print(' '.join(ORDER))")
+for enc in $ENCODINGS; do
   if [ -f "$OUT_DIR/$enc.safetensors" ]; then echo "== $enc: done"; continue; fi
   echo "== $enc: training ($EPOCHS epochs)"
   python -m vitpe_core train --encoding "$enc" --dataset cifar10 --preset compact --epochs "$EPOCHS" \

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-ORDER = ["ape", "sape2+ape", "sape2", "cope+ape", "rope_mixed", "rpb", "ape2d", "sincos2d", "rope_axial", "none"]
+ORDER = [  # also the training order of scripts/train_checkpoints.sh
+    "ape", "sape2+ape", "sape2", "cope+ape", "rope_mixed", "rpb", "ape2d", "sincos2d", "rope_axial", "none"]
 
 # Published numbers (top-1 %, CIFAR-10 / CIFAR-100) quoted in ENCODINGS.md, with their budgets.
 PUBLISHED = {
