@@ -161,3 +161,31 @@ def test_results_table_comes_from_the_checkpoints(data_dir, tmp_path):
     update_readme(readme, ck)
     text = readme.read_text()
     assert "old" not in text and row in text and text.startswith("intro") and text.endswith("rest\n")
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed; git_commit() then records 'unknown'")
+def test_git_commit_marks_changed_code_dirty_but_not_rewritten_runs_or_checkpoints(tmp_path):
+    import subprocess
+
+    from vitpe_core.train import git_commit
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    for rel in ("code.py", "runs/ape/state.pt", "checkpoints/ape.json"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("v1\n")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True,
+                         text=True).stdout.strip()
+
+    assert git_commit(tmp_path) == sha
+    (tmp_path / "runs/ape/state.pt").write_text("v2\n")          # training rewrote its own state
+    (tmp_path / "checkpoints/ape.json").write_text("v2\n")       # and its checkpoint
+    (tmp_path / "notes.txt").write_text("untracked\n")           # untracked files are not code
+    assert git_commit(tmp_path) == sha
+    (tmp_path / "code.py").write_text("v2\n")
+    assert git_commit(tmp_path) == sha + "+dirty"
+    assert git_commit(tmp_path / "no-such-dir") == "unknown"

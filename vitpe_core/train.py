@@ -91,8 +91,9 @@ def lr_at(step: int, total: int, steps_per_epoch: int, cfg: TrainConfig) -> floa
     return lo + 0.5 * (cfg.lr - lo) * (1 + math.cos(math.pi * min(1.0, t)))
 
 
-def git_commit() -> str:
-    root = Path(__file__).resolve().parents[1]
+def git_commit(root: Path | None = None) -> str:
+    """HEAD's sha of the repository at `root` (default: this checkout), '+dirty' if code changed."""
+    root = Path(__file__).resolve().parents[1] if root is None else Path(root)
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                              timeout=10).stdout.strip()
