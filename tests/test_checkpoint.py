@@ -177,3 +177,53 @@ def test_import_real_timm_vit_tiny_shows_row_column_structure(shared_dir):
     with torch.no_grad():
         out = model(torch.randn(1, 3, 224, 224))
     assert out.shape == (1, 200) and torch.isfinite(out).all()
+
+
+# ----------------------------------------------------------------------------- `structure` CLI
+def _structure_cli(path, capsys) -> tuple[int, str, str]:
+    from vitpe_core.__main__ import main
+    capsys.readouterr()
+    rc = main(["structure", str(path)])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_structure_cli_scores_vitpe_and_timm_tables_alike(tmp_path, capsys):
+    cfg = ViTConfig(img_size=(16, 24), patch_size=4, dim=32, depth=1, heads=2, mlp_dim=48, encoding="ape")
+    model = build_model(cfg).eval()
+    with torch.no_grad():  # a table with exact row/column structure: one-hot row + one-hot column
+        table = torch.zeros(4 * 6, 32)
+        for i in range(4):
+            for j in range(6):
+                table[i * 6 + j, i] = table[i * 6 + j, 8 + j] = 1.0
+        model.pos_enc.pos_embed[:, 1:].copy_(table[None])  # row 0 is the class token's
+    save_checkpoint(tmp_path / "ape.safetensors", model)
+    rc, out, _ = _structure_cli(tmp_path / "ape.safetensors", capsys)
+    score = json.loads(out)
+    assert rc == 0 and score["encoding"] == "ape" and score["grid"] == [4, 6]
+    assert score["same_row"] == pytest.approx(0.5) and score["same_col"] == pytest.approx(0.5)
+    assert score["other"] == pytest.approx(0.0) and score["spearman"] > 0.35   # 0.42 for this 3-level table
+
+    sd = {k: v.contiguous() for k, v in model.state_dict().items()}  # the same weights under timm's key
+    sd["pos_embed"] = sd.pop("pos_enc.pos_embed")
+    sq = {**sd, "pos_embed": torch.cat([sd["pos_embed"][:, :1], torch.randn(1, 16, 32)], 1)}
+    save_file(sq, str(tmp_path / "timm.safetensors"))
+    rc, out, _ = _structure_cli(tmp_path / "timm.safetensors", capsys)
+    assert rc == 0 and json.loads(out)["grid"] == [4, 4]           # timm's square-grid default
+
+
+def test_structure_cli_says_why_it_cannot_score(tmp_path, capsys):
+    save_checkpoint(tmp_path / "rpb.safetensors", build_model(tiny_cfg("rpb")))
+    (tmp_path / "notes.txt").write_text("hello")
+    (tmp_path / "junk.pth").write_bytes(b"\x80\x04junk")
+    cases = {"rpb.safetensors": "no position table", "notes.txt": "expected timm weights",
+             "junk.pth": "neither a vitpe checkpoint", "missing.npz": "no file at"}
+    for name, message in cases.items():
+        rc, out, err = _structure_cli(tmp_path / name, capsys)
+        assert rc == 2 and out == "" and message in err and "Traceback" not in err, (name, err)
+
+
+@pytest.mark.shared
+def test_structure_cli_reproduces_the_readme_figure_for_timm_vit_tiny(shared_dir, capsys):
+    rc, out, _ = _structure_cli(shared_dir / "data" / "vit_tiny_patch16_224_tinyimagenet_ft.npz", capsys)
+    assert rc == 0 and round(json.loads(out)["spearman"], 2) == 0.57   # "a pretrained timm ViT-Tiny scores 0.57"

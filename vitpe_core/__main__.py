@@ -72,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--dir", default="checkpoints")
     r.add_argument("--readme", help="rewrite the table between the results markers of this file (e.g. README.md)")
 
+    s = sub.add_parser("structure", help="2D-structure score of a checkpoint's position table, as one JSON line")
+    s.add_argument("checkpoint", help="a vitpe checkpoint, or timm ViT weights (.npz, .safetensors, .pth)")
+
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -79,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
             return _train(args, TrainConfig)
         if args.cmd == "evaluate":
             return _evaluate(args)
+        if args.cmd == "structure":
+            return _structure(args)
         from .report import results_table, update_readme
         if args.readme:
             update_readme(args.readme, args.dir)
@@ -88,6 +93,30 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:  # user errors: say what is wrong, no traceback
         print(f"error: {err}", file=sys.stderr)
         return 2
+
+
+def _structure(args) -> int:
+    """Spearman of table similarity with -distance, plus same-row/column means (`summarize_table`)."""
+    from .checkpoint import CheckpointError, import_timm, load_checkpoint
+    from .evaluate import summarize_table
+    from pathlib import Path
+    path = Path(args.checkpoint)
+    if not path.is_file():
+        raise ValueError(f"no file at {path}")
+    try:
+        model = load_checkpoint(path).model
+    except CheckpointError as vitpe_err:
+        if path.suffix == ".safetensors" and "is a safetensors file but not a vitpe" not in str(vitpe_err):
+            raise  # a damaged vitpe checkpoint: its own message says what is wrong
+        try:
+            model = import_timm(path)
+        except CheckpointError as timm_err:
+            raise ValueError(f"{path.name} is neither a vitpe checkpoint nor timm ViT weights: {timm_err}") from None
+    structure = summarize_table(model)
+    if structure is None:
+        raise ValueError(f"{args.checkpoint}: encoding {model.cfg.encoding!r} has no position table to score")
+    print(json.dumps({"encoding": model.cfg.encoding, "grid": list(model.cfg.grid), **structure}))
+    return 0
 
 
 def _train(args, TrainConfig) -> int:

@@ -249,6 +249,9 @@ def resolve_checkpoint(name: str, root: str | Path) -> Path:
 
 
 # ----------------------------------------------------------------------------- timm import
+TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+
+
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """A plain state dict from .npz, .safetensors or a weights-only torch file (no code runs)."""
     path = Path(path)
@@ -260,9 +263,17 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         if path.suffix == SUFFIX:
             with safe_open(str(path), framework="pt") as f:
                 return {k: f.get_tensor(k) for k in f.keys()}
+        if path.suffix not in TORCH_SUFFIXES:
+            raise CheckpointError(f"{path.name}: expected timm weights as .npz, {SUFFIX} or a torch file "
+                                  f"({', '.join(TORCH_SUFFIXES)})")
         sd = torch.load(path, map_location="cpu", weights_only=True)
+    except CheckpointError:
+        raise
     except Exception as e:  # any failure to parse is the file's problem, reported as such
-        raise CheckpointError(f"cannot read {path.name} as a state dict: {e}") from None
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "Weights only load failed" in first:  # torch's advice (weights_only=False) would run the file's code
+            first = "it is not a plain file of tensors, and pickled objects are refused because loading them runs code"
+        raise CheckpointError(f"cannot read {path.name} as a state dict of tensors: {first}") from None
     for key in ("model", "state_dict", "model_state"):
         if isinstance(sd, dict) and isinstance(sd.get(key), dict):
             sd = sd[key]
