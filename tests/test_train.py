@@ -163,6 +163,25 @@ def test_results_table_comes_from_the_checkpoints(data_dir, tmp_path):
     assert "old" not in text and row in text and text.startswith("intro") and text.endswith("rest\n")
 
 
+def test_results_table_says_whether_rows_share_a_recipe_and_when_all_are_trained(tmp_path):
+    from vitpe_core.report import ORDER, results_table
+    recipe = {"preset": "compact", "dataset": "cifar10", "epochs": 15, "batch_size": 128, "seed": 0}
+    for i, name in enumerate(ORDER):
+        metrics = {"recipe": {**recipe, "encoding": name}, "test": {"top1": 50.0 + i, "top5": 90.0},
+                   "wall_time_s": 1800}
+        (tmp_path / f"{name}.json").write_text(json.dumps({"config": {}, "metrics": metrics}))
+    table = results_table(tmp_path)
+    assert "One recipe for every row" in table and "epochs 15" in table
+    assert f"All {len(ORDER)} trained: {len(ORDER) * 0.5:.1f} hours" in table and "Not trained yet" not in table
+
+    odd = json.loads((tmp_path / "rpb.json").read_text())
+    odd["metrics"]["recipe"]["epochs"] = 30
+    (tmp_path / "rpb.json").write_text(json.dumps(odd))
+    table = results_table(tmp_path)
+    assert "Rows differ in recipe (epochs)" in table and "`rpb`: epochs 30" in table
+    assert "One recipe" not in table
+
+
 @pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed; git_commit() then records 'unknown'")
 def test_git_commit_marks_changed_code_dirty_but_not_rewritten_runs_or_checkpoints(tmp_path):
     import subprocess

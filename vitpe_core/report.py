@@ -35,6 +35,26 @@ def load_metrics(folder: str | Path) -> dict[str, dict]:
     return out
 
 
+RECIPE_KEYS = ("preset", "dataset", "epochs", "batch_size", "lr", "schedule", "augment", "seed")
+
+
+def recipe_line(metrics: dict[str, dict]) -> str:
+    """One line saying whether every row shares one recipe (all but the encoding), read from the JSONs."""
+    recipes = {n: {k: v for k, v in (m.get("recipe") or {}).items() if k != "encoding"} for n, m in metrics.items()}
+    distinct = {json.dumps(r, sort_keys=True) for r in recipes.values()}
+    if len(distinct) == 1:
+        r = next(iter(recipes.values()))
+        return ("One recipe for every row (identical in each JSON but for the encoding): "
+                + ", ".join(f"{k} {r[k]}" for k in RECIPE_KEYS if k in r) + ".")
+    keys = sorted({k for r in recipes.values() for k in r})
+    differ = [k for k in keys if len({json.dumps(r.get(k), sort_keys=True) for r in recipes.values()}) > 1]
+    groups: dict[str, list[str]] = {}
+    for n, r in recipes.items():
+        groups.setdefault(", ".join(f"{k} {r.get(k)}" for k in differ), []).append(n)
+    return (f"Rows differ in recipe ({', '.join(differ)}), so they do not compare directly: "
+            + "; ".join(f"{' '.join(f'`{n}`' for n in ns)}: {g}" for g, ns in groups.items()) + ".")
+
+
 def results_table(folder: str | Path = "checkpoints") -> str:
     metrics = load_metrics(folder)
     names = [n for n in ORDER if n in metrics] + sorted(set(metrics) - set(ORDER))
@@ -59,10 +79,16 @@ def results_table(folder: str | Path = "checkpoints") -> str:
             f"| {_fmt(m.get('wall_time_s', 0) / 60, 0)} | {_fmt(m.get('images_per_s'), 0)} |")
     if not names:
         lines.append("| (no checkpoints yet) |" + " |" * (head.count("|") - 2))
+    if names:
+        lines += ["", recipe_line(metrics)]
     missing = [n for n in ORDER if n not in metrics]
     if missing:
         lines += ["", f"Not trained yet ({len(missing)} of {len(ORDER)}): "
                   + ", ".join(f"`{n}`" for n in missing) + " — `bash scripts/train_checkpoints.sh` resumes them."]
+    elif names:
+        hours = sum(m.get("wall_time_s") or 0 for m in metrics.values()) / 3600
+        lines += ["", f"All {len(ORDER)} trained: {hours:.1f} hours of training in all (the sum of the runs' "
+                      "`wall_time_s`)."]
     pub = ["", "Published numbers (theirs, not reproduced here; top-1 %):", ""]
     for budget, rows in PUBLISHED.items():
         pub += [f"*{budget}*", "", "| model | CIFAR-10 | CIFAR-100 |", "|---|---|---|"]
