@@ -208,3 +208,22 @@ def test_git_commit_marks_changed_code_dirty_but_not_rewritten_runs_or_checkpoin
     (tmp_path / "code.py").write_text("v2\n")
     assert git_commit(tmp_path) == sha + "+dirty"
     assert git_commit(tmp_path / "no-such-dir") == "unknown"
+
+
+def test_train_checkpoints_script_skips_finished_ones_and_takes_names(tmp_path):
+    import subprocess
+
+    from vitpe_core.report import ORDER
+    repo = Path(__file__).resolve().parents[1]
+    for name in ORDER + ["extra"]:
+        (tmp_path / f"{name}.safetensors").write_bytes(b"")       # present: nothing may be trained
+    env = {**os.environ, "CHECKPOINT_DIR": str(tmp_path)}
+
+    def run(*args):
+        out = subprocess.run(["bash", str(repo / "scripts" / "train_checkpoints.sh"), *args], env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.splitlines()
+
+    assert run("data", "15") == [f"== {name}: done" for name in ORDER]            # the shipped set, in order
+    assert run("data", "15", "rpb", "extra") == ["== rpb: done", "== extra: done"]
