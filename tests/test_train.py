@@ -173,13 +173,17 @@ def test_results_table_says_whether_rows_share_a_recipe_and_when_all_are_trained
     table = results_table(tmp_path)
     assert "One recipe for every row" in table and "epochs 15" in table
     assert f"All {len(ORDER)} trained: {len(ORDER) * 0.5:.1f} hours" in table and "Not trained yet" not in table
+    compute = [line for line in table.splitlines() if line.startswith("Compute:")][0]
+    assert "with 15 epochs against their 400" in compute
+    flops_ratio = float(compute.split("(")[2].split("×")[0])              # ViT-S / compact FLOPs per image
+    assert 20 < flops_ratio < 35 and f"about 1/{flops_ratio * 400 / 15:.0f} of" in compute
 
     odd = json.loads((tmp_path / "rpb.json").read_text())
     odd["metrics"]["recipe"]["epochs"] = 30
     (tmp_path / "rpb.json").write_text(json.dumps(odd))
     table = results_table(tmp_path)
     assert "Rows differ in recipe (epochs)" in table and "`rpb`: epochs 30" in table
-    assert "One recipe" not in table
+    assert "One recipe" not in table and "Compute:" not in table        # no single budget to compare
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed; git_commit() then records 'unknown'")

@@ -21,6 +21,37 @@ PUBLISHED = {
 }
 
 
+PAPER_PRESET, PAPER_EPOCHS = "paper", 400   # the SaPE² paper's ViT-S and its epochs (ENCODINGS.md)
+
+
+def flops_per_image(preset: str) -> int:
+    """Forward FLOPs of one 32x32 image through a preset's `ape` model (torch's FLOP counter)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from .config import PRESETS, ViTConfig
+    from .model import ViT
+    shape = {k: v for k, v in PRESETS[preset].items() if k != "drop_path"}
+    model = ViT(ViTConfig(**shape, encoding="ape")).eval()
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(torch.zeros(1, 3, *shape["img_size"]))
+    return counter.get_total_flops()
+
+
+def compute_line(metrics: dict[str, dict]) -> str | None:
+    """How our training compute compares with the SaPE² paper's, if every row shares preset and epochs."""
+    recipes = [m.get("recipe") or {} for m in metrics.values()]
+    presets, epochs = {r.get("preset") for r in recipes}, {r.get("epochs") for r in recipes}
+    if len(presets) != 1 or len(epochs) != 1 or None in presets | epochs:
+        return None
+    preset, ep = presets.pop(), epochs.pop()
+    ours, theirs = flops_per_image(preset), flops_per_image(PAPER_PRESET)
+    ratio = theirs * PAPER_EPOCHS / (ours * ep)
+    return (f"Compute: a `{preset}` forward pass costs {ours / 1e6:.0f} MFLOPs per image, the SaPE² paper's ViT-S "
+            f"(`--preset {PAPER_PRESET}`) {theirs / 1e6:.0f} ({theirs / ours:.1f}×); with {ep} epochs against their "
+            f"{PAPER_EPOCHS}, each of our runs uses about 1/{ratio:.0f} of their training compute.")
+
+
 def _fmt(v, digits=1) -> str:
     return "—" if v is None else f"{v:.{digits}f}"
 
@@ -81,6 +112,9 @@ def results_table(folder: str | Path = "checkpoints") -> str:
         lines.append("| (no checkpoints yet) |" + " |" * (head.count("|") - 2))
     if names:
         lines += ["", recipe_line(metrics)]
+        compute = compute_line(metrics)
+        if compute:
+            lines += ["", compute]
     missing = [n for n in ORDER if n not in metrics]
     if missing:
         lines += ["", f"Not trained yet ({len(missing)} of {len(ORDER)}): "
