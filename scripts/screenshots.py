@@ -1,6 +1,6 @@
 """The README's screenshots of the app, taken in headless chromium (re-run after retraining):
 
-    python scripts/screenshots.py                    # checkpoints/ -> docs/screenshot_{bias,similarity}.png
+    python scripts/screenshots.py                    # checkpoints/ -> docs/screenshot_{bias,similarity,compare}.png
     python scripts/screenshots.py --checkpoints DIR --out docs
 
 * docs/screenshot_bias.png: the bias explorer on a photo with a clicked patch (`sape2+ape` if
@@ -8,6 +8,7 @@
   model's attention row.
 * docs/screenshot_similarity.png: the similarity page for `ape` (else the first checkpoint
   with a position table) with the ViT paper's Figure-7 grid.
+* docs/screenshot_compare.png: the compare page, every checkpoint on one photo and query patch.
 
 1400 px wide, whole page (Streamlit scrolls inside its main block: the viewport is grown to
 the content), quantised to a 256-colour palette when that keeps a PNG under 400 KB. If the
@@ -83,6 +84,14 @@ def shoot_similarity(page, base: str, ckpt: str, grid: tuple[int, int], out: Pat
     lt.full_page_screenshot(page, out)
 
 
+def shoot_compare(page, base: str, ckpt: str, grid: tuple[int, int], out: Path) -> None:
+    H, W = grid
+    patch = (max(0, H // 2 - 2), min(W - 1, W // 2 + 1))
+    page.goto(lt.share_url(base, page="compare", ckpt=ckpt, image="photo-chelsea", patch=patch, layer=0, head="mean"))
+    wait_ready(page, patch)
+    lt.full_page_screenshot(page, out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoints", default="checkpoints", help="checkpoint folder (relative to the repository)")
@@ -113,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             base = server.url.replace("127.0.0.1", "localhost")            # the link the sidebar shows
             browser = p.chromium.launch(executable_path=shutil.which("chromium"), headless=True, args=lt.CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": WIDTH, "height": 1000})
-            shots = {"screenshot_bias.png": (shoot_bias, bias_ckpt), "screenshot_similarity.png": (shoot_similarity, table[0])}
+            shots = {"screenshot_bias.png": (shoot_bias, bias_ckpt), "screenshot_similarity.png": (shoot_similarity, table[0]),
+                     "screenshot_compare.png": (shoot_compare, bias_ckpt)}
             for name, (shoot, ckpt) in shots.items():
                 shoot(page, base, ckpt, grids[ckpt], out / name)
                 size = save_small(out / name)
