@@ -39,7 +39,7 @@ def main() -> None:
                      "2D structure (Spearman)": structure.get("spearman"),
                      "history epochs": len(ckpt.history)})
     table = pd.DataFrame(rows).set_index("checkpoint")
-    st.dataframe(table, key=f"{PAGE}_table")
+    st.dataframe(table, key=f"{PAGE}_table", placeholder="—")
     st.download_button("Table (CSV)", data=table.to_csv().encode(), file_name="checkpoints.csv", mime="text/csv",
                        key=f"{PAGE}_table_csv", on_click="ignore")
     if view.ckpt not in ckpts:
@@ -80,11 +80,11 @@ def details(name: str, ckpt) -> None:
     res = m.get("resolution")
     if isinstance(res, dict) and res:
         st.subheader("Accuracy at other input resolutions")
-        st.dataframe(pd.DataFrame.from_dict(res, orient="index"), key=f"{PAGE}_resolution")
+        st.dataframe(pd.DataFrame.from_dict(res, orient="index"), key=f"{PAGE}_resolution", placeholder="—")
     trans = m.get("translation")
     if isinstance(trans, dict) and trans:
         st.subheader("Translation test")
-        st.dataframe(pd.DataFrame.from_dict(trans, orient="index"), key=f"{PAGE}_translation")
+        st.dataframe(pd.DataFrame.from_dict(trans, orient="index"), key=f"{PAGE}_translation", placeholder="—")
     with st.expander("All metrics (JSON)"):
         st.json(m, expanded=False)
         st.download_button("Metrics (JSON)", data=json.dumps(m, indent=1, sort_keys=True).encode(),

@@ -61,7 +61,7 @@ def main() -> None:
     with right:
         st.subheader("Per checkpoint")
         table = pd.DataFrame(rows).set_index("checkpoint") if rows else pd.DataFrame()
-        st.dataframe(table, key=f"{PAGE}_table", on_select="ignore")
+        st.dataframe(table, key=f"{PAGE}_table", placeholder="—", on_select="ignore")
         if rows:
             st.download_button("Table (CSV)", data=table.to_csv().encode(), file_name="compare_encodings.csv",
                                mime="text/csv", key=f"{PAGE}_table_csv", on_click="ignore")
@@ -104,7 +104,7 @@ def resolution_table(names, ckpts) -> None:
     if rows:
         df = pd.DataFrame.from_dict(rows, orient="index")
         df = df[sorted(df.columns, key=lambda c: int(c[:-2]) if c[:-2].isdigit() else 0)]
-        st.dataframe(df, key=f"{PAGE}_resolution")
+        st.dataframe(df, key=f"{PAGE}_resolution", placeholder="—")
     else:
         st.caption("Not measured for these checkpoints: run `python -m vitpe_core evaluate "
                    "checkpoints/NAME.safetensors --sizes 24,32,40,48 --record`.")

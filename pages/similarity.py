@@ -159,7 +159,7 @@ def across_checkpoints(current: str, current_res: dict) -> None:
         rows[f"{current_res['filename']} (uploaded)"] = current_res["score"]
     df = pd.DataFrame.from_dict(rows, orient="index").round(4)
     df.index.name = "source (final table)"
-    st.dataframe(df, key=f"{PAGE}_scores")
+    st.dataframe(df, key=f"{PAGE}_scores", placeholder="—")
     st.caption(SCORE_HELP + "; the other columns are mean cosine similarities of patch pairs in the same row, "
                "the same column, neither, and of 4-neighbours.")
     st.download_button("Scores (CSV)", data=df.to_csv().encode(), file_name="structure_scores.csv",
