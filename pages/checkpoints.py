@@ -52,10 +52,14 @@ def main() -> None:
 def details(name: str, ckpt) -> None:
     m = ckpt.metrics if isinstance(ckpt.metrics, dict) else {}
     st.header(name)
+    if m.get("metrics_problems"):
+        st.warning("Some of this checkpoint's metrics are not in the shape `vitpe_core.train` writes and are "
+                   "not shown: " + "; ".join(m["metrics_problems"]) + ". Re-record them with `python -m vitpe_core "
+                   f"evaluate checkpoints/{name}.safetensors --sizes 24,32,40,48 --translation --record`.")
     test = m.get("test") or {}
     cols = st.columns(4)
-    cols[0].metric("test top-1", f"{test['top1']:.2f} %" if "top1" in test else "—")
-    cols[1].metric("test top-5", f"{test['top5']:.2f} %" if "top5" in test else "—")
+    cols[0].metric("test top-1", "—" if test.get("top1") is None else f"{test['top1']:.2f} %")
+    cols[1].metric("test top-5", "—" if test.get("top5") is None else f"{test['top5']:.2f} %")
     cols[2].metric("parameters", f"{sum(p.numel() for p in ckpt.model.parameters()):,}")
     cols[3].metric("dataset", st_cache.dataset_of(ckpt))
     curves = m.get("curves")
@@ -63,7 +67,8 @@ def details(name: str, ckpt) -> None:
         ui.chart(figures.curves_fig(curves, title=f"Training curves of {name}"), f"{name}_curves",
                  key=f"{PAGE}_curves")
         try:
-            df = pd.DataFrame({k: v for k, v in curves.items() if isinstance(v, list) and len(v) == len(curves.get("epoch", v))})
+            n = len(curves["epoch"]) if isinstance(curves.get("epoch"), list) else 0
+            df = pd.DataFrame({k: v for k, v in curves.items() if isinstance(v, list) and (not n or len(v) == n)})
             st.download_button("Curves (CSV)", data=df.to_csv(index=False).encode(), file_name=f"{name}_curves.csv",
                                mime="text/csv", key=f"{PAGE}_curves_csv", on_click="ignore")
         except ValueError:

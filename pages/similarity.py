@@ -125,7 +125,8 @@ def show(res: dict, label: str, source: str) -> None:
         ui.patch_text(patch, grid)
         m = sim_grid[patch]                                          # (H, W)
         base = f"{source}_similarity_p{patch[0]}-{patch[1]}"
-        ui.chart(figures.patch_map_fig(m, title=f"Similarity of the embedding of patch r={patch[0]}, c={patch[1]} to every patch ({label})",
+        title = f"Similarity of the embedding of patch r={patch[0]}, c={patch[1]} to every patch ({label})"
+        ui.chart(figures.patch_map_fig(m, title=title,
                                        colorbar_title="cosine<br>similarity", patch=patch,
                                        colorscale=figures.SIMILARITY_SCALE, zmin=-1, zmax=1),
                  base, key=f"{PAGE}_patch_map")

@@ -254,3 +254,27 @@ def test_click_geometry():
     img = figures.figure7_image(sim, cell_px=2)
     w, h = img.size
     assert figures.figure7_pixel_to_patch((1 * 4 + 1) * 2, (2 * 5 + 3) * 2, w, h, (4, 3)) == (2, 1)
+
+
+ODD_METRICS = [  # valid checkpoints whose metrics were hand-edited or written by another tool
+    {"test": "n/a", "epochs": "many", "recipe": "compact", "structure": 3, "resolution": [1, 2],
+     "translation": "none", "curves": {"epoch": 5, "train_loss": "x"}},
+    {"test": {"top1": "high"}, "resolution": {"24": "bad", "x": {"top1": None}}, "translation": {"half_x": 1},
+     "curves": {"epoch": [1, 2], "train_loss": [2.3], "test_top1": [None, "a"]}, "structure": {"spearman": "s"}},
+    {"curves": {"epoch": [], "test_top1": []}, "notes": 7, "git_commit": None},
+    [1, 2, 3],
+]
+
+
+@pytest.mark.parametrize("case", range(len(ODD_METRICS)))
+def test_pages_survive_odd_metrics(case, tmp_path, monkeypatch):
+    from vitpe_core import ViTConfig, build_model
+    from vitpe_core.checkpoint import save_checkpoint
+    model = build_model(ViTConfig(img_size=(32, 32), patch_size=4, dim=32, depth=2, heads=2, mlp_dim=64,
+                                  encoding="sape2+ape")).eval()
+    save_checkpoint(tmp_path / "odd.safetensors", model, metrics=ODD_METRICS[case])
+    monkeypatch.setenv("VITPE_CHECKPOINTS", str(tmp_path))
+    for page in PAGES:
+        at = ok(run({"page": page, "ckpt": "odd"}))
+        assert at.title[0].value == TITLES[page]
+    assert any("not in the shape" in w.value for w in at.warning)      # the checkpoints page says what it hid

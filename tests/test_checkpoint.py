@@ -14,7 +14,8 @@ from safetensors.torch import save_file
 from vitpe_core import ViTConfig, build_model
 from vitpe_core import analysis as A
 from vitpe_core.checkpoint import (CheckpointError, history_params, import_timm, list_checkpoints, load_checkpoint,
-                                   read_state_dict, resolve_checkpoint, save_checkpoint, update_metrics)
+                                   read_state_dict, resolve_checkpoint, sanitize_metrics, save_checkpoint,
+                                   update_metrics)
 
 
 def tiny_cfg(encoding="sape2+ape") -> ViTConfig:
@@ -227,3 +228,23 @@ def test_structure_cli_says_why_it_cannot_score(tmp_path, capsys):
 def test_structure_cli_reproduces_the_readme_figure_for_timm_vit_tiny(shared_dir, capsys):
     rc, out, _ = _structure_cli(shared_dir / "data" / "vit_tiny_patch16_224_tinyimagenet_ft.npz", capsys)
     assert rc == 0 and round(json.loads(out)["spearman"], 2) == 0.57   # "a pretrained timm ViT-Tiny scores 0.57"
+
+
+def test_sanitize_metrics_keeps_what_train_writes_and_names_what_it_drops():
+    good = {"test": {"top1": 74.7, "top5": 98.3, "loss": 0.8}, "epochs": 15, "recipe": {"preset": "compact"},
+            "resolution": {"24": {"top1": 70.3, "grid": [6, 6]}}, "translation": {"half_x": {"agreement": 80.1,
+            "shift_px": [0, 2]}}, "curves": {"epoch": [1, 2], "test_top1": [37.1, 48.6]}, "notes": "n",
+            "git_commit": "a" * 40, "structure": {"spearman": 0.51}, "class_names": ["a", "b"]}
+    assert sanitize_metrics(good) == (good, [])
+    bad = {"test": {"top1": "high", "top5": float("nan")}, "epochs": True, "structure": 3,
+           "resolution": {"24": "x", "40": {"top1": 70.0}}, "curves": {"epoch": [1, 2], "train_loss": [2.3],
+           "test_top1": [None, "a"], "test_top5": [90.0, 91.0]}, "notes": 7}
+    clean, problems = sanitize_metrics(bad)
+    assert clean["test"] == {"top1": None, "top5": None}
+    assert "epochs" not in clean and "structure" not in clean and "notes" not in clean
+    assert clean["resolution"] == {"40": {"top1": 70.0}}
+    assert clean["curves"] == {"epoch": [1, 2], "test_top5": [90.0, 91.0]}
+    joined = "; ".join(problems)
+    for word in ("epochs", "structure", "notes", "resolution: 1 entries", "train_loss", "test_top1"):
+        assert word in joined, (word, joined)
+    assert sanitize_metrics([1, 2]) == ({}, ["metrics is a list, not an object"])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vitpe_core.checkpoint import list_checkpoints, load_checkpoint
+from vitpe_core.checkpoint import list_checkpoints, load_checkpoint, sanitize_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted(list_checkpoints(REPO / "checkpoints"))
@@ -36,6 +36,7 @@ def test_every_checkpoint_carries_the_listed_metrics(name):
     assert len(m["git_commit"]) == 40
     has_table = load_checkpoint(REPO / "checkpoints" / f"{name}.safetensors").model.pos_enc.table((8, 8)) is not None
     assert ("structure" in m) == has_table, f"{name}: a 2D-structure score exactly when it has a table"
+    assert sanitize_metrics(m) == (m, []), f"{name}: the app's metrics check would hide part of it"
 
 
 def test_all_checkpoints_share_one_recipe():

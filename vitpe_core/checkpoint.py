@@ -55,6 +55,74 @@ class Checkpoint:
     name: str = ""
 
 
+# ----------------------------------------------------------------------------- metrics shape
+def _number(v: Any) -> float | int | None:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
+    return v if ok else None
+
+
+def _numbers(d: Mapping) -> dict[str, Any]:
+    """A flat result dict: numbers stay, integer lists (grid, shift_px) stay, anything else is None."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, list) and v and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+            out[str(k)] = v
+        else:
+            out[str(k)] = _number(v)
+    return out
+
+
+def sanitize_metrics(metrics: Any) -> tuple[dict[str, Any], list[str]]:
+    """Metrics with the shapes `vitpe_core.train` writes, and the keys that had to be dropped or
+    emptied. For readers (the app) that must survive metrics edited by hand or written by other
+    tools; the checkpoint file itself is left as it is."""
+    if not isinstance(metrics, dict):
+        return {}, [f"metrics is a {type(metrics).__name__}, not an object"]
+    out, problems = dict(metrics), []
+
+    def drop(key: str, why: str) -> None:
+        out.pop(key, None)
+        problems.append(f"{key}: {why}")
+
+    for key in ("test", "structure"):
+        if key in out:
+            if isinstance(out[key], dict):
+                out[key] = _numbers(out[key])
+            else:
+                drop(key, "not an object")
+    for key in ("resolution", "translation"):
+        if key in out:
+            if isinstance(out[key], dict):
+                rows = {str(k): _numbers(v) for k, v in out[key].items() if isinstance(v, dict)}
+                if len(rows) < len(out[key]):
+                    problems.append(f"{key}: {len(out[key]) - len(rows)} entries are not objects")
+                out[key] = rows
+            else:
+                drop(key, "not an object")
+    if "recipe" in out and not isinstance(out["recipe"], dict):
+        drop("recipe", "not an object")
+    for key in ("epochs", "steps", "wall_time_s", "images_per_s", "parameters"):
+        if key in out and _number(out[key]) is None:
+            drop(key, "not a number")
+    for key in ("notes", "git_commit", "device", "torch"):
+        if key in out and not isinstance(out[key], str):
+            drop(key, "not a string")
+    if "curves" in out:
+        curves = out["curves"]
+        if not isinstance(curves, dict):
+            drop("curves", "not an object")
+        else:
+            series = {str(k): [_number(x) for x in v] for k, v in curves.items() if isinstance(v, list)}
+            n = len(series.get("epoch", []))
+            bad = [k for k, v in series.items() if (n and len(v) != n) or (v and all(x is None for x in v))]
+            series = {k: v for k, v in series.items() if k not in bad}
+            if bad or len(series) + len(bad) < len(curves):
+                problems.append("curves: series dropped (not numbers, or not one value per epoch): "
+                                + ", ".join(sorted(set(curves) - set(series))))
+            out["curves"] = series
+    return out, problems
+
+
 def clean_state_dict(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Strip `torch.compile` (`_orig_mod.`) and DDP (`module.`) prefixes."""
     out = {}

@@ -25,7 +25,8 @@ import torch
 from PIL import Image
 
 from . import analysis
-from .checkpoint import Checkpoint, CheckpointError, import_timm, list_checkpoints, load_checkpoint, resolve_checkpoint
+from .checkpoint import (Checkpoint, CheckpointError, import_timm, list_checkpoints, load_checkpoint,
+                         resolve_checkpoint, sanitize_metrics)
 from .data import CIFAR_MEAN, normalize
 from .gallery import CIFAR10_CLASSES, gallery_image
 from .images import prepare_for_model
@@ -49,7 +50,11 @@ def checkpoint_names() -> list[str]:
 # ----------------------------------------------------------------------------- models
 @st.cache_resource(max_entries=16, show_spinner="Loading checkpoint…")
 def _load(path: str, mtime_ns: int) -> Checkpoint:
-    return load_checkpoint(path)
+    ckpt = load_checkpoint(path)
+    ckpt.metrics, problems = sanitize_metrics(ckpt.metrics)   # pages may rely on the shapes train writes
+    if problems:
+        ckpt.metrics["metrics_problems"] = problems
+    return ckpt
 
 
 def _file(name: str) -> tuple[str, int]:
