@@ -248,3 +248,18 @@ def test_sanitize_metrics_keeps_what_train_writes_and_names_what_it_drops():
     for word in ("epochs", "structure", "notes", "resolution: 1 entries", "train_loss", "test_top1"):
         assert word in joined, (word, joined)
     assert sanitize_metrics([1, 2]) == ({}, ["metrics is a list, not an object"])
+
+
+@pytest.mark.parametrize("key, shape", [("history.x.pos_enc_param", None), ("history.1.nope", (3,)),
+                                        ("history.1.<first>", (1, 2))])
+def test_altered_history_is_refused_with_a_reason(tmp_path, key, shape):
+    from vitpe_core.checkpoint import read_checkpoint_file
+    model = build_model(tiny_cfg("ape"))
+    path = save_checkpoint(tmp_path / "m.safetensors", model, history={1: history_params(model)})
+    meta, tensors = read_checkpoint_file(path)
+    first = next(k for k in tensors if k.startswith("history.1."))
+    key = key.replace("<first>", first[len("history.1."):])
+    tensors[key] = torch.zeros(shape or tensors[first].shape)
+    save_file(tensors, str(path), metadata=meta)
+    with pytest.raises(CheckpointError, match="history entry"):
+        load_checkpoint(path)

@@ -233,9 +233,14 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
     metrics = _parse_json(meta, "metrics", path.name)
     history: dict[int, dict[str, torch.Tensor]] = {}
     weights = {}
+    enc_shapes = {k: tuple(v.shape) for k, v in model.pos_enc.state_dict().items()}
     for k, v in tensors.items():
         if k.startswith(HISTORY):
             epoch, _, name = k[len(HISTORY):].partition(".")
+            if not epoch.isdigit() or enc_shapes.get(name) != tuple(v.shape):
+                raise CheckpointError(f"{path.name}: history entry {k!r} {tuple(v.shape)} is not "
+                                      f"'history.<epoch>.<parameter of the {cfg.encoding} encoding>' with that "
+                                      "parameter's shape; the file was altered or written by another tool")
             history.setdefault(int(epoch), {})[name] = v.to(dtype)
         else:
             weights[k] = v.to(dtype) if v.is_floating_point() else v
