@@ -263,3 +263,30 @@ def test_altered_history_is_refused_with_a_reason(tmp_path, key, shape):
     save_file(tensors, str(path), metadata=meta)
     with pytest.raises(CheckpointError, match="history entry"):
         load_checkpoint(path)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"dim": 65536, "heads": 2}, "describes a model of about"),          # would allocate tens of GB
+    ({"img_size": [40000, 40000]}, "describes a model of about"),
+    ({"depth": 0}, "positive integers"), ({"heads": 0}, "positive integers"), ({"patch_size": -4}, "positive"),
+    ({"encoding_options": {"npos_max": 10**9}}, "npos_max must be an integer from 2 to"),
+    ({"encoding_options": {"npos_max": "10"}}, "npos_max must be an integer"),
+])
+def test_forged_config_is_refused_before_anything_large_is_built(tmp_path, change, message):
+    from vitpe_core.checkpoint import read_checkpoint_file
+    path = save_checkpoint(tmp_path / "m.safetensors", build_model(tiny_cfg("sape2+ape")))
+    meta, tensors = read_checkpoint_file(path)
+    meta["config"] = json.dumps({**json.loads(meta["config"]), **change})
+    save_file(tensors, str(path), metadata=meta)
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(path)
+
+
+def test_size_estimate_matches_real_models():
+    from vitpe_core.checkpoint import approx_elements
+    from vitpe_core.config import PRESETS
+    for preset in PRESETS.values():
+        for enc in ("ape", "sape2+ape", "cope+ape", "rpb", "rope_mixed", "none"):
+            cfg = ViTConfig(**preset, encoding=enc)
+            real = sum(t.numel() for t in build_model(cfg).state_dict().values())
+            assert 0.5 < approx_elements(cfg) / real < 2, (preset, enc)

@@ -218,6 +218,16 @@ def _parse_json(meta: dict[str, str], key: str, name: str) -> Any:
         raise CheckpointError(f"{name}: metadata {key!r} is missing or not JSON ({e})") from None
 
 
+def approx_elements(cfg: ViTConfig) -> int:
+    """About how many values building `cfg` allocates (weights plus per-position tables), from
+    its sizes alone: what the file's tensors must roughly add up to."""
+    H, W = cfg.grid
+    d = cfg.dim
+    blocks = cfg.depth * (4 * d * d + 2 * d * cfg.mlp_dim)
+    return (blocks + cfg.patch_size ** 2 * cfg.in_chans * d + cfg.num_classes * d
+            + (H * W + 1) * d + 4 * H * W * cfg.heads)
+
+
 def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
                     dtype: torch.dtype = torch.float32) -> Checkpoint:
     """Rebuild the model of a vitpe checkpoint and load its weights strictly."""
@@ -225,6 +235,10 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
     meta, tensors = read_checkpoint_file(path)
     try:
         cfg = ViTConfig.from_dict(_parse_json(meta, "config", path.name))
+        need, have = approx_elements(cfg), sum(t.numel() for t in tensors.values())
+        if need > 4 * have + 2**20:   # checked before building: a forged config must not allocate gigabytes
+            raise CheckpointError(f"{path.name}: its config describes a model of about {need:,} values but the "
+                                  f"file holds {have:,}; the config was altered or belongs to another file")
         model = ViT(cfg)
     except CheckpointError:
         raise

@@ -31,6 +31,12 @@ class ViTConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "img_size", tuple(int(s) for s in self.img_size))
+        sizes = {"img_size": min(self.img_size, default=0), "patch_size": self.patch_size, "in_chans": self.in_chans,
+                 "num_classes": self.num_classes, "dim": self.dim, "depth": self.depth, "heads": self.heads,
+                 "mlp_dim": self.mlp_dim}
+        bad = [k for k, v in sizes.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1]
+        if bad or len(self.img_size) != 2:
+            raise ValueError(f"{', '.join(bad) or 'img_size'} must be positive integers (img_size: height, width)")
         if self.dim % self.heads:
             raise ValueError(f"dim {self.dim} must be divisible by heads {self.heads}")
         h, w = self.img_size

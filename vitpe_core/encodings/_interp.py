@@ -6,6 +6,14 @@ from torch import Tensor
 
 
 TRIANGLE_MAX = 16  # lines up to this long are summed by one matmul (SaPE²'s rows and columns)
+NPOS_MAX_LIMIT = 4096  # positions are counts along a line or sequence: far beyond any grid we build
+
+
+def check_npos_max(npos_max) -> int:
+    """`npos_max` (CoPE / SaPE² table length) as an int in [2, NPOS_MAX_LIMIT], else ValueError."""
+    if not isinstance(npos_max, int) or isinstance(npos_max, bool) or not 2 <= npos_max <= NPOS_MAX_LIMIT:
+        raise ValueError(f"npos_max must be an integer from 2 to {NPOS_MAX_LIMIT}, got {npos_max!r}")
+    return npos_max
 
 
 def reverse_cumsum(g: Tensor) -> Tensor:

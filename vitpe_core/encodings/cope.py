@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ._interp import interpolate_readout, reverse_cumsum
+from ._interp import check_npos_max, interpolate_readout, reverse_cumsum
 from .base import EncodingContext, PositionEncoding, register_encoding
 
 
@@ -38,9 +38,7 @@ class CoPE(PositionEncoding):
 
     def __init__(self, ctx: EncodingContext, *, npos_max: int = 10) -> None:
         super().__init__(ctx)
-        if npos_max < 2:
-            raise ValueError(f"npos_max must be >= 2, got {npos_max}")
-        self.npos_max = npos_max
+        self.npos_max = check_npos_max(npos_max)
         self.cope_embed = nn.Parameter(torch.empty(ctx.depth, ctx.head_dim, npos_max))  # (L, d, M+1)
         nn.init.trunc_normal_(self.cope_embed, std=0.02)
 

@@ -27,7 +27,7 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from ._interp import interpolate_readout, reverse_cumsum
+from ._interp import check_npos_max, interpolate_readout, reverse_cumsum
 from .base import EncodingContext, PositionEncoding, register_encoding
 
 READOUTS = ("query", "key")
@@ -185,9 +185,7 @@ class SaPE2(PositionEncoding):
         super().__init__(ctx)
         if readout not in READOUTS:
             raise ValueError(f"unknown readout {readout!r}; valid: {READOUTS}")
-        if npos_max < 2:
-            raise ValueError(f"npos_max must be >= 2, got {npos_max}")
-        self.npos_max, self.readout = npos_max, readout
+        self.npos_max, self.readout = check_npos_max(npos_max), readout
         d = ctx.head_dim
         self.sape_x = nn.Parameter(torch.empty(ctx.depth, d, npos_max))  # (L, d, M+1)
         self.sape_y = nn.Parameter(torch.empty(ctx.depth, d, npos_max))
