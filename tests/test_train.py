@@ -107,6 +107,21 @@ def test_cli_reports_user_errors_without_traceback(tmp_path, capsys):
     assert main(["train", "--encoding", "sape3", "--data-dir", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
     assert "valid" in capsys.readouterr().err
     assert main(["evaluate", str(tmp_path / "missing.safetensors")]) == 2
+    assert main(["table", "--dir", str(tmp_path / "nowhere")]) == 2
+    assert "no checkpoint folder" in capsys.readouterr().err
+
+
+def test_evaluate_checks_sizes_before_reading_the_test_set(tmp_path, capsys):
+    from vitpe_core import build_model
+    ck = C.save_checkpoint(tmp_path / "m.safetensors", build_model(cfg().model_config(10)))
+    empty = tmp_path / "no-data"                       # any evaluation would fail on the missing data
+    with pytest.raises(SystemExit):                    # argparse: not numbers
+        main(["evaluate", str(ck), "--data-dir", str(empty), "--sizes", "abc"])
+    assert "expected positive pixel sizes" in capsys.readouterr().err
+    for sizes in ("30", "24,4096"):
+        assert main(["evaluate", str(ck), "--data-dir", str(empty), "--sizes", sizes]) == 2
+        err = capsys.readouterr().err
+        assert "multiple of the patch size" in err and "CIFAR" not in err, err
 
 
 def test_atomic_write_leaves_old_file_when_interrupted(tmp_path, monkeypatch):

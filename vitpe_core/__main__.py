@@ -11,6 +11,17 @@ from pathlib import Path
 import torch
 
 
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive pixel sizes separated by commas, e.g. 24,32,40,48; "
+                                         f"got {text!r}")
+    return sizes
+
+
 def _parse_options(items: list[str]) -> dict:
     out = {}
     for it in items or []:
@@ -63,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("checkpoint")
     e.add_argument("--data-dir", default="data")
     e.add_argument("--download", action="store_true")
-    e.add_argument("--sizes", help="comma-separated input sizes, e.g. 24,32,40,48")
+    e.add_argument("--sizes", type=_sizes, help="comma-separated input sizes in pixels, e.g. 24,32,40,48 "
+                                                "(multiples of the patch size, up to twice the training size)")
     e.add_argument("--translation", action="store_true", help="also run the translation test")
     e.add_argument("--record", action="store_true", help="write the results into the checkpoint's metrics")
     e.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -85,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "structure":
             return _structure(args)
         from .report import results_table, update_readme
+        if not Path(args.dir).is_dir():
+            raise ValueError(f"no checkpoint folder at {args.dir} (pass --dir, e.g. --dir checkpoints)")
         if args.readme:
             update_readme(args.readme, args.dir)
         else:
@@ -99,7 +113,6 @@ def _structure(args) -> int:
     """Spearman of table similarity with -distance, plus same-row/column means (`summarize_table`)."""
     from .checkpoint import CheckpointError, import_timm, load_checkpoint
     from .evaluate import summarize_table
-    from pathlib import Path
     path = Path(args.checkpoint)
     if not path.is_file():
         raise ValueError(f"no file at {path}")
@@ -140,17 +153,23 @@ def _train(args, TrainConfig) -> int:
 
 
 def _evaluate(args) -> int:
-    from .checkpoint import load_checkpoint, update_metrics
+    from .checkpoint import load_checkpoint, sanitize_metrics, update_metrics
     from .data import load_cifar
     from .evaluate import evaluate, evaluate_resolutions, translation_test
     ckpt = load_checkpoint(args.checkpoint, device=args.device)
-    dataset = ckpt.metrics.get("recipe", {}).get("dataset", "cifar10")
+    if args.sizes:  # checked before the first pass over the test set
+        patch, largest = ckpt.config.patch_size, 2 * max(ckpt.config.img_size)
+        bad = [s for s in args.sizes if s % patch or s > largest]
+        if bad:
+            raise ValueError(f"--sizes {bad}: each size must be a multiple of the patch size {patch} and at most "
+                             f"{largest} px (twice the training size)")
+    recipe = sanitize_metrics(ckpt.metrics)[0].get("recipe") or {}
+    dataset = recipe.get("dataset", "cifar10")
     ds = load_cifar(dataset, args.data_dir, "test", download=args.download)
     res = evaluate(ckpt.model, ds, dataset, device=args.device, progress=True)
     line = {"top1": res["top1"], "top5": res["top5"]}
     if args.sizes:
-        sizes = [int(s) for s in args.sizes.split(",")]
-        line["resolution"] = evaluate_resolutions(ckpt.model, ds, dataset, sizes=sizes, device=args.device)
+        line["resolution"] = evaluate_resolutions(ckpt.model, ds, dataset, sizes=args.sizes, device=args.device)
     if args.translation:
         line["translation"] = translation_test(ckpt.model, ds, dataset, device=args.device)
     if args.record:
