@@ -73,6 +73,40 @@ def main() -> None:
         for col, name in zip(cols, shown[start:start + COLUMNS]):
             with col:
                 panel(name, ckpts[name], key, img if is_upload else None, view.patch, layer, head)
+    training_curves(shown, ckpts)
+
+
+def training_curves(names, ckpts) -> None:
+    """Test top-1 and the table's 2D-structure score per epoch, every shown checkpoint on one chart each."""
+    st.subheader("Training, epoch by epoch")
+    accuracy, structure = {}, {}
+    for name in names:
+        curves = ckpts[name].metrics.get("curves") or {}
+        top1 = curves.get("test_top1") or []
+        epochs = curves.get("epoch") or list(range(1, len(top1) + 1))
+        if top1 and len(epochs) == len(top1):
+            accuracy[name] = (epochs, top1)
+        if "table" in ckpts[name].model.pos_enc.hooks:
+            hist = st_cache.structure_history(name)
+            if hist:
+                hist_epochs = sorted(hist)
+                structure[name] = (hist_epochs, [hist[e]["spearman"] for e in hist_epochs])
+    left, right = st.columns(2)
+    with left:
+        if accuracy:
+            ui.chart(figures.runs_fig(accuracy, title="Test top-1 % after each epoch", x_title="epoch",
+                                      y_title="top-1 %"), "compare_test_top1", key=f"{PAGE}_curves")
+        else:
+            st.caption("No accuracy curves recorded for these checkpoints.")
+    with right:
+        if structure:
+            ui.chart(figures.runs_fig(structure, title="2D structure of the table (Spearman) by epoch",
+                                      x_title="epoch (0 = initialisation)", y_title="Spearman"),
+                     "compare_structure", key=f"{PAGE}_structure_curves")
+            st.caption("Learned tables only (a fixed sin-cos table does not change with training); the "
+                       "similarity page shows the table of any recorded epoch.")
+        else:
+            st.caption("No recorded table history for these checkpoints.")
 
 
 def clamp(ckpt, patch, layer, head):

@@ -95,6 +95,18 @@ def test_page_parameter_routes_from_the_root(with_ckpts):
     assert at.query_params["ckpt"] == "rpb"
 
 
+def test_compare_page_draws_every_run_epoch_by_epoch(with_ckpts):
+    from conftest import APP_ENCODINGS
+    at = ok(run({"page": "compare"}))
+    acc = chart_spec(at, "compare_curves")
+    assert [t["name"] for t in acc["data"]] == sorted(APP_ENCODINGS)              # one line per checkpoint
+    by_name = {t["name"]: t for t in acc["data"]}
+    assert by_name["rpb"]["y"] == [10.0 + APP_ENCODINGS.index("rpb")]           # its recorded test top-1
+    struct = chart_spec(at, "compare_structure_curves")
+    tables = {t["name"] for t in struct["data"]}
+    assert tables == {"ape", "sape2+ape"} and all(t["x"] == [0, 1] for t in struct["data"])
+
+
 # ----------------------------------------------------------------------------- URL
 def test_url_restores_the_view(with_ckpts):
     at = ok(run({"page": "bias", "ckpt": "sape2+ape", "patch": "3,4", "layer": "1", "head": "1",

@@ -274,6 +274,16 @@ def line_fig(x: Sequence[float], series: Mapping[str, Sequence[float]], *, title
     return fig
 
 
+def runs_fig(runs: Mapping[str, tuple[Sequence[float], Sequence[float]]], *, title: str, x_title: str,
+             y_title: str) -> go.Figure:
+    """One line per run, each with its own x (runs may record different epochs)."""
+    fig = go.Figure([go.Scatter(x=list(x), y=list(y), mode="lines+markers", name=name)
+                     for name, (x, y) in runs.items()])
+    fig.update_layout(title=title, margin=_MARGIN, xaxis_title=x_title, yaxis_title=y_title, height=380,
+                      hovermode="x unified")
+    return fig
+
+
 # ----------------------------------------------------------------------------- raster images (for clicking)
 def display_image(img: Image.Image, size: tuple[int, int], *, max_side: int = 320) -> np.ndarray:
     """The image as the model sees it (centre-cropped to the aspect of `size` = (H_img,
