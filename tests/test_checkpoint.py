@@ -212,6 +212,13 @@ def test_structure_cli_scores_vitpe_and_timm_tables_alike(tmp_path, capsys):
     rc, out, _ = _structure_cli(tmp_path / "timm.safetensors", capsys)
     assert rc == 0 and json.loads(out)["grid"] == [4, 4]           # timm's square-grid default
 
+    save_file(sd, str(tmp_path / "wide.safetensors"))                  # 24 rows: not square
+    rc, _, err = _structure_cli(tmp_path / "wide.safetensors", capsys)
+    assert rc == 2 and "--grid" in err
+    from vitpe_core.__main__ import main
+    assert main(["structure", str(tmp_path / "wide.safetensors"), "--grid", "4x6"]) == 0
+    assert json.loads(capsys.readouterr().out)["spearman"] == pytest.approx(score["spearman"], abs=1e-4)
+
 
 def test_structure_cli_says_why_it_cannot_score(tmp_path, capsys):
     save_checkpoint(tmp_path / "rpb.safetensors", build_model(tiny_cfg("rpb")))

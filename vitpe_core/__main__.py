@@ -22,6 +22,16 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
+def _grid(text: str) -> tuple[int, int]:
+    try:
+        h, w = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        h = w = 0
+    if h < 1 or w < 1:
+        raise argparse.ArgumentTypeError(f"expected rows x columns such as 12x16, got {text!r}")
+    return h, w
+
+
 def _parse_options(items: list[str]) -> dict:
     out = {}
     for it in items or []:
@@ -86,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 
     s = sub.add_parser("structure", help="2D-structure score of a checkpoint's position table, as one JSON line")
     s.add_argument("checkpoint", help="a vitpe checkpoint, or timm ViT weights (.npz, .safetensors, .pth)")
+    s.add_argument("--grid", type=_grid, help="patch grid of timm weights whose table is not square, e.g. 12x16")
 
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -122,7 +133,7 @@ def _structure(args) -> int:
         if path.suffix == ".safetensors" and "is a safetensors file but not a vitpe" not in str(vitpe_err):
             raise  # a damaged vitpe checkpoint: its own message says what is wrong
         try:
-            model = import_timm(path)
+            model = import_timm(path, grid=args.grid)
         except CheckpointError as timm_err:
             raise ValueError(f"{path.name} is neither a vitpe checkpoint nor timm ViT weights: {timm_err}") from None
     structure = summarize_table(model)

@@ -389,7 +389,8 @@ def import_timm(state_dict: Mapping[str, torch.Tensor] | str | Path, *, heads: i
     if grid is None:
         side = int(round(n ** 0.5))
         if side * side != n:
-            raise CheckpointError(f"pos_embed has {n} patch rows, not a square grid: pass grid=(H, W)")
+            raise CheckpointError(f"pos_embed has {n} patch rows, not a square grid: pass grid=(H, W) "
+                                  "(`structure --grid HxW` on the command line)")
         grid = (side, side)
     if grid[0] * grid[1] != n:
         raise CheckpointError(f"grid {grid} has {grid[0] * grid[1]} patches but pos_embed has {n}")
