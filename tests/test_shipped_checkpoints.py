@@ -65,3 +65,11 @@ def test_evaluate_reproduces_the_recorded_top1(name, cifar10_dir):
     measured = json.loads(out.stdout.strip().splitlines()[-1])
     recorded = _metrics(name)["test"]
     assert abs(measured["top1"] - recorded["top1"]) <= 0.2, (name, measured, recorded)
+
+
+def test_readme_table_is_what_the_checkpoints_say():
+    from vitpe_core.report import MARKERS, results_table
+    text = (REPO / "README.md").read_text()
+    block = text[text.index(MARKERS[0]) + len(MARKERS[0]):text.index(MARKERS[1])]
+    assert block.strip() == results_table(REPO / "checkpoints").strip(), \
+        "README.md's results table is stale: run `python -m vitpe_core table --readme README.md`"
