@@ -73,3 +73,15 @@ def test_readme_table_is_what_the_checkpoints_say():
     block = text[text.index(MARKERS[0]) + len(MARKERS[0]):text.index(MARKERS[1])]
     assert block.strip() == results_table(REPO / "checkpoints").strip(), \
         "README.md's results table is stale: run `python -m vitpe_core table --readme README.md`"
+
+
+SEED_RERUNS = sorted((REPO / "checkpoints" / "seeds").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", SEED_RERUNS, ids=[p.stem for p in SEED_RERUNS])
+def test_seed_reruns_change_only_the_seed(path):
+    m = json.loads(path.read_text())["metrics"]
+    row = _metrics(m["recipe"]["encoding"])
+    assert m["recipe"]["seed"] != row["recipe"]["seed"]
+    assert {k: v for k, v in m["recipe"].items() if k != "seed"} == {k: v for k, v in row["recipe"].items() if k != "seed"}
+    assert (path.with_suffix(".safetensors")).is_file() and len(m["git_commit"]) == 40

@@ -193,6 +193,14 @@ def test_results_table_says_whether_rows_share_a_recipe_and_when_all_are_trained
     flops_ratio = float(compute.split("(")[2].split("×")[0])              # ViT-S / compact FLOPs per image
     assert 20 < flops_ratio < 35 and f"about 1/{flops_ratio * 400 / 15:.0f} of" in compute
 
+    (tmp_path / "seeds").mkdir()
+    rerun = {"recipe": {**recipe, "encoding": "ape", "seed": 1}, "test": {"top1": 49.25, "top5": 90.0}}
+    longer = {"recipe": {**recipe, "encoding": "rpb", "seed": 1, "epochs": 30}, "test": {"top1": 70.0}}
+    (tmp_path / "seeds" / "ape-seed1.json").write_text(json.dumps({"metrics": rerun}))
+    (tmp_path / "seeds" / "rpb-seed1.json").write_text(json.dumps({"metrics": longer}))   # not only the seed
+    table = results_table(tmp_path)
+    assert "`ape` seed 0: 50.00, seed 1: 49.25 (spread 0.75 points)" in table and "`rpb` seed" not in table
+
     odd = json.loads((tmp_path / "rpb.json").read_text())
     odd["metrics"]["recipe"]["epochs"] = 30
     (tmp_path / "rpb.json").write_text(json.dumps(odd))

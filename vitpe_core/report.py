@@ -69,6 +69,32 @@ def load_metrics(folder: str | Path) -> dict[str, dict]:
 RECIPE_KEYS = ("preset", "dataset", "epochs", "batch_size", "lr", "schedule", "augment", "seed")
 
 
+def seeds_line(folder: str | Path, metrics: dict[str, dict]) -> str | None:
+    """Reruns of shipped rows with other seeds (`folder/seeds/*.json`, the row's recipe but for
+    the seed): the measured seed-to-seed spread that says which gaps between rows are noise."""
+    def top1(m: dict) -> float | None:
+        return (m.get("test") or {}).get("top1")
+
+    def without_seed(m: dict) -> dict:
+        return {k: v for k, v in (m.get("recipe") or {}).items() if k != "seed"}
+
+    runs: dict[str, dict[int, float]] = {}
+    for m in load_metrics(Path(folder) / "seeds").values():
+        enc = (m.get("recipe") or {}).get("encoding")
+        row = metrics.get(enc)
+        if row is None or without_seed(row) != without_seed(m) or None in (top1(row), top1(m)):
+            continue                          # not a rerun of a shipped row with only the seed changed
+        runs.setdefault(enc, {row["recipe"]["seed"]: top1(row)})[m["recipe"]["seed"]] = top1(m)
+    parts = []
+    for enc, by_seed in sorted(runs.items()):
+        spread = max(by_seed.values()) - min(by_seed.values())
+        parts.append(f"`{enc}` " + ", ".join(f"seed {k}: {v:.2f}" for k, v in sorted(by_seed.items()))
+                     + f" (spread {spread:.2f} points)")
+    if not parts:
+        return None
+    return "Seed check, shipped rows rerun with other seeds (`checkpoints/seeds/`): " + "; ".join(parts) + "."
+
+
 def recipe_line(metrics: dict[str, dict]) -> str:
     """One line saying whether every row shares one recipe (all but the encoding), read from the JSONs."""
     recipes = {n: {k: v for k, v in (m.get("recipe") or {}).items() if k != "encoding"} for n, m in metrics.items()}
@@ -110,6 +136,9 @@ def results_table(folder: str | Path = "checkpoints") -> str:
             f"| {_fmt(m.get('wall_time_s', 0) / 60, 0)} | {_fmt(m.get('images_per_s'), 0)} |")
     if not names:
         lines.append("| (no checkpoints yet) |" + " |" * (head.count("|") - 2))
+    seeds = seeds_line(folder, metrics)
+    if seeds:
+        lines += ["", seeds]
     if names:
         lines += ["", recipe_line(metrics)]
         compute = compute_line(metrics)
