@@ -28,7 +28,7 @@ def main() -> None:
         except (ValueError, OSError) as e:
             rows.append({"checkpoint": name, "encoding": f"unreadable: {e}"})
             continue
-        m = ckpt.metrics if isinstance(ckpt.metrics, dict) else {}
+        m = ckpt.metrics                   # st_cache has checked its shape (sanitize_metrics)
         test, structure = m.get("test") or {}, m.get("structure") or {}
         recipe = m.get("recipe") or {}
         rows.append({"checkpoint": name, "encoding": ckpt.config.encoding,
@@ -50,7 +50,7 @@ def main() -> None:
 
 
 def details(name: str, ckpt) -> None:
-    m = ckpt.metrics if isinstance(ckpt.metrics, dict) else {}
+    m = ckpt.metrics                       # st_cache has checked its shape (sanitize_metrics)
     st.header(name)
     if m.get("metrics_problems"):
         st.warning("Some of this checkpoint's metrics are not in the shape `vitpe_core.train` writes and are "
@@ -63,12 +63,11 @@ def details(name: str, ckpt) -> None:
     cols[2].metric("parameters", f"{sum(p.numel() for p in ckpt.model.parameters()):,}")
     cols[3].metric("dataset", st_cache.dataset_of(ckpt))
     curves = m.get("curves")
-    if isinstance(curves, dict) and any(curves.get(k) for k in curves if k != "epoch"):
+    if curves and any(curves.get(k) for k in curves if k != "epoch"):
         ui.chart(figures.curves_fig(curves, title=f"Training curves of {name}"), f"{name}_curves",
                  key=f"{PAGE}_curves")
         try:
-            n = len(curves["epoch"]) if isinstance(curves.get("epoch"), list) else 0
-            df = pd.DataFrame({k: v for k, v in curves.items() if isinstance(v, list) and (not n or len(v) == n)})
+            df = pd.DataFrame(curves)       # sanitize_metrics kept only series of one value per epoch
             st.download_button("Curves (CSV)", data=df.to_csv(index=False).encode(), file_name=f"{name}_curves.csv",
                                mime="text/csv", key=f"{PAGE}_curves_csv", on_click="ignore")
         except ValueError:
@@ -83,11 +82,11 @@ def details(name: str, ckpt) -> None:
         st.subheader("Training recipe")
         st.json(m.get("recipe") or {"recipe": "not recorded"}, expanded=True)
     res = m.get("resolution")
-    if isinstance(res, dict) and res:
+    if res:
         st.subheader("Accuracy at other input resolutions")
         st.dataframe(pd.DataFrame.from_dict(res, orient="index"), key=f"{PAGE}_resolution", placeholder="—")
     trans = m.get("translation")
-    if isinstance(trans, dict) and trans:
+    if trans:
         st.subheader("Translation test")
         st.dataframe(pd.DataFrame.from_dict(trans, orient="index"), key=f"{PAGE}_translation", placeholder="—")
     with st.expander("All metrics (JSON)"):

@@ -119,7 +119,7 @@ def summary_row(name, ckpt, key, img, layer, head) -> dict:
     _, layer, head = clamp(ckpt, (0, 0), layer, head)
     stats = st_cache.attention_stats(name, key, img)                  # name -> (L, h)
     pick = (lambda a: float(a[layer].mean())) if head is None else (lambda a: float(a[layer, head]))
-    test = ckpt.metrics.get("test", {}) if isinstance(ckpt.metrics, dict) else {}
+    test = ckpt.metrics.get("test") or {}
     sim = st_cache.similarity(name) if "table" in ckpt.model.pos_enc.hooks else None
     return {"checkpoint": name, "encoding": ckpt.config.encoding,
             "test top-1 %": test.get("top1"), "test top-5 %": test.get("top5"),
@@ -131,9 +131,9 @@ def summary_row(name, ckpt, key, img, layer, head) -> dict:
 def resolution_table(names, ckpts) -> None:
     rows = {}
     for name in names:
-        res = ckpts[name].metrics.get("resolution") if isinstance(ckpts[name].metrics, dict) else None
-        if isinstance(res, dict) and res:
-            rows[name] = {f"{size}px": (r.get("top1") if isinstance(r, dict) else None) for size, r in res.items()}
+        res = ckpts[name].metrics.get("resolution")
+        if res:
+            rows[name] = {f"{size}px": r.get("top1") for size, r in res.items()}
     st.markdown("**Top-1 % at other input resolutions**")
     if rows:
         df = pd.DataFrame.from_dict(rows, orient="index")

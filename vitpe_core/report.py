@@ -5,6 +5,7 @@ reference numbers, which are labelled as theirs (ENCODINGS.md)."""
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from pathlib import Path
 
 ORDER = [  # also the training order of scripts/train_checkpoints.sh
@@ -24,6 +25,7 @@ PUBLISHED = {
 PAPER_PRESET, PAPER_EPOCHS = "paper", 400   # the SaPE² paper's ViT-S and its epochs (ENCODINGS.md)
 
 
+@lru_cache(maxsize=None)
 def flops_per_image(preset: str) -> int:
     """Forward FLOPs of one 32x32 image through a preset's `ape` model (torch's FLOP counter)."""
     import torch
@@ -66,6 +68,11 @@ def load_metrics(folder: str | Path) -> dict[str, dict]:
     return out
 
 
+def _recipe(metrics: dict, leave_out: str) -> dict:
+    """A row's recipe without one key (the one rows are meant to differ in)."""
+    return {k: v for k, v in (metrics.get("recipe") or {}).items() if k != leave_out}
+
+
 RECIPE_KEYS = ("preset", "dataset", "epochs", "batch_size", "lr", "schedule", "augment", "seed")
 
 
@@ -75,14 +82,11 @@ def seeds_line(folder: str | Path, metrics: dict[str, dict]) -> str | None:
     def top1(m: dict) -> float | None:
         return (m.get("test") or {}).get("top1")
 
-    def without_seed(m: dict) -> dict:
-        return {k: v for k, v in (m.get("recipe") or {}).items() if k != "seed"}
-
     runs: dict[str, dict[int, float]] = {}
     for m in load_metrics(Path(folder) / "seeds").values():
         enc = (m.get("recipe") or {}).get("encoding")
         row = metrics.get(enc)
-        if row is None or without_seed(row) != without_seed(m) or None in (top1(row), top1(m)):
+        if row is None or _recipe(row, "seed") != _recipe(m, "seed") or None in (top1(row), top1(m)):
             continue                          # not a rerun of a shipped row with only the seed changed
         runs.setdefault(enc, {row["recipe"]["seed"]: top1(row)})[m["recipe"]["seed"]] = top1(m)
     parts = []
@@ -97,7 +101,7 @@ def seeds_line(folder: str | Path, metrics: dict[str, dict]) -> str | None:
 
 def recipe_line(metrics: dict[str, dict]) -> str:
     """One line saying whether every row shares one recipe (all but the encoding), read from the JSONs."""
-    recipes = {n: {k: v for k, v in (m.get("recipe") or {}).items() if k != "encoding"} for n, m in metrics.items()}
+    recipes = {n: _recipe(m, "encoding") for n, m in metrics.items()}
     distinct = {json.dumps(r, sort_keys=True) for r in recipes.values()}
     if len(distinct) == 1:
         r = next(iter(recipes.values()))
