@@ -17,7 +17,7 @@ if str(ROOT) not in sys.path:
 
 import streamlit as st  # noqa: E402
 
-from vitpe_core import st_cache  # noqa: E402
+from pages.common import cache  # noqa: E402
 from vitpe_core.viewstate import DEFAULT_PAGE  # noqa: E402
 
 st.set_page_config(page_title="vitpe — position encodings in ViTs", page_icon="🧭", layout="wide")
@@ -38,8 +38,8 @@ if not st.session_state.get("_vitpe_routed"):
         st.switch_page(PAGES[requested], query_params=st.query_params.to_dict())
 
 with st.sidebar:
-    root = st_cache.checkpoint_root()
-    st.caption(f"Checkpoints: `{root}` ({len(st_cache.checkpoint_names())} found). "
-               f"Set `{st_cache.ENV_VAR}` to use another folder.")
+    root = cache.checkpoint_root()
+    st.caption(f"Checkpoints: `{root}` ({len(cache.checkpoint_names())} found). "
+               f"Set `{cache.ENV_VAR}` to use another folder.")
 
 nav.run()

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from vitpe_core import analysis, figures, st_cache, ui
+from vitpe_core import analysis, figures
+from pages.common import cache, ui
 from vitpe_core.gallery import gallery_label
 
 PAGE = "bias"
@@ -29,7 +30,7 @@ def head_text(head: int | None) -> str:
 
 def main() -> None:
     st.title("Bias explorer")
-    names = st_cache.checkpoint_names()
+    names = cache.checkpoint_names()
     view = ui.current_view(PAGE, names)
     if not names:
         ui.no_checkpoints_info()
@@ -46,7 +47,7 @@ def main() -> None:
         layer, head = ui.layer_head_controls(PAGE, cfg.depth, cfg.heads)
     ui.render_share(view, upload_active=is_upload)
 
-    tr = st_cache.trace(view.ckpt, key, img if is_upload else None)
+    tr = cache.trace(view.ckpt, key, img if is_upload else None)
     display = figures.display_image(img, cfg.img_size)
     left, right = st.columns([2, 3])
     with left:
@@ -63,7 +64,7 @@ def main() -> None:
 
 
 def show_prediction(ckpt, tr: analysis.Trace, key: str) -> None:
-    names = st_cache.class_names(ckpt)
+    names = cache.class_names(ckpt)
     probs = tr.probs
     top = int(np.argmax(probs))
     truth = gallery_label(key)

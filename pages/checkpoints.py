@@ -7,34 +7,35 @@ import json
 import pandas as pd
 import streamlit as st
 
-from vitpe_core import figures, st_cache, ui
+from vitpe_core import figures
+from pages.common import cache, ui
 
 PAGE = "checkpoints"
 
 
 def main() -> None:
     st.title("Checkpoints")
-    names = st_cache.checkpoint_names()
+    names = cache.checkpoint_names()
     view = ui.current_view(PAGE, names)
     ui.render_share(view)
     if not names:
         ui.no_checkpoints_info()
         return
-    st.caption(f"Folder: `{st_cache.checkpoint_root()}` ({len(names)} checkpoints)")
+    st.caption(f"Folder: `{cache.checkpoint_root()}` ({len(names)} checkpoints)")
     rows, ckpts = [], {}
     for name in names:
         try:
-            ckpts[name] = ckpt = st_cache.get_checkpoint(name)
+            ckpts[name] = ckpt = cache.get_checkpoint(name)
         except (ValueError, OSError) as e:
             rows.append({"checkpoint": name, "encoding": f"unreadable: {e}"})
             continue
-        m = ckpt.metrics                   # st_cache has checked its shape (sanitize_metrics)
+        m = ckpt.metrics                   # the cache has checked its shape (sanitize_metrics)
         test, structure = m.get("test") or {}, m.get("structure") or {}
         recipe = m.get("recipe") or {}
         rows.append({"checkpoint": name, "encoding": ckpt.config.encoding,
                      "options": json.dumps(ckpt.config.encoding_options) if ckpt.config.encoding_options else "",
                      "parameters": sum(p.numel() for p in ckpt.model.parameters()),
-                     "dataset": st_cache.dataset_of(ckpt), "epochs": m.get("epochs", recipe.get("epochs")),
+                     "dataset": cache.dataset_of(ckpt), "epochs": m.get("epochs", recipe.get("epochs")),
                      "test top-1 %": test.get("top1"), "test top-5 %": test.get("top5"),
                      "2D structure (Spearman)": structure.get("spearman"),
                      "history epochs": len(ckpt.history)})
@@ -50,7 +51,7 @@ def main() -> None:
 
 
 def details(name: str, ckpt) -> None:
-    m = ckpt.metrics                       # st_cache has checked its shape (sanitize_metrics)
+    m = ckpt.metrics                       # the cache has checked its shape (sanitize_metrics)
     st.header(name)
     if m.get("metrics_problems"):
         st.warning("Some of this checkpoint's metrics are not in the shape `vitpe_core.train` writes and are "
@@ -61,7 +62,7 @@ def details(name: str, ckpt) -> None:
     cols[0].metric("test top-1", "—" if test.get("top1") is None else f"{test['top1']:.2f} %")
     cols[1].metric("test top-5", "—" if test.get("top5") is None else f"{test['top5']:.2f} %")
     cols[2].metric("parameters", f"{sum(p.numel() for p in ckpt.model.parameters()):,}")
-    cols[3].metric("dataset", st_cache.dataset_of(ckpt))
+    cols[3].metric("dataset", cache.dataset_of(ckpt))
     curves = m.get("curves")
     if curves and any(curves.get(k) for k in curves if k != "epoch"):
         ui.chart(figures.curves_fig(curves, title=f"Training curves of {name}"), f"{name}_curves",

@@ -7,7 +7,8 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from vitpe_core import analysis, figures, st_cache, ui
+from vitpe_core import analysis, figures
+from pages.common import cache, ui
 
 PAGE = "compare"
 COLUMNS = 2
@@ -20,7 +21,7 @@ COMPONENT_STYLE = {   # label -> (colour scale, range, colourbar title, normalis
 
 def main() -> None:
     st.title("Compare encodings")
-    names = st_cache.checkpoint_names()
+    names = cache.checkpoint_names()
     if not names:
         view = ui.current_view(PAGE, names)
         ui.no_checkpoints_info()
@@ -29,7 +30,7 @@ def main() -> None:
     ckpts = {}
     for name in names:
         try:
-            ckpts[name] = st_cache.get_checkpoint(name)
+            ckpts[name] = cache.get_checkpoint(name)
         except (ValueError, OSError) as e:
             st.error(f"Checkpoint {name!r} cannot be used: {e}")
     if not ckpts:
@@ -87,7 +88,7 @@ def training_curves(names, ckpts) -> None:
         if top1 and len(epochs) == len(top1):
             accuracy[name] = (epochs, top1)
         if "table" in ckpts[name].model.pos_enc.hooks:
-            hist = st_cache.structure_history(name)
+            hist = cache.structure_history(name)
             if hist:
                 hist_epochs = sorted(hist)
                 structure[name] = (hist_epochs, [hist[e]["spearman"] for e in hist_epochs])
@@ -117,10 +118,10 @@ def clamp(ckpt, patch, layer, head):
 
 def summary_row(name, ckpt, key, img, layer, head) -> dict:
     _, layer, head = clamp(ckpt, (0, 0), layer, head)
-    stats = st_cache.attention_stats(name, key, img)                  # name -> (L, h)
+    stats = cache.attention_stats(name, key, img)                  # name -> (L, h)
     pick = (lambda a: float(a[layer].mean())) if head is None else (lambda a: float(a[layer, head]))
     test = ckpt.metrics.get("test") or {}
-    sim = st_cache.similarity(name) if "table" in ckpt.model.pos_enc.hooks else None
+    sim = cache.similarity(name) if "table" in ckpt.model.pos_enc.hooks else None
     return {"checkpoint": name, "encoding": ckpt.config.encoding,
             "test top-1 %": test.get("top1"), "test top-5 %": test.get("top5"),
             "2D structure (Spearman)": None if sim is None else round(sim["score"]["spearman"], 3),
@@ -148,10 +149,10 @@ def panel(name, ckpt, key, img, patch, layer, head) -> None:
     patch, layer, head = clamp(ckpt, patch, layer, head)
     head_txt = "mean of heads" if head is None else f"head {head}"
     st.markdown(f"**{name}** · `{ckpt.config.encoding}` · hooks: {', '.join(ckpt.model.pos_enc.hooks) or 'none'}")
-    tr = st_cache.trace(name, key, img)
+    tr = cache.trace(name, key, img)
     attn = analysis.patch_maps(tr, patch)["attn"][layer]            # (h, H, W)
     attn = analysis.reduce_head(attn, head)
-    comp = st_cache.positional(name, key, patch, img)
+    comp = cache.positional(name, key, patch, img)
     if comp is None:
         label, pos = "none", np.zeros_like(attn)
         scale, rng, cbar, norm = figures.BIAS_SCALE, (0, 1), "—", False

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from vitpe_core import analysis, figures, st_cache, ui
+from vitpe_core import analysis, figures
+from pages.common import cache, ui
 from vitpe_core.viewstate import ViewState
 
 PAGE = "similarity"
@@ -18,11 +19,11 @@ SCORE_HELP = ("Spearman rank correlation of similarity with minus the spatial di
 
 def main() -> None:
     st.title("Position-embedding similarity")
-    names = st_cache.checkpoint_names()
+    names = cache.checkpoint_names()
     table_names = []
     for name in names:
         try:
-            if st_cache.has_table(name):
+            if cache.has_table(name):
                 table_names.append(name)
         except (ValueError, OSError) as e:
             st.error(f"Checkpoint {name!r} cannot be used: {e}")
@@ -55,13 +56,13 @@ def main() -> None:
     else:
         source = view.ckpt
         epoch = epoch_control(source)
-        res = st_cache.similarity(source, epoch)
+        res = cache.similarity(source, epoch)
         label = source + ("" if epoch is None else f", epoch {epoch}")
     show(res, label, source)
 
 
 def with_ckpt(view: ViewState, name: str) -> ViewState:
-    grid = st_cache.get_checkpoint(name).config.grid
+    grid = cache.get_checkpoint(name).config.grid
     patch = view.patch if view.patch[0] < grid[0] and view.patch[1] < grid[1] else (grid[0] // 2, grid[1] // 2)
     view = ViewState(**{**view.__dict__, "ckpt": name, "patch": patch})
     ui.commit(view)
@@ -72,13 +73,13 @@ def timm_upload() -> dict | None:
     """The similarity of an uploaded timm checkpoint, or None (an st.error if it is refused)."""
     with st.sidebar:
         up = st.file_uploader("timm ViT checkpoint (.npz, .safetensors, .pth)", key=f"{PAGE}_timm_upload",
-                              type=[s[1:] for s in st_cache.TIMM_SUFFIXES], max_upload_size=64,
+                              type=[s[1:] for s in cache.TIMM_SUFFIXES], max_upload_size=64,
                               help="A timm / DeiT VisionTransformer state dict with a learned pos_embed "
                                    "(e.g. ViT-Ti/16). Read without executing code; not stored.")
     if up is None:
         return None
     try:
-        res = dict(st_cache.timm_similarity(up.name, up.getvalue()))
+        res = dict(cache.timm_similarity(up.name, up.getvalue()))
     except ValueError as e:   # CheckpointError, or a state dict no ViTConfig can describe
         st.error(f"{up.name}: {e}")
         return None
@@ -88,7 +89,7 @@ def timm_upload() -> dict | None:
 
 def epoch_control(name: str) -> int | None:
     """A slider over the epochs recorded in the checkpoint's history (None = final weights)."""
-    epochs = sorted(st_cache.get_checkpoint(name).history)
+    epochs = sorted(cache.get_checkpoint(name).history)
     if not epochs:
         st.sidebar.caption("This checkpoint recorded no training history.")
         return None
@@ -149,9 +150,9 @@ def show(res: dict, label: str, source: str) -> None:
 
 def across_checkpoints(current: str, current_res: dict) -> None:
     rows = {}
-    for name in st_cache.checkpoint_names():
+    for name in cache.checkpoint_names():
         try:
-            res = st_cache.similarity(name) if st_cache.has_table(name) else None
+            res = cache.similarity(name) if cache.has_table(name) else None
         except (ValueError, OSError):
             res = None
         if res is not None:
@@ -171,7 +172,7 @@ def during_training(source: str) -> None:
     if source == UPLOADED:
         st.caption("An uploaded timm checkpoint has no training history.")
         return
-    hist = st_cache.structure_history(source)
+    hist = cache.structure_history(source)
     if not hist:
         st.caption("This checkpoint recorded no training history.")
         return

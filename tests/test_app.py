@@ -195,7 +195,7 @@ def _png(size=(40, 30), color=(200, 30, 30)) -> bytes:
 
 
 def test_decode_upload():
-    from vitpe_core import ui
+    from pages.common import ui
 
     img, err = ui.decode_upload(_png())
     assert err is None and img.mode == "RGB" and img.size == (40, 30)

@@ -36,7 +36,7 @@ temporary folder, and every table says which is which. Compute per click does no
 on the weights' values.
 
 Deliberate limits:
-* this module imports `st_cache` (hence Streamlit) lazily, for `model_input`, the exact
+* this module uses `vitpe_core.inputs.model_input`, the exact
   preprocessing the pages use; no Streamlit runtime is started in this process;
 * click compute excludes Streamlit's own costs (the cache's copy of cached results,
   widgets, figures, protobuf): the browser end-to-end number includes them;
@@ -73,7 +73,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import analysis
+from . import analysis, inputs
 from .checkpoint import (Checkpoint, history_params, list_checkpoints, load_checkpoint, resolve_checkpoint,
                          save_checkpoint)
 from .config import ViTConfig, preset_config
@@ -335,10 +335,9 @@ def checkpoint_set(source: Path) -> Iterator[CheckpointSet]:
 
 # ----------------------------------------------------------------------------- 3. click compute
 def cold_trace(ckpt: Checkpoint, image_id: str) -> analysis.Trace:
-    """st_cache._trace without the cache: gallery image -> model input -> trace."""
-    from . import st_cache
+    """pages.common.cache._trace without the cache: gallery image -> model input -> trace."""
 
-    x = st_cache.model_input(gallery_image(image_id), ckpt.config.img_size, st_cache.dataset_of(ckpt))
+    x = inputs.model_input(gallery_image(image_id), ckpt.config.img_size, inputs.dataset_of(ckpt))
     return analysis.trace_image(ckpt.model, x)
 
 
@@ -911,7 +910,7 @@ def render_markdown(res: dict, tgts: list[Target], whys: dict[str, str] | None =
     out += ["## 3. Click compute (app, without Streamlit)", "",
             f"The pages' calls replicated without the Streamlit cache (vitpe_core/bench.py `bias_page_compute`, "
             f"`compare_page_compute`, `cold_trace`): a new patch = per-patch maps from a cached trace (compare: "
-            f"plus each checkpoint's positional component); a new image = gallery image → `st_cache.model_input` "
+            f"plus each checkpoint's positional component); a new image = gallery image → `inputs.model_input` "
             f"→ `analysis.trace_image` (compare: plus `attention_stats`) → the same maps. All layers and heads, "
             f"layer 0 / mean of heads shown. Images cycle through the {len(c['images'])} gallery images. "
             "Not included: Streamlit's cache copy, widgets, Plotly figures, transport (see section 4's "

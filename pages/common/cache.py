@@ -1,5 +1,4 @@
-"""Cached computations for the Streamlit app (one of the two vitpe_core modules that import
-Streamlit; the other is `ui`).
+"""Cached computations for the Streamlit app (Streamlit's caches around `vitpe_core`).
 
 * Models: `st.cache_resource(max_entries=16)`, keyed by the checkpoint file's resolved path
   and modification time (a retrained checkpoint is reloaded), loaded through
@@ -24,16 +23,15 @@ import streamlit as st
 import torch
 from PIL import Image
 
-from . import analysis
-from .checkpoint import (Checkpoint, CheckpointError, import_timm, list_checkpoints, load_checkpoint,
+from vitpe_core import analysis
+from vitpe_core.checkpoint import (Checkpoint, CheckpointError, import_timm, list_checkpoints, load_checkpoint,
                          resolve_checkpoint, sanitize_metrics)
-from .data import CIFAR_MEAN, normalize
-from .gallery import CIFAR10_CLASSES, gallery_image
-from .images import prepare_for_model
-from .model import ViT
+from vitpe_core.gallery import gallery_image
+from vitpe_core.inputs import class_names, dataset_of, image_key, model_input  # noqa: F401 (re-exported for pages)
+from vitpe_core.model import ViT
 
 ENV_VAR = "VITPE_CHECKPOINTS"
-DEFAULT_ROOT = Path(__file__).resolve().parents[1] / "checkpoints"
+DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "checkpoints"
 TIMM_SUFFIXES = (".npz", ".safetensors", ".pth", ".pt", ".bin")
 
 
@@ -65,38 +63,6 @@ def _file(name: str) -> tuple[str, int]:
 def get_checkpoint(name: str) -> Checkpoint:
     """The checkpoint `name` of the folder; raises `CheckpointError` (a ValueError)."""
     return _load(*_file(name))
-
-
-def dataset_of(ckpt: Checkpoint) -> str:
-    """The dataset the model was trained on (for normalisation and class names)."""
-    recipe = ckpt.metrics.get("recipe") if isinstance(ckpt.metrics, dict) else None
-    name = recipe.get("dataset") if isinstance(recipe, dict) else None
-    return name if name in CIFAR_MEAN else "cifar10"
-
-
-def class_names(ckpt: Checkpoint) -> list[str]:
-    """Class names: the metrics' own if present, CIFAR-10's for cifar10, else 'class k'."""
-    n = ckpt.config.num_classes
-    given = ckpt.metrics.get("class_names") if isinstance(ckpt.metrics, dict) else None
-    if isinstance(given, list) and len(given) == n and all(isinstance(s, str) for s in given):
-        return given
-    if dataset_of(ckpt) == "cifar10" and n == len(CIFAR10_CLASSES):
-        return list(CIFAR10_CLASSES)
-    return [f"class {k}" for k in range(n)]
-
-
-def model_input(img: Image.Image, size: tuple[int, int], dataset: str) -> torch.Tensor:
-    """Centre-crop + resize to `size`, normalise with the dataset's mean/std: `(3, H, W)`."""
-    x = prepare_for_model(img, size)                                     # (3, H, W) in [0, 1]
-    x = (x * 255).round().to(torch.uint8)[None]                          # (1, 3, H, W) uint8
-    return normalize(x, dataset)[0]                                      # (3, H, W)
-
-
-def image_key(img: Image.Image) -> str:
-    """Cache key of an uploaded image: sha256 of its pixels and size."""
-    h = hashlib.sha256(f"{img.size}".encode())
-    h.update(np.asarray(img.convert("RGB")).tobytes())
-    return "upload-" + h.hexdigest()[:32]
 
 
 # ----------------------------------------------------------------------------- traces

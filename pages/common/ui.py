@@ -1,6 +1,5 @@
-"""Page helpers for the Streamlit app. This module imports Streamlit (with `st_cache`, one of
-the two vitpe_core modules that do); everything it shows is computed elsewhere in
-vitpe_core.
+"""Page helpers for the Streamlit app (widgets, share links, uploads, downloads); everything
+they show is computed in vitpe_core, through the caches of `pages.common.cache`.
 
 The view state (`viewstate.ViewState`) lives in `st.session_state` under the plain keys
 `ckpt`, `image`, `patch` (a tuple `(r, c)`), `layer`, `head` (`None` = mean over heads), and
@@ -25,11 +24,13 @@ import numpy as np
 import streamlit as st
 from PIL import Image
 
-from . import figures, st_cache
-from .checkpoint import CheckpointError
-from .gallery import gallery_caption, gallery_ids, gallery_image
-from .images import ALLOWED_FORMATS, ImageError, load_image
-from .viewstate import KEYS, MEAN_HEAD, PAGES, ViewState, parse_view, to_query
+from vitpe_core import figures
+
+from . import cache
+from vitpe_core.checkpoint import CheckpointError
+from vitpe_core.gallery import gallery_caption, gallery_ids, gallery_image
+from vitpe_core.images import ALLOWED_FORMATS, ImageError, load_image
+from vitpe_core.viewstate import KEYS, MEAN_HEAD, PAGES, ViewState, parse_view, to_query
 
 VIEW_KEYS = ("ckpt", "image", "patch", "layer", "head")
 SYNCED = "_vitpe_synced_query"
@@ -50,7 +51,7 @@ def escape_md(text: str) -> str:
 
 
 def no_checkpoints_info() -> None:
-    root = st_cache.checkpoint_root()
+    root = cache.checkpoint_root()
     st.info(
         f"No checkpoints found in `{root}`.\n\n"
         "Train the shipped set (resumable, about an hour per model on a GPU):\n\n"
@@ -58,7 +59,7 @@ def no_checkpoints_info() -> None:
         "or one model:\n\n"
         "```bash\npython -m vitpe_core train --encoding sape2+ape --dataset cifar10 --preset compact "
         "--data-dir data --download --checkpoint checkpoints/sape2+ape.safetensors\n```\n\n"
-        f"To use another folder, set `{st_cache.ENV_VAR}=/path/to/folder` before `streamlit run app.py`.")
+        f"To use another folder, set `{cache.ENV_VAR}=/path/to/folder` before `streamlit run app.py`.")
 
 
 def show_notes(notes: Sequence[str]) -> None:
@@ -89,7 +90,7 @@ def dims_of(name: str) -> Dims | None:
     if not name:
         return None
     try:
-        cfg = st_cache.get_checkpoint(name).config
+        cfg = cache.get_checkpoint(name).config
     except (CheckpointError, OSError):
         return None
     return cfg.grid, cfg.depth, cfg.heads
@@ -246,7 +247,7 @@ def image_source(prefix: str) -> tuple[Image.Image, str, str, bool]:
         if err is not None:
             st.error(f"{up.name}: {err}")
         else:
-            return img, st_cache.image_key(img), f"uploaded: {up.name}", True
+            return img, cache.image_key(img), f"uploaded: {up.name}", True
     image_id = st.session_state["image"]
     return gallery_image(image_id), image_id, gallery_caption(image_id), False
 
@@ -285,7 +286,7 @@ def downloads(name: str, shown: np.ndarray, key: str, *, full: np.ndarray | None
 def load_checkpoint_or_error(name: str):
     """The checkpoint, or None after an st.error saying why it cannot be used."""
     try:
-        return st_cache.get_checkpoint(name)
+        return cache.get_checkpoint(name)
     except (CheckpointError, OSError) as e:
         st.error(f"Checkpoint {name!r} cannot be used: {e}")
         return None
