@@ -2,7 +2,8 @@
 
     streamlit run app.py            # checkpoints from ./checkpoints or $VITPE_CHECKPOINTS
 
-A router only (st.navigation): the pages are in pages/, their computations in vitpe_core.
+A router only (st.navigation): the pages are in pages/ (their shared widgets and caches in
+pages/common/), their computations in vitpe_core (usable without Streamlit).
 A link `/?page=similarity&ckpt=ape&patch=3,4` opens that page with its query parameters
 (carried over on the switch); see vitpe_core.viewstate for the parameters.
 """
@@ -18,16 +19,18 @@ if str(ROOT) not in sys.path:
 import streamlit as st  # noqa: E402
 
 from pages.common import cache  # noqa: E402
-from vitpe_core.viewstate import DEFAULT_PAGE  # noqa: E402
+from vitpe_core.viewstate import DEFAULT_PAGE, PAGES as PAGE_NAMES  # noqa: E402
 
 st.set_page_config(page_title="vitpe — position encodings in ViTs", page_icon="🧭", layout="wide")
 
-PAGES = {
-    "bias": st.Page("pages/bias.py", title="Bias explorer", icon=":material/my_location:", url_path="bias", default=DEFAULT_PAGE == "bias"),
-    "similarity": st.Page("pages/similarity.py", title="Embedding similarity", icon=":material/grid_view:", url_path="similarity"),
-    "compare": st.Page("pages/compare.py", title="Compare encodings", icon=":material/compare:", url_path="compare"),
-    "checkpoints": st.Page("pages/checkpoints.py", title="Checkpoints", icon=":material/inventory_2:", url_path="checkpoints"),
+NAV = {  # page name (vitpe_core.viewstate.PAGES, the one list) -> (menu title, icon); file pages/NAME.py
+    "bias": ("Bias explorer", ":material/my_location:"),
+    "similarity": ("Embedding similarity", ":material/grid_view:"),
+    "compare": ("Compare encodings", ":material/compare:"),
+    "checkpoints": ("Checkpoints", ":material/inventory_2:"),
 }
+PAGES = {name: st.Page(f"pages/{name}.py", title=NAV[name][0], icon=NAV[name][1], url_path=name,
+                       default=name == DEFAULT_PAGE) for name in sorted(PAGE_NAMES, key=list(NAV).index)}
 nav = st.navigation(list(PAGES.values()))
 
 # `?page=NAME` on any URL opens that page once per session, keeping the other parameters.

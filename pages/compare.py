@@ -7,16 +7,11 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from vitpe_core import analysis, figures
+from vitpe_core import figures, views
 from pages.common import cache, ui
 
 PAGE = "compare"
 COLUMNS = 2
-COMPONENT_STYLE = {   # label -> (colour scale, range, colourbar title, normalise to [0, 1])
-    "bias row": (figures.BIAS_SCALE, (0, 1), "bias (0-1)", True),
-    "table similarity": (figures.SIMILARITY_SCALE, (-1, 1), "cosine", False),
-    "RoPE kernel": (figures.SIMILARITY_SCALE, (-1, 1), "mean cos Δθ", False),
-}
 
 
 def main() -> None:
@@ -27,12 +22,7 @@ def main() -> None:
         ui.no_checkpoints_info()
         ui.render_share(view)
         return
-    ckpts = {}
-    for name in names:
-        try:
-            ckpts[name] = cache.get_checkpoint(name)
-        except (ValueError, OSError) as e:
-            st.error(f"Checkpoint {name!r} cannot be used: {e}")
+    ckpts = ui.load_checkpoints(names)
     if not ckpts:
         return
     depth = max(c.config.depth for c in ckpts.values())
@@ -48,17 +38,10 @@ def main() -> None:
 
     left, right = st.columns([1, 2])
     with left:
-        st.caption(f"{caption} — click a patch")
-        display = figures.display_image(img, ref.config.img_size, max_side=256)
-        ui.clickable(figures.grid_image(display, grid, view.patch), f"{PAGE}_click",
-                     lambda x, y, w, h: figures.pixel_to_patch(x, y, w, h, grid))
-        ui.patch_controls(PAGE, grid)
-        ui.patch_text(view.patch, grid)
+        ui.patch_picker(PAGE, img, ref.config.img_size, grid, view.patch, f"{caption} — click a patch", max_side=256)
         st.caption(f"Layer {layer}, {'mean over heads' if head is None else f'head {head}'} for every "
                    "checkpoint (clamped to a checkpoint's own depth / heads where it has fewer).")
-    rows = []
-    for name in shown:
-        rows.append(summary_row(name, ckpts[name], key, img if is_upload else None, layer, head))
+    rows = [summary_row(name, ckpts[name], key, img if is_upload else None, layer, head) for name in shown]
     with right:
         st.subheader("Per checkpoint")
         table = pd.DataFrame(rows).set_index("checkpoint") if rows else pd.DataFrame()
@@ -80,13 +63,9 @@ def main() -> None:
 def training_curves(names, ckpts) -> None:
     """Test top-1 and the table's 2D-structure score per epoch, every shown checkpoint on one chart each."""
     st.subheader("Training, epoch by epoch")
-    accuracy, structure = {}, {}
+    accuracy = views.accuracy_runs({n: ckpts[n].metrics for n in names})
+    structure = {}
     for name in names:
-        curves = ckpts[name].metrics.get("curves") or {}
-        top1 = curves.get("test_top1") or []
-        epochs = curves.get("epoch") or list(range(1, len(top1) + 1))
-        if top1 and len(epochs) == len(top1):
-            accuracy[name] = (epochs, top1)
         if "table" in ckpts[name].model.pos_enc.hooks:
             hist = cache.structure_history(name)
             if hist:
@@ -110,35 +89,23 @@ def training_curves(names, ckpts) -> None:
             st.caption("No recorded table history for these checkpoints.")
 
 
-def clamp(ckpt, patch, layer, head):
-    H, W = ckpt.config.grid
-    p = (min(patch[0], H - 1), min(patch[1], W - 1))
-    return p, min(layer, ckpt.config.depth - 1), None if head is None else min(head, ckpt.config.heads - 1)
-
-
 def summary_row(name, ckpt, key, img, layer, head) -> dict:
-    _, layer, head = clamp(ckpt, (0, 0), layer, head)
+    _, layer, head = views.clamp_view(ckpt.config, (0, 0), layer, head)
     stats = cache.attention_stats(name, key, img)                  # name -> (L, h)
-    pick = (lambda a: float(a[layer].mean())) if head is None else (lambda a: float(a[layer, head]))
     test = ckpt.metrics.get("test") or {}
     sim = cache.similarity(name) if "table" in ckpt.model.pos_enc.hooks else None
     return {"checkpoint": name, "encoding": ckpt.config.encoding,
             "test top-1 %": test.get("top1"), "test top-5 %": test.get("top5"),
             "2D structure (Spearman)": None if sim is None else round(sim["score"]["spearman"], 3),
-            f"attn distance (patches), L{layer}": round(pick(stats["mean_distance"]), 3),
-            f"attn entropy (nats), L{layer}": round(pick(stats["entropy"]), 3)}
+            f"attn distance (patches), L{layer}": round(views.pick_stat(stats, "mean_distance", layer, head), 3),
+            f"attn entropy (nats), L{layer}": round(views.pick_stat(stats, "entropy", layer, head), 3)}
 
 
 def resolution_table(names, ckpts) -> None:
-    rows = {}
-    for name in names:
-        res = ckpts[name].metrics.get("resolution")
-        if res:
-            rows[name] = {f"{size}px": r.get("top1") for size, r in res.items()}
+    rows = views.resolution_rows({n: ckpts[n].metrics for n in names})
     st.markdown("**Top-1 % at other input resolutions**")
     if rows:
         df = pd.DataFrame.from_dict(rows, orient="index")
-        df = df[sorted(df.columns, key=lambda c: int(c[:-2]) if c[:-2].isdigit() else 0)]
         st.dataframe(df, key=f"{PAGE}_resolution", placeholder="—")
     else:
         st.caption("Not measured for these checkpoints: run `python -m vitpe_core evaluate "
@@ -146,30 +113,20 @@ def resolution_table(names, ckpts) -> None:
 
 
 def panel(name, ckpt, key, img, patch, layer, head) -> None:
-    patch, layer, head = clamp(ckpt, patch, layer, head)
+    patch, layer, head = views.clamp_view(ckpt.config, patch, layer, head)
     head_txt = "mean of heads" if head is None else f"head {head}"
     st.markdown(f"**{name}** · `{ckpt.config.encoding}` · hooks: {', '.join(ckpt.model.pos_enc.hooks) or 'none'}")
-    tr = cache.trace(name, key, img)
-    attn = analysis.patch_maps(tr, patch)["attn"][layer]            # (h, H, W)
-    attn = analysis.reduce_head(attn, head)
-    comp = cache.positional(name, key, patch, img)
-    if comp is None:
-        label, pos = "none", np.zeros_like(attn)
-        scale, rng, cbar, norm = figures.BIAS_SCALE, (0, 1), "—", False
-    else:
-        label, full = comp
-        pos = analysis.reduce_head(full[layer], head)
-        scale, rng, cbar, norm = COMPONENT_STYLE.get(label, (figures.BIAS_SCALE, (None, None), label, False))
-        if norm:
-            pos = analysis.normalize01(pos)
-    fig = figures.pair_fig(pos, attn, titles=(label, "attention row"), colorbar_titles=(cbar, "attention"),
-                           colorscales=(scale, figures.ATTENTION_SCALE), ranges=(rng, (0, None)), patch=patch,
-                           title=f"{name}: layer {layer}, {head_txt}")
+    pv = views.panel_view(cache.trace(name, key, img), cache.positional(name, key, patch, img), patch, layer, head)
+    scale, rng, cbar = figures.component_style(pv.label)
+    fig = figures.pair_fig(pv.positional, pv.attention, titles=(pv.label, "attention row"),
+                           colorbar_titles=(cbar, "attention"), colorscales=(scale, figures.ATTENTION_SCALE),
+                           ranges=(rng, (0, None)), patch=patch, title=f"{name}: layer {layer}, {head_txt}")
     base = f"{name}_compare_p{patch[0]}-{patch[1]}_l{layer}_{head_txt}"
     ui.chart(fig, base, key=f"{PAGE}_fig_{name}")
-    if comp is None:
+    if pv.label == "none":
         st.caption("`none`: no position information at all (the model is permutation-equivariant over patches).")
-    ui.downloads(base + "_positional", pos, key=f"{PAGE}_dl_{name}", full=np.stack([pos, attn]))
+    ui.downloads(base + "_positional", pv.positional, key=f"{PAGE}_dl_{name}",
+                 full=np.stack([pv.positional, pv.attention]))
 
 
 main()

@@ -20,14 +20,8 @@ SCORE_HELP = ("Spearman rank correlation of similarity with minus the spatial di
 def main() -> None:
     st.title("Position-embedding similarity")
     names = cache.checkpoint_names()
-    table_names = []
-    for name in names:
-        try:
-            if cache.has_table(name):
-                table_names.append(name)
-        except (ValueError, OSError) as e:
-            st.error(f"Checkpoint {name!r} cannot be used: {e}")
-    timm = timm_upload()
+    table_names = [n for n, c in ui.load_checkpoints(names).items() if "table" in c.model.pos_enc.hooks]
+    timm = ui.timm_upload(PAGE)
     use_timm = timm is not None and (not table_names or st.session_state.get(f"{PAGE}_source", UPLOADED) == UPLOADED)
     dims_for = ui.dims_of
     if use_timm:   # the patch lives on the uploaded model's grid
@@ -55,7 +49,7 @@ def main() -> None:
         st.caption("Uploaded checkpoints cannot be shared by link; the link opens the checkpoint view.")
     else:
         source = view.ckpt
-        epoch = epoch_control(source)
+        epoch = ui.epoch_control(PAGE, source)
         res = cache.similarity(source, epoch)
         label = source + ("" if epoch is None else f", epoch {epoch}")
     show(res, label, source)
@@ -67,40 +61,6 @@ def with_ckpt(view: ViewState, name: str) -> ViewState:
     view = ViewState(**{**view.__dict__, "ckpt": name, "patch": patch})
     ui.commit(view)
     return view
-
-
-def timm_upload() -> dict | None:
-    """The similarity of an uploaded timm checkpoint, or None (an st.error if it is refused)."""
-    with st.sidebar:
-        up = st.file_uploader("timm ViT checkpoint (.npz, .safetensors, .pth)", key=f"{PAGE}_timm_upload",
-                              type=[s[1:] for s in cache.TIMM_SUFFIXES], max_upload_size=64,
-                              help="A timm / DeiT VisionTransformer state dict with a learned pos_embed "
-                                   "(e.g. ViT-Ti/16). Read without executing code; not stored.")
-    if up is None:
-        return None
-    try:
-        res = dict(cache.timm_similarity(up.name, up.getvalue()))
-    except ValueError as e:   # CheckpointError, or a state dict no ViTConfig can describe
-        st.error(f"{up.name}: {e}")
-        return None
-    res["filename"] = up.name
-    return res
-
-
-def epoch_control(name: str) -> int | None:
-    """A slider over the epochs recorded in the checkpoint's history (None = final weights)."""
-    epochs = sorted(cache.get_checkpoint(name).history)
-    if not epochs:
-        st.sidebar.caption("This checkpoint recorded no training history.")
-        return None
-    options = [*epochs, "final"]
-    if st.session_state.get("_sim_epoch") not in options:
-        st.session_state["_sim_epoch"] = "final"
-    with st.sidebar:
-        ui.bound(st.select_slider, f"{PAGE}_epoch", "_sim_epoch", label="Epoch (table recorded during training)",
-                 options=options, help="Watch the row/column structure emerge as training proceeds.")
-    value = st.session_state["_sim_epoch"]
-    return None if value == "final" else int(value)
 
 
 def show(res: dict, label: str, source: str) -> None:
@@ -121,6 +81,7 @@ def show(res: dict, label: str, source: str) -> None:
         st.caption(f"Figure 7 for {label}: tile (r, c) is patch (r, c)'s similarity to every patch — click a tile")
         ui.clickable(figures.figure7_image(sim_grid, patch=patch), f"{PAGE}_click",
                      lambda x, y, w, h: figures.figure7_pixel_to_patch(x, y, w, h, grid))
+        ui.downloads(f"{source}_figure7", figures.figure7_canvas(sim_grid), key=f"{PAGE}_figure7_dl", full=sim_grid)
     with right:
         ui.patch_controls(PAGE, grid)
         ui.patch_text(patch, grid)
@@ -132,31 +93,20 @@ def show(res: dict, label: str, source: str) -> None:
                                        colorscale=figures.SIMILARITY_SCALE, zmin=-1, zmax=1),
                  base, key=f"{PAGE}_patch_map")
         ui.downloads(base, m, key=f"{PAGE}_patch_dl")
-    tabs = st.tabs(["Figure 7 (interactive)", "N×N matrix", "Across checkpoints", "During training"])
+    tabs = st.tabs(["N×N matrix", "Across checkpoints", "During training"])
     with tabs[0]:
-        ui.chart(figures.figure7_grid_fig(sim_grid, patch=patch, title=f"ViT Figure 7 for {label}"),
-                 f"{source}_figure7", key=f"{PAGE}_figure7")
-        ui.downloads(f"{source}_figure7", figures.figure7_canvas(sim_grid), key=f"{PAGE}_figure7_dl", full=sim_grid)
-    with tabs[1]:
         ui.chart(figures.similarity_matrix_fig(sim, grid, patch=patch,
                                                title=f"Cosine similarity of all {H * W} position embeddings ({label})"),
                  f"{source}_similarity_matrix", key=f"{PAGE}_matrix")
         ui.downloads(f"{source}_similarity_matrix", sim, key=f"{PAGE}_matrix_dl")
-    with tabs[2]:
+    with tabs[1]:
         across_checkpoints(source, res)
-    with tabs[3]:
+    with tabs[2]:
         during_training(source)
 
 
 def across_checkpoints(current: str, current_res: dict) -> None:
-    rows = {}
-    for name in cache.checkpoint_names():
-        try:
-            res = cache.similarity(name) if cache.has_table(name) else None
-        except (ValueError, OSError):
-            res = None
-        if res is not None:
-            rows[name] = res["score"]
+    rows = cache.structure_scores()
     if current == UPLOADED:
         rows[f"{current_res['filename']} (uploaded)"] = current_res["score"]
     df = pd.DataFrame.from_dict(rows, orient="index").round(4)

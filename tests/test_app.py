@@ -15,9 +15,9 @@ from PIL import Image
 from streamlit.testing.v1 import AppTest
 
 from vitpe_core import figures, gallery
+from vitpe_core.viewstate import PAGES
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
-PAGES = ("bias", "similarity", "compare", "checkpoints")
 TITLES = {"bias": "Bias explorer", "similarity": "Position-embedding similarity", "compare": "Compare encodings",
           "checkpoints": "Checkpoints"}
 

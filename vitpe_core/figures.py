@@ -1,7 +1,7 @@
 """Figures for the app: numpy in, Plotly `Figure` out, no Streamlit.
 
 Every figure has a title saying what is shown and a labelled colourbar; maps are drawn on
-the patch grid with row 0 at the top (row-major patches, ENCODINGS.md), and the query
+the patch grid with row 0 at the top (row-major patches, docs/encodings.md), and the query
 patch is outlined. `export_config(name)` is the `config=` for `st.plotly_chart` that makes
 the modebar's camera button save a PNG named after the figure.
 
@@ -34,6 +34,19 @@ SIMILARITY_SCALE = "Viridis"
 BIAS_SCALE = "Blues"        # SaPE²'s Figure 4: near = light, far = strong
 ATTENTION_SCALE = "Magma"
 HIGHLIGHT = "#ff2d55"
+COMPONENT_STYLE = {   # positional component label -> (colour scale, range, colourbar title)
+    "bias row": (BIAS_SCALE, (0, 1), "bias (0-1)"),
+    "table similarity": (SIMILARITY_SCALE, (-1, 1), "cosine"),
+    "RoPE kernel": (SIMILARITY_SCALE, (-1, 1), "mean cos Δθ"),
+    "none": (BIAS_SCALE, (0, 1), "—"),
+}
+
+
+def component_style(label: str) -> tuple[str, tuple[float | None, float | None], str]:
+    """How the compare page draws a positional component (`views.PanelView.label`)."""
+    return COMPONENT_STYLE.get(label, (BIAS_SCALE, (None, None), label))
+
+
 _MARGIN = dict(l=10, r=10, t=60, b=10)
 
 

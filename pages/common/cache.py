@@ -128,6 +128,19 @@ def similarity(name: str, epoch: int | None = None) -> dict[str, Any] | None:
     return _similarity(*_file(name), epoch)
 
 
+def structure_scores() -> dict[str, dict[str, float]]:
+    """name -> structure score of the final table, for every loadable checkpoint with a table."""
+    rows = {}
+    for name in checkpoint_names():
+        try:
+            res = similarity(name) if has_table(name) else None
+        except (ValueError, OSError):
+            res = None
+        if res is not None:
+            rows[name] = res["score"]
+    return rows
+
+
 @st.cache_data(max_entries=64, show_spinner=False)
 def _structure_history(path: str, mtime_ns: int) -> dict[int, dict[str, float]]:
     ckpt = _load(path, mtime_ns)

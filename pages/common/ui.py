@@ -287,6 +287,60 @@ def load_checkpoint_or_error(name: str):
     """The checkpoint, or None after an st.error saying why it cannot be used."""
     try:
         return cache.get_checkpoint(name)
-    except (CheckpointError, OSError) as e:
+    except (ValueError, OSError) as e:   # CheckpointError is a ValueError
         st.error(f"Checkpoint {name!r} cannot be used: {e}")
         return None
+
+
+def load_checkpoints(names: Sequence[str]) -> dict:
+    """name -> checkpoint for every one that loads; an st.error for each that does not."""
+    loaded = {name: load_checkpoint_or_error(name) for name in names}
+    return {name: ckpt for name, ckpt in loaded.items() if ckpt is not None}
+
+
+def patch_picker(page: str, img: Image.Image, img_size: tuple[int, int], grid: tuple[int, int],
+                 patch: tuple[int, int], caption: str, *, max_side: int = 320) -> np.ndarray:
+    """The image at the model's resolution with its patch grid, clickable, plus the keyboard
+    row/column inputs; returns the displayed image `(h, w, 3)` for overlays."""
+    st.caption(caption)
+    display = figures.display_image(img, img_size, max_side=max_side)
+    clickable(figures.grid_image(display, grid, patch), f"{page}_click",
+              lambda x, y, w, h: figures.pixel_to_patch(x, y, w, h, grid))
+    patch_controls(page, grid)
+    patch_text(patch, grid)
+    return display
+
+
+# ----------------------------------------------------------------------------- similarity page widgets
+def timm_upload(page: str) -> dict | None:
+    """The similarity of an uploaded timm checkpoint, or None (an st.error if it is refused)."""
+    with st.sidebar:
+        up = st.file_uploader("timm ViT checkpoint (.npz, .safetensors, .pth)", key=f"{page}_timm_upload",
+                              type=[s[1:] for s in cache.TIMM_SUFFIXES], max_upload_size=64,
+                              help="A timm / DeiT VisionTransformer state dict with a learned pos_embed "
+                                   "(e.g. ViT-Ti/16). Read without executing code; not stored.")
+    if up is None:
+        return None
+    try:
+        res = dict(cache.timm_similarity(up.name, up.getvalue()))
+    except ValueError as e:   # CheckpointError, or a state dict no ViTConfig can describe
+        st.error(f"{up.name}: {e}")
+        return None
+    res["filename"] = up.name
+    return res
+
+
+def epoch_control(page: str, name: str) -> int | None:
+    """A slider over the epochs recorded in the checkpoint's history (None = final weights)."""
+    epochs = sorted(cache.get_checkpoint(name).history)
+    if not epochs:
+        st.sidebar.caption("This checkpoint recorded no training history.")
+        return None
+    options = [*epochs, "final"]
+    if st.session_state.get("_sim_epoch") not in options:
+        st.session_state["_sim_epoch"] = "final"
+    with st.sidebar:
+        bound(st.select_slider, f"{page}_epoch", "_sim_epoch", label="Epoch (table recorded during training)",
+                 options=options, help="Watch the row/column structure emerge as training proceeds.")
+    value = st.session_state["_sim_epoch"]
+    return None if value == "final" else int(value)
