@@ -73,14 +73,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import analysis, inputs
-from .checkpoint import (Checkpoint, history_params, list_checkpoints, load_checkpoint, resolve_checkpoint,
+from vitpe_core import analysis, inputs
+from vitpe_core.checkpoint import (Checkpoint, history_params, list_checkpoints, load_checkpoint, resolve_checkpoint,
                          save_checkpoint)
-from .config import ViTConfig, preset_config
-from .encodings import EncodingContext, available_encodings, build_encoding
-from .gallery import gallery_ids, gallery_image
-from .model import Attention, build_model
-from .viewstate import PREFERRED_CKPT
+from vitpe_core.config import ViTConfig, preset_config
+from vitpe_core.encodings import EncodingContext, available_encodings, build_encoding
+from vitpe_core.gallery import gallery_ids, gallery_image
+from vitpe_core.model import Attention, build_model
+from vitpe_core.viewstate import PREFERRED_CKPT
 
 log = logging.getLogger(__name__)
 
@@ -259,7 +259,7 @@ def reference_models(cfg: ViTConfig) -> dict[str, Callable[[], nn.Module]]:
 def train_step(model: nn.Module, batch: int = TRAIN_BATCH) -> Callable[[], None]:
     """One training step as train.py does it on its normalised batch: label-smoothed cross
     entropy, backward, grad-norm clip 1.0, AdamW with train.py's parameter groups."""
-    from .train import TrainConfig, _optimizer
+    from vitpe_core.train import TrainConfig, _optimizer
 
     torch.manual_seed(0)
     model.train()
@@ -682,7 +682,7 @@ def environment(argv: list[str], threads: int) -> dict:
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             res = subprocess.run([chromium, "--version"], capture_output=True, text=True, timeout=30)
             chromium_version = _first(r"^(Chromium.*)$", res.stdout, res.stdout.strip() or "unknown")
-    from .train import git_commit
+    from vitpe_core.train import git_commit
     return {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": "python -m vitpe_core.bench" + "".join(" " + shlex.quote(a) for a in argv),
