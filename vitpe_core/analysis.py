@@ -31,8 +31,9 @@ def position_table(model: ViT, grid: Grid | None = None, params: dict[str, Tenso
     if params is not None:
         enc = copy.deepcopy(enc)
         enc.load_state_dict({k: v.float() for k, v in params.items()}, strict=False)
-    table = enc.table(grid or model.cfg.grid)
-    return None if table is None else table[model.num_prefix:].detach().float().cpu()
+    grid = grid or model.cfg.grid
+    table = enc.table(grid)                                  # (P'+N, D): P' = 0 for a patches-only table
+    return None if table is None else table[table.shape[0] - grid[0] * grid[1]:].detach().float().cpu()
 
 
 def cosine_similarity(table: Tensor | np.ndarray) -> np.ndarray:
@@ -97,6 +98,7 @@ class Trace:
     attn: np.ndarray                                # (L, h, T, T)
     bias: np.ndarray | None                         # (L, h, T, T) or None
     parts: dict[str, np.ndarray] = field(default_factory=dict)  # name -> (L, h, N, N)
+    prefix: tuple[str, ...] = ("CLS",)              # a name per prefix token, in token order
 
     @property
     def probs(self) -> np.ndarray:
@@ -120,7 +122,7 @@ def trace_image(model: ViT, image: Tensor) -> Trace:
     for name in rec[0]["parts"] or {}:
         parts[name] = np.stack([t["parts"][name].expand(1, *t["parts"][name].shape[1:])[0].float().numpy()
                                 for t in rec])
-    return Trace(grid, model.num_prefix, logits[0].numpy(), attn, bias, parts)
+    return Trace(grid, model.num_prefix, logits[0].numpy(), attn, bias, parts, tuple(model.prefix_names()))
 
 
 def patch_index(patch: tuple[int, int], grid: Grid) -> int:
@@ -133,12 +135,13 @@ def patch_index(patch: tuple[int, int], grid: Grid) -> int:
 def patch_maps(trace: Trace, patch: tuple[int, int]) -> dict[str, np.ndarray]:
     """For query patch `(r, c)`: `(L, h, H, W)` maps of the attention row (over patches),
     the bias row (if any) and each named bias part (e.g. SaPE²'s `x`, `y`), plus
-    `cls_attn`: how much the CLS token attends to each patch."""
+    `cls_attn`: how much the CLS token attends to each patch (models with a CLS token)."""
     H, W = trace.grid
     P, i = trace.num_prefix, patch_index(patch, trace.grid)
     L, h = trace.attn.shape[:2]
-    out = {"attn": trace.attn[:, :, P + i, P:].reshape(L, h, H, W),
-           "cls_attn": trace.attn[:, :, 0, P:].reshape(L, h, H, W)}
+    out = {"attn": trace.attn[:, :, P + i, P:].reshape(L, h, H, W)}
+    if trace.prefix[:1] == ("CLS",):
+        out["cls_attn"] = trace.attn[:, :, 0, P:].reshape(L, h, H, W)
     if trace.bias is not None:
         out["bias"] = trace.bias[:, :, P + i, P:].reshape(L, h, H, W)
     for name, part in trace.parts.items():

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+POOLS = ("token", "avg")
+
+
 @dataclass(frozen=True)
 class ViTConfig:
     img_size: tuple[int, int] = (32, 32)      # (height, width) in pixels the model is built for
@@ -28,17 +31,30 @@ class ViTConfig:
     drop_path: float = 0.0
     encoding: str = "ape"                      # registry name, `a+b` composes
     encoding_options: dict[str, Any] = field(default_factory=dict)  # e.g. {"npos_max": 10, "readout": "query"}
+    # What imported ViTs need (timm, DeiT, DINOv2-style, Hugging Face; vitpe_core.importers).
+    # The defaults are the models this project trains: one CLS token, read out by the head.
+    class_token: bool = True                   # a CLS prefix token
+    dist_token: bool = False                   # DeiT's distillation token; its head is averaged with the CLS head
+    reg_tokens: int = 0                        # register tokens (no position, no read-out)
+    no_embed_class: bool = False               # the `ape` table covers the patches only, not the prefix tokens
+    layer_scale: bool = False                  # LayerScale `ls1.gamma` / `ls2.gamma` in every block
+    pool: str = "token"                        # "token": read out the CLS token; "avg": mean of the patch tokens
+    fc_norm: bool = False                      # LayerNorm after pooling (timm's avg-pool models) instead of `norm`
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "img_size", tuple(int(s) for s in self.img_size))
         sizes = {"img_size": min(self.img_size, default=0), "patch_size": self.patch_size, "in_chans": self.in_chans,
-                 "num_classes": self.num_classes, "dim": self.dim, "depth": self.depth, "heads": self.heads,
-                 "mlp_dim": self.mlp_dim}
+                 "num_classes": self.num_classes + 1, "dim": self.dim, "depth": self.depth, "heads": self.heads,
+                 "mlp_dim": self.mlp_dim, "reg_tokens": self.reg_tokens + 1}   # 0 classes = no head, 0 registers
         bad = [k for k, v in sizes.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1]
         if bad or len(self.img_size) != 2:
             raise ValueError(f"{', '.join(bad) or 'img_size'} must be positive integers (img_size: height, width)")
         if self.dim % self.heads:
             raise ValueError(f"dim {self.dim} must be divisible by heads {self.heads}")
+        if self.pool not in POOLS:
+            raise ValueError(f"unknown pool {self.pool!r}; valid: {POOLS}")
+        if (self.pool == "token" or self.dist_token) and not self.class_token:
+            raise ValueError("pool='token' and dist_token need a class token")
         h, w = self.img_size
         if h % self.patch_size or w % self.patch_size:
             raise ValueError(f"img_size {self.img_size} must be a multiple of patch_size {self.patch_size}")
@@ -47,6 +63,11 @@ class ViTConfig:
     def grid(self) -> tuple[int, int]:
         """(H, W) patch grid the model is built for."""
         return (self.img_size[0] // self.patch_size, self.img_size[1] // self.patch_size)
+
+    @property
+    def num_prefix(self) -> int:
+        """P: prefix tokens before the patches, in the order CLS, distillation, registers."""
+        return int(self.class_token) + int(self.dist_token) + self.reg_tokens
 
     @property
     def head_dim(self) -> int:

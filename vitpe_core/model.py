@@ -9,9 +9,10 @@ One attention class with two paths:
 * fast: `F.scaled_dot_product_attention`, the encoding's bias passed as `attn_mask`; for
   encodings that reuse the logits (CoPE, SaPE²) an explicit softmax over logits computed once;
 * trace: explicit softmax, recording per layer the bias, its named parts and the weights.
-tests/test_model.py proves both give the same logits for every encoding.
+tests/test_encodings.py (`test_contract_shapes_finite_gradients_and_fast_equals_trace`) checks
+that both give the same logits for every registered encoding and several compositions.
 The grid is taken from the input size, so a model runs at other resolutions; each
-encoding resizes or recomputes itself as ENCODINGS.md says.
+encoding resizes or recomputes itself as docs/encodings.md says.
 """
 from __future__ import annotations
 
@@ -76,44 +77,80 @@ def drop_path(x: Tensor, p: float, training: bool) -> Tensor:
     return x * keep / (1 - p)
 
 
+class LayerScale(nn.Module):
+    """Per-channel scale of a residual branch (CaiT / DeiT-III; timm's `ls1.gamma`)."""
+
+    def __init__(self, dim: int, init: float = 1e-5) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((dim,), init))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.gamma
+
+
 class Block(nn.Module):
-    """Pre-norm transformer block."""
+    """Pre-norm transformer block (with LayerScale when `cfg.layer_scale`)."""
 
     def __init__(self, cfg: ViTConfig, drop_path: float = 0.0) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
         self.attn = Attention(cfg.dim, cfg.heads, cfg.qkv_bias)
+        self.ls1 = LayerScale(cfg.dim) if cfg.layer_scale else nn.Identity()
         self.norm2 = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
         self.mlp = Mlp(cfg.dim, cfg.mlp_dim)
+        self.ls2 = LayerScale(cfg.dim) if cfg.layer_scale else nn.Identity()
         self.drop_path = drop_path
 
     def forward(self, x, pos, grid, layer, trace=None):
-        x = x + drop_path(self.attn(self.norm1(x), pos, grid, layer, trace), self.drop_path, self.training)
-        return x + drop_path(self.mlp(self.norm2(x)), self.drop_path, self.training)
+        x = x + drop_path(self.ls1(self.attn(self.norm1(x), pos, grid, layer, trace)), self.drop_path, self.training)
+        return x + drop_path(self.ls2(self.mlp(self.norm2(x))), self.drop_path, self.training)
 
 
 class ViT(nn.Module):
     """`forward(images (B, C, H_img, W_img)) -> logits (B, num_classes)`; pass `trace=[]` to
-    record per-layer attention, bias and bias parts (see Attention)."""
+    record per-layer attention, bias and bias parts (see Attention).
+
+    Tokens are `P` prefix tokens (CLS, distillation, registers, as the config has them) then
+    the `N` patches, row-major. The read-out is the CLS token (`pool="token"`) or the mean of
+    the patch tokens (`"avg"`, then `fc_norm`); with a distillation token its own head
+    `head_dist` is averaged with `head` (timm's DeiT at eval). `num_classes=0`: no head, the
+    pooled features are returned (e.g. a DINOv2 backbone)."""
 
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.num_prefix = 1
+        self.num_prefix = cfg.num_prefix
         self.patch_embed = nn.Module()
         self.patch_embed.proj = nn.Conv2d(cfg.in_chans, cfg.dim, cfg.patch_size, stride=cfg.patch_size)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.dim))
-        ctx = EncodingContext(cfg.dim, cfg.heads, cfg.depth, cfg.grid, self.num_prefix)
+        if cfg.class_token:
+            self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.dim))
+        if cfg.dist_token:
+            self.dist_token = nn.Parameter(torch.zeros(1, 1, cfg.dim))
+        if cfg.reg_tokens:
+            self.reg_token = nn.Parameter(torch.zeros(1, cfg.reg_tokens, cfg.dim))
+        ctx = EncodingContext(cfg.dim, cfg.heads, cfg.depth, cfg.grid, self.num_prefix,
+                              table_prefix=0 if cfg.no_embed_class else self.num_prefix)
         self.pos_enc = build_encoding(cfg.encoding, ctx, **cfg.encoding_options)
         rates = torch.linspace(0, cfg.drop_path, cfg.depth).tolist()
         self.blocks = nn.ModuleList(Block(cfg, r) for r in rates)
-        self.norm = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
-        self.head = nn.Linear(cfg.dim, cfg.num_classes)
+        self.norm = nn.Identity() if cfg.fc_norm else nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
+        if cfg.fc_norm:
+            self.fc_norm = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
+        self.head = nn.Linear(cfg.dim, cfg.num_classes) if cfg.num_classes else nn.Identity()
+        if cfg.dist_token:
+            self.head_dist = nn.Linear(cfg.dim, cfg.num_classes) if cfg.num_classes else nn.Identity()
         self._init_weights()
         self.register_load_state_dict_pre_hook(_map_timm_keys)
 
+    def prefix_names(self) -> list[str]:
+        """A name per prefix token, in token order (for labels: "CLS", "dist", "reg 0", ...)."""
+        c = self.cfg
+        return ["CLS"] * c.class_token + ["dist"] * c.dist_token + [f"reg {i}" for i in range(c.reg_tokens)]
+
     def _init_weights(self) -> None:
-        nn.init.normal_(self.cls_token, std=1e-6)  # timm
+        for name in ("cls_token", "dist_token", "reg_token"):
+            if hasattr(self, name):
+                nn.init.normal_(getattr(self, name), std=1e-6)  # timm
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.trunc_normal_(m.weight, std=0.02)
@@ -126,13 +163,17 @@ class ViT(nn.Module):
         return (img_size[0] // p, img_size[1] // p)
 
     def tokens(self, x: Tensor) -> tuple[Tensor, Grid]:
-        """Patch + CLS tokens with the absolute table added: `(B, T, D)` and the grid."""
+        """Prefix + patch tokens with the absolute table added: `(B, T, D)` and the grid."""
         grid = self.grid_for(x.shape[-2:])
         x = rearrange(self.patch_embed.proj(x), "b d y x -> b (y x) d")        # (B, N, D)
-        x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)   # (B, T, D)
-        table = self.pos_enc.table(grid)                                       # (T, D) or None
-        if table is not None:
-            x = x + table.to(x.dtype)
+        B = x.shape[0]
+        prefix = [getattr(self, n).expand(B, -1, -1) for n in ("cls_token", "dist_token", "reg_token")
+                  if hasattr(self, n)]
+        x = torch.cat((*prefix, x), dim=1)                                     # (B, T, D)
+        table = self.pos_enc.table(grid)                                       # (P'+N, D) or None
+        if table is not None:   # a table without prefix rows (no_embed_class) leaves the prefix tokens alone
+            T = x.shape[1]
+            x = torch.cat((x[:, :T - table.shape[0]], x[:, T - table.shape[0]:] + table.to(x.dtype)), dim=1)
         return x, grid
 
     def forward_features(self, x: Tensor, trace: list[dict] | None = None) -> Tensor:
@@ -141,8 +182,17 @@ class ViT(nn.Module):
             x = blk(x, self.pos_enc, grid, i, trace)
         return self.norm(x)                                                    # (B, T, D)
 
+    def pool(self, x: Tensor) -> Tensor:
+        """`(B, T, D)` normalised tokens -> `(B, D)` read-out features."""
+        feat = x[:, self.num_prefix:].mean(1) if self.cfg.pool == "avg" else x[:, 0]
+        return self.fc_norm(feat) if self.cfg.fc_norm else feat
+
     def forward(self, x: Tensor, trace: list[dict] | None = None) -> Tensor:
-        return self.head(self.forward_features(x, trace)[:, 0])               # (B, classes)
+        x = self.forward_features(x, trace)                                    # (B, T, D)
+        out = self.head(self.pool(x))                                          # (B, classes)
+        if self.cfg.dist_token:
+            out = (out + self.head_dist(x[:, 1])) / 2
+        return out
 
 
 def map_timm_pos_embed(model: ViT, state_dict: dict, prefix: str = "") -> None:

@@ -1,4 +1,4 @@
-"""Absolute position tables: `none`, `ape`, `ape2d`, `sincos2d` (ENCODINGS.md).
+"""Absolute position tables: `none`, `ape`, `ape2d`, `sincos2d` (docs/encodings.md).
 
 * `ape` keeps timm's layout `(1, P+N, D)` under the name `pos_embed`, so a timm / DeiT
   state dict loads; at another grid its patch part is resampled bicubically with timm's
@@ -43,11 +43,11 @@ class LearnedAbsolute(PositionEncoding):
     def __init__(self, ctx: EncodingContext) -> None:
         super().__init__(ctx)
         H, W = ctx.grid
-        self.pos_embed = nn.Parameter(torch.empty(1, ctx.num_prefix + H * W, ctx.dim))  # (1, T, D)
+        self.pos_embed = nn.Parameter(torch.empty(1, ctx.table_rows_prefix + H * W, ctx.dim))  # (1, P+N, D)
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
 
     def table(self, grid: Grid) -> Tensor:
-        return resample_abs_pos_embed(self.pos_embed, grid, self.ctx.grid, self.ctx.num_prefix)[0]
+        return resample_abs_pos_embed(self.pos_embed, grid, self.ctx.grid, self.ctx.table_rows_prefix)[0]
 
 
 @register_encoding("ape2d")

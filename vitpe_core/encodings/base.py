@@ -1,6 +1,6 @@
 """The one interface every position encoding implements, its registry, and composition.
 
-An encoding plugs into attention through up to three hooks (ENCODINGS.md):
+An encoding plugs into attention through up to three hooks (docs/encodings.md):
 
 * `table(grid)`   -> `(P+N, D)` absolute table added to the tokens before block 0, or None;
 * `bias(q, k, grid=, layer=)` -> `(B|1, h, T, T)` float32 additive attention bias (added
@@ -35,7 +35,12 @@ class EncodingContext:
     heads: int          # h
     depth: int          # number of blocks (per-layer parameters)
     grid: Grid          # (H, W) the model is built for
-    num_prefix: int = 1  # P (the CLS token)
+    num_prefix: int = 1  # P (the CLS token; imported models may have more)
+    table_prefix: int | None = None  # prefix rows of a learned `ape` table (0: patches only); default P
+
+    @property
+    def table_rows_prefix(self) -> int:
+        return self.num_prefix if self.table_prefix is None else self.table_prefix
 
     @property
     def head_dim(self) -> int:
