@@ -2,6 +2,9 @@
 invalid value is reported, never acted upon (reliability issue: links)."""
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -33,5 +36,13 @@ def test_random_query_strings_never_raise(app_checkpoint_dir, params):
         assert at.query_params["ckpt"] in {"ape", "sape2+ape", "rope_mixed", "rpb", "none"}
 
 
-def test_pages_list_is_complete():
-    assert set(PAGES) == {"bias", "similarity", "compare", "checkpoints"}
+def test_the_app_routes_every_page_script_and_the_fuzzer_draws_each(app_checkpoint_dir, monkeypatch):
+    """Refusing an unknown page, the app names the pages it routes: exactly the scripts in
+    pages/, and the fuzzer draws every one (a page left out would go unreachable or unfuzzed)."""
+    monkeypatch.setenv("VITPE_CHECKPOINTS", str(app_checkpoint_dir))
+    at = run({"page": "no-such-page"})
+    [refusal] = [w.value for w in at.warning if "Ignored page=" in w.value]
+    routed = sorted(re.search(r"valid\\?: ([^)]*)\)", refusal).group(1).split(", "))
+    scripts = sorted(p.stem for p in (Path(APP).parent / "pages").glob("*.py"))
+    assert routed == scripts == sorted(PAGES)
+    assert set(routed) <= set(NASTY)

@@ -1,4 +1,4 @@
-"""SaPE² and CoPE against naive per-equation implementations written here (ENCODINGS.md)."""
+"""SaPE² and CoPE against naive per-equation implementations written here (docs/encodings.md)."""
 from __future__ import annotations
 
 import math
@@ -94,10 +94,25 @@ def test_sape2_clamps_positions_on_wide_grids(readout):
     got = sape2_bias(q, k, e_x, e_y, grid, readout=readout, npos_max=4)
     want, _, _ = naive_sape2(q, k, e_x, e_y, grid, readout, 4)
     torch.testing.assert_close(got.double(), want, atol=2e-4, rtol=1e-4)
-    # with all gates open, the positions of the first columns saturate at M and the read-out is e[:, M]
-    ones = torch.full_like(q, 10.0)
-    s = sape2_bias(ones, ones, e_x, e_y, grid, readout=readout, npos_max=4)
-    assert torch.isfinite(s).all()
+
+
+@pytest.mark.parametrize("readout", ["query", "key"])
+def test_sape2_reads_out_at_m_when_positions_saturate(readout):
+    """Every gate open (q.k/sqrt d > 30): column m of a row sits at min(W - m, M), so on a 3x7
+    grid with M = 3 columns 0-4 read r.e_x[:, M], columns 5, 6 r.e_x[:, 2], r.e_x[:, 1]; the
+    rows of a column read r.e_y[:, M], [:, 2], [:, 1]. The bias is the descriptors' distances."""
+    grid, M = (3, 7), 3
+    q, k, e_x, e_y = _inputs(grid, npos_max=M + 1)
+    q, k = 4 + 0.5 * q, 4 + 0.5 * k                                  # distinct tokens, all q.k > 0
+    assert (q @ k.transpose(-1, -2) / math.sqrt(8)).min() > 30
+    r = q if readout == "query" else k
+    z_x, z_y = r @ e_x, r @ e_y                                      # (B, h, N, M+1)
+    s_x = torch.cat((z_x[..., [M]].expand(-1, -1, -1, 5), z_x[..., [2, 1]]), dim=-1)  # (B, h, N, W)
+    s_y = z_y[..., [M, 2, 1]]                                        # (B, h, N, H)
+    got, got_x, got_y = sape2_bias(q, k, e_x, e_y, grid, readout=readout, npos_max=M + 1, return_parts=True)
+    torch.testing.assert_close(got_x.double(), torch.cdist(s_x, s_x), atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(got_y.double(), torch.cdist(s_y, s_y), atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(got.double(), torch.cdist(s_x, s_x) + torch.cdist(s_y, s_y), atol=2e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("grid", [(2, 3), (4, 5)])

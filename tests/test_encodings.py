@@ -1,5 +1,5 @@
 """Contract tests over every registered encoding and composite on a non-square grid, and
-one invariant per encoding (ENCODINGS.md, STYLE.md)."""
+one invariant per encoding (docs/encodings.md, STYLE.md)."""
 from __future__ import annotations
 
 import math

@@ -251,11 +251,42 @@ def test_rand_augment_magnitude_zero() -> None:
     assert changed[~identity].float().mean() > 0.5  # these four ops do change most images
 
 
-def test_rand_augment_uniform_magnitude() -> None:
-    """magnitude_std=inf samples the magnitude uniformly in [0, magnitude] (timm's mstd > 100)."""
-    x = _images(8, 16, 16)
-    out = rand_augment(x, generator=torch.Generator().manual_seed(0), magnitude_std=float("inf"))
+def _drawn_magnitudes(monkeypatch: pytest.MonkeyPatch, n: int = 20_000, **kw) -> torch.Tensor:
+    """The per-sample magnitudes rand_augment hands to apply_op: n samples, one layer, prob 1."""
+    seen = []
+    real = randaugment.apply_op
+
+    def recording(x, op, magnitude, sign=None):
+        seen.append(torch.as_tensor(magnitude, dtype=torch.float64))
+        return real(x, op, magnitude, sign)
+
+    monkeypatch.setattr(randaugment, "apply_op", recording)
+    x = torch.zeros(n, 3, 4, 4, dtype=torch.uint8)
+    out = rand_augment(x, generator=torch.Generator().manual_seed(0), num_ops=1, prob=1.0, **kw)
     assert out.shape == x.shape and out.dtype == torch.uint8
+    mag = torch.cat(seen)
+    assert mag.shape == (n,)
+    return mag
+
+
+def test_rand_augment_uniform_magnitude(monkeypatch: pytest.MonkeyPatch) -> None:
+    """magnitude_std=inf samples the magnitude uniformly in [0, magnitude] (timm's mstd > 100):
+    U(0, 9) has mean 4.5, sd 9/sqrt(12) = 2.60, and 1/9 of the draws in each unit interval."""
+    mag = _drawn_magnitudes(monkeypatch, magnitude=9.0, magnitude_std=float("inf"))
+    assert mag.min() >= 0 and mag.max() <= 9
+    assert abs(mag.mean() - 4.5) < 0.06 and abs(mag.std() - 9 / 12 ** 0.5) < 0.05
+    per_unit = torch.histc(mag, bins=9, min=0, max=9) / mag.numel()
+    assert (per_unit - 1 / 9).abs().max() < 0.01             # every bound: 3 to 6 standard errors
+
+
+def test_rand_augment_default_magnitude_is_normal_9_sd_half_clipped_at_10(monkeypatch: pytest.MonkeyPatch) -> None:
+    """rand-m9-mstd0.5: N(9, 0.5) clipped to [0, 10]. The clip leaves the median (9) and the
+    quartiles (9 -/+ 0.337) alone and puts P(Z > 2) = 2.28 % of the draws exactly at 10."""
+    mag = _drawn_magnitudes(monkeypatch)
+    assert mag.min() >= 0 and mag.max() == 10
+    q1, median, q3 = torch.quantile(mag, torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64)).tolist()
+    assert abs(median - 9) < 0.02 and abs((q3 - q1) - 0.6745) < 0.03
+    assert 0.018 < (mag == 10).double().mean() < 0.028       # every bound: 4 to 6 standard errors
 
 
 def test_rand_augment_is_vectorised(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,7 +10,7 @@ Checked against: torchvision's `CIFAR10` / `CIFAR100` (same md5 sums per file, s
 pairing with the flipped batch, the same box sampling and `correct_lam`, the same smoothed
 one-hot targets).
 
-Shape letters follow ENCODINGS.md: `B` batch, `H x W` image rows x columns. A whole dataset
+Shape letters follow docs/encodings.md: `B` batch, `H x W` image rows x columns. A whole dataset
 is `(n, 3, 32, 32)` with `n` images (`N` is reserved for patch tokens).
 
 Deliberate deviations:
@@ -24,7 +24,9 @@ Deliberate deviations:
     drawn from that generator per call (`mixup_cutmix`).
   * `mixup_cutmix` does not modify its input in place (timm does) and does not require an even
     batch (with an odd batch the middle sample is paired with itself).
-  * No RandAugment.
+  * RandAugment is not in this module: `vitpe_core.randaugment` implements it (timm's
+    `rand-m9-mstd0.5-inc1`, batched on uint8), and training applies it after `random_crop_flip`
+    and before `normalize` with `--augment randaug` or `deit`.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 * `evaluate`: top-1 / top-5 (percent) and mean loss on a dataset, optionally after
   resizing the images (bicubic, antialiased) to another size — the model then runs on
-  another grid and each encoding resizes or recomputes itself as ENCODINGS.md says.
+  another grid and each encoding resizes or recomputes itself as docs/encodings.md says.
 * `translation_test`: shift the test images by whole and half patches (zero fill, like the
   training crop's padding) and report accuracy and agreement of predictions with the
   unshifted images; for encodings with a bias, how well the bias maps move with the content:

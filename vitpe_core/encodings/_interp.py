@@ -1,4 +1,4 @@
-"""Pieces shared by CoPE and SaPE²: gated positions and their read-out (ENCODINGS.md)."""
+"""Pieces shared by CoPE and SaPE²: gated positions and their read-out (docs/encodings.md)."""
 from __future__ import annotations
 
 import torch
