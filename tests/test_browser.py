@@ -2,7 +2,8 @@
 through playwright (no browser download). What AppTest cannot do: click the image component
 and see the patch text and the Plotly heatmap's data change; open share links as a user
 does; load every page without an exception box. Checkpoints: conftest's `app_checkpoint_dir`
-(tiny random-weight models). Full-page screenshots go to artifacts/screenshots/.
+(tiny random-weight models). Full-page screenshots go to pytest's temporary folder
+(`screenshots0/` under its basetemp), never into the repository.
 
 Skips with a reason where chromium or playwright is missing (`.ci/run` installs chromium).
 """
@@ -20,7 +21,7 @@ import pytest
 from conftest import load_script
 
 REPO = Path(__file__).resolve().parents[1]
-SHOTS = REPO / "artifacts" / "screenshots"
+SHOTS: Path  # set by the `_screenshot_dir` fixture, under pytest's temporary folder
 TIMEOUT_MS = 60_000
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -63,6 +64,13 @@ def page(browser):
     pg.set_default_timeout(TIMEOUT_MS)
     yield pg
     ctx.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _screenshot_dir(tmp_path_factory) -> Path:
+    global SHOTS
+    SHOTS = tmp_path_factory.mktemp("screenshots")
+    return SHOTS
 
 
 def shot(page, name: str) -> None:

@@ -1,7 +1,7 @@
 """The app's view state and its URL form, without Streamlit.
 
 A view is what a shared link reopens: the page, the checkpoint, the image (a gallery id),
-the query patch `(r, c)` (row-major, ENCODINGS.md), the layer and the head (`None` = mean
+the query patch `(r, c)` (row-major, docs/encodings.md), the layer and the head (`None` = mean
 over heads). `parse_view` turns a query string (as `st.query_params` or
 `urllib.parse.parse_qs` give it) into a valid `ViewState` plus one human-readable note for
 every value it had to replace by its default; `to_query` is its inverse:
