@@ -8,8 +8,10 @@
 #   CHECKPOINT_DIR=retrained bash scripts/train_checkpoints.sh data 15 ape
 # Recipe: compact preset, CIFAR-10, seed 0, AdamW lr 1e-3 wd 0.05, one-cycle (15 % warm-up),
 # label smoothing 0.1, crop+flip, batch 128 (the TrainConfig defaults), EPOCHS epochs.
+# PYTHON (default: python on PATH) is the interpreter, e.g. PYTHON=.venv/bin/python without activating it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+PY=${PYTHON:-python}
 DATA_DIR=${1:-data}
 EPOCHS=${2:-15}
 OUT_DIR=${CHECKPOINT_DIR:-checkpoints}
@@ -17,11 +19,11 @@ OUT_DIR=${CHECKPOINT_DIR:-checkpoints}
 if [ $# -gt 2 ]; then
   ENCODINGS="${*:3}"
 else
-  ENCODINGS=$(python -c "from vitpe_core.report import ORDER; print(' '.join(ORDER))")
+  ENCODINGS=$("$PY" -c "from vitpe_core.report import ORDER; print(' '.join(ORDER))")
 fi
 for enc in $ENCODINGS; do
   if [ -f "$OUT_DIR/$enc.safetensors" ]; then echo "== $enc: done"; continue; fi
   echo "== $enc: training ($EPOCHS epochs)"
-  python -m vitpe_core train --encoding "$enc" --dataset cifar10 --preset compact --epochs "$EPOCHS" \
+  "$PY" -m vitpe_core train --encoding "$enc" --dataset cifar10 --preset compact --epochs "$EPOCHS" \
     --seed 0 --data-dir "$DATA_DIR" --out "runs/$enc" --resume --checkpoint "$OUT_DIR/$enc.safetensors"
 done

@@ -239,12 +239,13 @@ def test_git_commit_marks_changed_code_dirty_but_not_rewritten_runs_or_checkpoin
 
 def test_train_checkpoints_script_skips_finished_ones_and_takes_names(tmp_path):
     import subprocess
+    import sys
 
     from vitpe_core.report import ORDER
     repo = Path(__file__).resolve().parents[1]
     for name in ORDER + ["extra"]:
         (tmp_path / f"{name}.safetensors").write_bytes(b"")       # present: nothing may be trained
-    env = {**os.environ, "CHECKPOINT_DIR": str(tmp_path)}
+    env = {**os.environ, "CHECKPOINT_DIR": str(tmp_path), "PYTHON": sys.executable}   # venv need not be active
 
     def run(*args):
         out = subprocess.run(["bash", str(repo / "scripts" / "train_checkpoints.sh"), *args], env=env,

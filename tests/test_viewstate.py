@@ -123,3 +123,8 @@ def test_any_query_gives_a_valid_view(params, grid, depth, heads):
     assert len(notes) <= len(KEYS)
     again, more = parse_view(to_query(view), checkpoints=CKPTS, images=IMAGES, grid=grid, depth=depth, heads=heads)
     assert (again, more) == (view, [])
+
+
+def test_every_view_field_is_a_query_key():
+    from dataclasses import fields
+    assert KEYS == tuple(f.name for f in fields(ViewState)) == tuple(to_query(ViewState(ckpt="a", image="b")))

@@ -1,14 +1,26 @@
-"""Command line: `python -m vitpe_core {train,evaluate,table} ...` (see --help)."""
+"""Command line: `python -m vitpe_core COMMAND ...`; `COMMAND --help` lists its flags.
+
+  train      train a ViT with one position encoding (resumable; several GPUs under torchrun)
+  evaluate   test accuracy of a checkpoint, optionally across input sizes and translations, as one JSON line
+  table      the README results table from checkpoints/*.json (or rewrite it in README.md)
+  structure  2D-structure score of a checkpoint's (or timm ViT weights') position table, as one JSON line
+"""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
 import sys
+import types
+import typing
 from pathlib import Path
 
 import torch
+
+if typing.TYPE_CHECKING:
+    from .train import TrainConfig
 
 
 def _sizes(text: str) -> list[int]:
@@ -32,128 +44,100 @@ def _grid(text: str) -> tuple[int, int]:
     return h, w
 
 
-def _parse_options(items: list[str]) -> dict:
-    out = {}
-    for it in items or []:
-        key, sep, value = it.partition("=")
-        if not sep:
-            raise SystemExit(f"--option expects KEY=VALUE, got {it!r}")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
+def _option(text: str) -> tuple[str, object]:
+    """`--option KEY=VALUE`: VALUE as JSON (numbers, true, lists), else as the text itself."""
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def _default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m vitpe_core", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for add in (_add_train, _add_evaluate, _add_table, _add_structure):
+        add(sub)
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .train import AUGMENTS, SCHEDULES, TrainConfig
-    from .config import PRESETS
-    from .data import DATASETS
-
-    p = argparse.ArgumentParser(prog="python -m vitpe_core", description=__doc__)
-    sub = p.add_subparsers(dest="cmd", required=True)
-
-    t = sub.add_parser("train", help="train a ViT with one position encoding")
-    t.add_argument("--encoding", default="ape", help="registry name, '+' composes (e.g. sape2+ape)")
-    t.add_argument("--dataset", default="cifar10", choices=sorted(DATASETS))
-    t.add_argument("--preset", default="compact", choices=sorted(PRESETS))
-    t.add_argument("--option", action="append", metavar="KEY=VALUE",
-                   help="encoding option, e.g. --option readout=key --option npos_max=10")
-    defaults = TrainConfig()
-    for name in ("epochs", "batch_size", "lr", "weight_decay", "warmup", "label_smoothing", "grad_clip", "seed",
-                 "min_lr_ratio", "train_subset", "test_subset", "eval_batch_size"):
-        default = getattr(defaults, name)
-        kind = int if name in ("epochs", "batch_size", "seed", "train_subset", "test_subset", "eval_batch_size") else float
-        t.add_argument("--" + name.replace("_", "-"), type=kind, default=default, help=f"default {default}")
-    t.add_argument("--schedule", default=defaults.schedule, choices=SCHEDULES)
-    t.add_argument("--augment", default=defaults.augment, choices=AUGMENTS,
-                   help="cropflip: random crop (pad 4) + flip; mixup: + mixup/cutmix; randaug: + RandAugment "
-                        "(timm rand-m9-mstd0.5-inc1); deit: + both (the SaPE² paper's recipe); none")
-    t.add_argument("--data-dir", default="data", help="folder holding cifar-10-batches-py / cifar-100-python")
-    t.add_argument("--download", action="store_true", help="fetch the dataset from the official site if missing")
-    t.add_argument("--out", help="run folder (default runs/<encoding>)")
-    t.add_argument("--checkpoint", help="also write the final model here, e.g. checkpoints/ape.safetensors")
-    t.add_argument("--resume", action="store_true", help="continue from <out>/state.pt")
-    t.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    t.add_argument("--threads", type=int, help="torch.set_num_threads")
-    t.add_argument("--save-every", type=int, default=100, help="steps between resume points")
-    t.add_argument("--compile", action="store_true", help="torch.compile the model for training")
-    t.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
-
-    e = sub.add_parser("evaluate", help="test accuracy of a checkpoint, as one JSON line")
-    e.add_argument("checkpoint")
-    e.add_argument("--data-dir", default="data")
-    e.add_argument("--download", action="store_true")
-    e.add_argument("--sizes", type=_sizes, help="comma-separated input sizes in pixels, e.g. 24,32,40,48 "
-                                                "(multiples of the patch size, up to twice the training size)")
-    e.add_argument("--translation", action="store_true", help="also run the translation test")
-    e.add_argument("--record", action="store_true", help="write the results into the checkpoint's metrics")
-    e.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-
-    r = sub.add_parser("table", help="the README results table from checkpoints/*.json")
-    r.add_argument("--dir", default="checkpoints")
-    r.add_argument("--readme", help="rewrite the table between the results markers of this file (e.g. README.md)")
-
-    s = sub.add_parser("structure", help="2D-structure score of a checkpoint's position table, as one JSON line")
-    s.add_argument("checkpoint", help="a vitpe checkpoint, or timm ViT weights (.npz, .safetensors, .pth)")
-    s.add_argument("--grid", type=_grid, help="patch grid of timm weights whose table is not square, e.g. 12x16")
-
-    args = p.parse_args(argv)
+    """Run one command; its exit status (2: a user error, said in one line without a traceback)."""
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        if args.cmd == "train":
-            return _train(args, TrainConfig)
-        if args.cmd == "evaluate":
-            return _evaluate(args)
-        if args.cmd == "structure":
-            return _structure(args)
-        from .report import results_table, update_readme
-        if not Path(args.dir).is_dir():
-            raise ValueError(f"no checkpoint folder at {args.dir} (pass --dir, e.g. --dir checkpoints)")
-        if args.readme:
-            update_readme(args.readme, args.dir)
-        else:
-            print(results_table(args.dir))
-        return 0
+        return args.run(args)
     except ValueError as err:  # user errors: say what is wrong, no traceback
         print(f"error: {err}", file=sys.stderr)
         return 2
 
 
-def _structure(args) -> int:
-    """Spearman of table similarity with -distance, plus same-row/column means (`summarize_table`)."""
-    from .checkpoint import CheckpointError, import_timm, load_checkpoint
-    from .evaluate import summarize_table
-    path = Path(args.checkpoint)
-    if not path.is_file():
-        raise ValueError(f"no file at {path}")
-    try:
-        model = load_checkpoint(path).model
-    except CheckpointError as vitpe_err:
-        if path.suffix == ".safetensors" and "is a safetensors file but not a vitpe" not in str(vitpe_err):
-            raise  # a damaged vitpe checkpoint: its own message says what is wrong
-        try:
-            model = import_timm(path, grid=args.grid)
-        except CheckpointError as timm_err:
-            raise ValueError(f"{path.name} is neither a vitpe checkpoint nor timm ViT weights: {timm_err}") from None
-    structure = summarize_table(model)
-    if structure is None:
-        raise ValueError(f"{args.checkpoint}: encoding {model.cfg.encoding!r} has no position table to score")
-    print(json.dumps({"encoding": model.cfg.encoding, "grid": list(model.cfg.grid), **structure}))
-    return 0
+# ----------------------------------------------------------------------------- train
+_FLAG_NAMES = {"encoding_options": "--option"}   # the others: batch_size -> --batch-size
 
 
-def _train(args, TrainConfig) -> int:
+def _flag_type(name: str, hint: object) -> type:
+    """str, int, float or dict from a TrainConfig annotation; `int | None` is int."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        (hint,) = [a for a in typing.get_args(hint) if a is not type(None)]
+    kind = typing.get_origin(hint) or hint
+    if kind not in (str, int, float, dict):
+        raise TypeError(f"TrainConfig.{name}: no command-line flag for a field of type {hint}")
+    return kind
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per TrainConfig field, typed by its annotation, with the field's default and the
+    choices and help of its metadata; the dict `encoding_options` is the repeated `--option KEY=VALUE`."""
+    from .train import TrainConfig
+    hints = typing.get_type_hints(TrainConfig)
+    for f in dataclasses.fields(TrainConfig):
+        flag, kind = _FLAG_NAMES.get(f.name, "--" + f.name.replace("_", "-")), _flag_type(f.name, hints[f.name])
+        if kind is dict:
+            parser.add_argument(flag, dest=f.name, type=_option, action="append", default=[], metavar="KEY=VALUE",
+                                help="encoding option, e.g. --option readout=key --option npos_max=10")
+            continue
+        text = f.metadata.get("help", "").replace("%", "%%")
+        parser.add_argument(flag, dest=f.name, type=kind, default=f.default,
+                            choices=f.metadata.get("choices") or None,
+                            help=f"{text}; default {f.default}" if text else f"default {f.default}")
+
+
+def _train_config(args: argparse.Namespace) -> TrainConfig:
+    """The TrainConfig that the flags of `_add_config_flags` parsed into."""
+    from .train import TrainConfig
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)}
+    return TrainConfig(**{**values, "encoding_options": dict(values["encoding_options"])})  # last KEY wins
+
+
+def _add_train(sub) -> None:
+    t = sub.add_parser("train", help="train a ViT with one position encoding")
+    t.set_defaults(run=_train)
+    _add_config_flags(t)
+    t.add_argument("--data-dir", default="data", help="folder holding cifar-10-batches-py / cifar-100-python")
+    t.add_argument("--download", action="store_true", help="fetch the dataset from the official site if missing")
+    t.add_argument("--out", help="run folder (default runs/<encoding>)")
+    t.add_argument("--checkpoint", help="also write the final model here, e.g. checkpoints/ape.safetensors")
+    t.add_argument("--resume", action="store_true", help="continue from <out>/state.pt")
+    t.add_argument("--device", default=_default_device())
+    t.add_argument("--threads", type=int, help="torch.set_num_threads")
+    t.add_argument("--save-every", type=int, default=100, help="steps between resume points")
+    t.add_argument("--compile", action="store_true", help="torch.compile the model for training")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
+
+
+def _train(args: argparse.Namespace) -> int:
     from .train import train
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = TrainConfig(encoding=args.encoding, dataset=args.dataset, preset=args.preset,
-                      encoding_options=_parse_options(args.option), epochs=args.epochs,
-                      batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay, warmup=args.warmup,
-                      label_smoothing=args.label_smoothing, grad_clip=args.grad_clip, seed=args.seed,
-                      min_lr_ratio=args.min_lr_ratio, schedule=args.schedule, augment=args.augment,
-                      train_subset=args.train_subset, test_subset=args.test_subset,
-                      eval_batch_size=args.eval_batch_size)
+    cfg = _train_config(args)
     out = args.out or f"runs/{args.encoding}"
     metrics = train(cfg, data_dir=args.data_dir, out=out, resume=args.resume, checkpoint=args.checkpoint,
                     device=args.device, save_every=args.save_every, download=args.download,
@@ -163,7 +147,21 @@ def _train(args, TrainConfig) -> int:
     return 0
 
 
-def _evaluate(args) -> int:
+# ----------------------------------------------------------------------------- evaluate
+def _add_evaluate(sub) -> None:
+    e = sub.add_parser("evaluate", help="test accuracy of a checkpoint, as one JSON line")
+    e.set_defaults(run=_evaluate)
+    e.add_argument("checkpoint")
+    e.add_argument("--data-dir", default="data")
+    e.add_argument("--download", action="store_true")
+    e.add_argument("--sizes", type=_sizes, help="comma-separated input sizes in pixels, e.g. 24,32,40,48 "
+                                                "(multiples of the patch size, up to twice the training size)")
+    e.add_argument("--translation", action="store_true", help="also run the translation test")
+    e.add_argument("--record", action="store_true", help="write the results into the checkpoint's metrics")
+    e.add_argument("--device", default=_default_device())
+
+
+def _evaluate(args: argparse.Namespace) -> int:
     from .checkpoint import load_checkpoint, sanitize_metrics, update_metrics
     from .data import load_cifar
     from .evaluate import evaluate, evaluate_resolutions, translation_test
@@ -186,6 +184,56 @@ def _evaluate(args) -> int:
     if args.record:
         update_metrics(args.checkpoint, {k: v for k, v in line.items() if k not in ("top1", "top5")})
     print(json.dumps(line))
+    return 0
+
+
+# ----------------------------------------------------------------------------- table
+def _add_table(sub) -> None:
+    r = sub.add_parser("table", help="the README results table from checkpoints/*.json")
+    r.set_defaults(run=_table)
+    r.add_argument("--dir", default="checkpoints")
+    r.add_argument("--readme", help="rewrite the table between the results markers of this file (e.g. README.md)")
+
+
+def _table(args: argparse.Namespace) -> int:
+    from .report import results_table, update_readme
+    if not Path(args.dir).is_dir():
+        raise ValueError(f"no checkpoint folder at {args.dir} (pass --dir, e.g. --dir checkpoints)")
+    if args.readme:
+        update_readme(args.readme, args.dir)
+    else:
+        print(results_table(args.dir))
+    return 0
+
+
+# ----------------------------------------------------------------------------- structure
+def _add_structure(sub) -> None:
+    s = sub.add_parser("structure", help="2D-structure score of a checkpoint's position table, as one JSON line")
+    s.set_defaults(run=_structure)
+    s.add_argument("checkpoint", help="a vitpe checkpoint, or timm ViT weights (.npz, .safetensors, .pth)")
+    s.add_argument("--grid", type=_grid, help="patch grid of timm weights whose table is not square, e.g. 12x16")
+
+
+def _structure(args: argparse.Namespace) -> int:
+    """Spearman of table similarity with -distance, plus same-row/column means (`summarize_table`)."""
+    from .checkpoint import CheckpointError, import_timm, load_checkpoint
+    from .evaluate import summarize_table
+    path = Path(args.checkpoint)
+    if not path.is_file():
+        raise ValueError(f"no file at {path}")
+    try:
+        model = load_checkpoint(path).model
+    except CheckpointError as vitpe_err:
+        if path.suffix == ".safetensors" and "is a safetensors file but not a vitpe" not in str(vitpe_err):
+            raise  # a damaged vitpe checkpoint: its own message says what is wrong
+        try:
+            model = import_timm(path, grid=args.grid)
+        except CheckpointError as timm_err:
+            raise ValueError(f"{path.name} is neither a vitpe checkpoint nor timm ViT weights: {timm_err}") from None
+    structure = summarize_table(model)
+    if structure is None:
+        raise ValueError(f"{args.checkpoint}: encoding {model.cfg.encoding!r} has no position table to score")
+    print(json.dumps({"encoding": model.cfg.encoding, "grid": list(model.cfg.grid), **structure}))
     return 0
 
 

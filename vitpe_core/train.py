@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from . import data as D
 from .checkpoint import atomic_write_bytes, clean_state_dict, history_params, save_checkpoint
-from .config import ViTConfig, preset_config
+from .config import PRESETS, ViTConfig, preset_config
 from .evaluate import accuracy, full_report, predict, summarize_table
 from .model import ViT
 from .randaugment import rand_augment
@@ -40,25 +40,36 @@ SCHEDULES = ("onecycle", "cosine")
 AUGMENTS = ("cropflip", "mixup", "randaug", "deit", "none")  # each includes crop+flip except none
 
 
+def _flag(default: Any, *, choices: tuple = (), help: str = "") -> Any:
+    """A TrainConfig field with the choices and help of its `python -m vitpe_core train` flag."""
+    return field(default=default, metadata={"choices": choices, "help": help})
+
+
 @dataclass(frozen=True)
 class TrainConfig:
-    encoding: str = "ape"
-    dataset: str = "cifar10"
-    preset: str = "compact"
+    """The recipe of a run: saved in state.pt (resume refuses another) and in the metrics as `recipe`.
+    Each field is a flag of `python -m vitpe_core train` (`batch_size` -> `--batch-size`,
+    `encoding_options` -> repeated `--option KEY=VALUE`), typed by its annotation."""
+    encoding: str = _flag("ape", help="registry name, '+' composes (e.g. sape2+ape)")
+    dataset: str = _flag("cifar10", choices=tuple(sorted(D.DATASETS)))
+    preset: str = _flag("compact", choices=tuple(sorted(PRESETS)))
     encoding_options: dict[str, Any] = field(default_factory=dict)
     epochs: int = 10
     batch_size: int = 128
     lr: float = 1e-3
-    min_lr_ratio: float = 1e-3      # final lr = lr * min_lr_ratio
+    min_lr_ratio: float = _flag(1e-3, help="final lr = lr * min_lr_ratio")
     weight_decay: float = 0.05
-    schedule: str = "onecycle"      # onecycle: warm-up over `warmup` of all steps; cosine: over `warmup` epochs
+    schedule: str = _flag("onecycle", choices=SCHEDULES,
+                          help="onecycle: warm-up over `warmup` of all steps; cosine: over `warmup` epochs")
     warmup: float = 0.15
     label_smoothing: float = 0.1
-    augment: str = "cropflip"       # + mixup/cutmix (mixup), + RandAugment (randaug), + both (deit: the paper's)
+    augment: str = _flag("cropflip", choices=AUGMENTS,
+                         help="cropflip: random crop (pad 4) + flip; mixup: + mixup/cutmix; randaug: + RandAugment "
+                              "(timm rand-m9-mstd0.5-inc1); deit: + both (the SaPE² paper's recipe); none")
     grad_clip: float = 1.0
     seed: int = 0
-    train_subset: int | None = None  # tiny runs (tests, smoke)
-    test_subset: int | None = None
+    train_subset: int | None = _flag(None, help="train on this many images (tiny runs: tests, smoke)")
+    test_subset: int | None = _flag(None, help="evaluate on this many test images")
     eval_batch_size: int = 500
 
     def __post_init__(self) -> None:
@@ -143,6 +154,50 @@ def _optimizer(model: ViT, cfg: TrainConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=cfg.lr)
 
 
+_CURVES = ("epoch", "train_loss", "train_acc", "test_top1", "test_top5", "test_loss", "lr", "images_per_s")
+
+
+def _zero_running() -> dict:
+    return {"loss": 0.0, "correct": 0, "seen": 0}
+
+
+@dataclass
+class _Run:
+    """A run in progress: what `_setup` builds, and the progress that `_save` writes to state.pt."""
+    cfg: TrainConfig
+    out: Path
+    device: str
+    rank: int                                   # this process under torchrun; 0 alone
+    world: int                                  # processes under torchrun; 1 alone
+    model: ViT
+    opt: torch.optim.Optimizer
+    train_ds: D.ImageDataset
+    test_ds: D.ImageDataset
+    steps_per_epoch: int
+    aug_gen: torch.Generator                    # augmentation draws, saved: a resumed run draws the same
+    history: dict[int, dict]                    # epoch -> the encoding's parameters (0: at initialisation)
+    commits: list[str]                          # the code each (re)start of this run trained with
+    step: int = 0                               # optimiser steps done
+    train_time: float = 0.0                     # seconds spent in training steps
+    curves: dict[str, list] = field(default_factory=lambda: {k: [] for k in _CURVES})  # one value per epoch
+    running: dict = field(default_factory=_zero_running)  # this epoch's loss / correct / seen so far
+    net: torch.nn.Module | None = None          # the model as trained: DDP- and/or compile-wrapped (`_wrap`)
+    autocast: Any = None                        # bf16 on CUDA, a no-op on CPU (`_wrap`)
+    epoch_start: float = 0.0                    # perf_counter at the epoch's start, for images_per_s
+
+    @property
+    def state_path(self) -> Path:
+        return self.out / "state.pt"
+
+    @property
+    def total(self) -> int:
+        return self.steps_per_epoch * self.cfg.epochs
+
+    @property
+    def num_classes(self) -> int:
+        return D.DATASETS[self.cfg.dataset].num_classes
+
+
 def train(cfg: TrainConfig, *, data_dir: str | Path, out: str | Path, resume: bool = False,
           checkpoint: str | Path | None = None, device: str = "cpu", save_every: int = 100,
           stop_after_steps: int | None = None, progress: bool = True, download: bool = False,
@@ -154,12 +209,27 @@ def train(cfg: TrainConfig, *, data_dir: str | Path, out: str | Path, resume: bo
     then trains on its own contiguous shard; DistributedDataParallel averages the gradients,
     so N processes follow the single-process run (tests/test_train.py checks this on CPU
     with gloo). Only rank 0 writes files."""
+    run = _setup(cfg, data_dir=data_dir, out=out, device=device, download=download)
+    if resume:
+        _resume(run)
+    _wrap(run, compile_model)
+    while run.step < run.total:
+        epoch = run.step // run.steps_per_epoch
+        if not _train_epoch(run, save_every=save_every, stop_after_steps=stop_after_steps, progress=progress):
+            return {"stopped_at_step": run.step}                    # interrupted mid-epoch, state saved
+        _end_of_epoch(run, epoch, progress=progress)
+        if stop_after_steps is not None and run.step >= stop_after_steps:
+            return {"stopped_at_step": run.step}
+    return _finish(run, checkpoint=checkpoint, full_eval=full_eval)
+
+
+def _setup(cfg: TrainConfig, *, data_dir: str | Path, out: str | Path, device: str, download: bool) -> _Run:
+    """A fresh run: the model (seeded with cfg.seed), the data, the optimiser, step 0."""
     rank, world, device = _distributed(device)
     if cfg.batch_size % world:
         raise ValueError(f"batch_size {cfg.batch_size} must be divisible by the {world} processes")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    state_path = out / "state.pt"
     num_classes = D.DATASETS[cfg.dataset].num_classes
     torch.manual_seed(cfg.seed)
     model = ViT(cfg.model_config(num_classes)).to(device)  # first: a bad encoding fails before data loads
@@ -171,135 +241,173 @@ def train(cfg: TrainConfig, *, data_dir: str | Path, out: str | Path, resume: bo
         test_ds = D.subset(test_ds, cfg.test_subset, seed=cfg.seed)
     opt = _optimizer(model, cfg)
     steps_per_epoch = D.num_batches(len(train_ds), cfg.batch_size, drop_last=True)
-    total = steps_per_epoch * cfg.epochs
     aug_gen = torch.Generator().manual_seed(cfg.seed + 1)
-    step, train_time = 0, 0.0
-    curves: dict[str, list] = {k: [] for k in ("epoch", "train_loss", "train_acc", "test_top1", "test_top5",
-                                               "test_loss", "lr", "images_per_s")}
     history = {0: history_params(model)}
-    commits = [git_commit()]  # the code each (re)start of this run trained with
-    running = {"loss": 0.0, "correct": 0, "seen": 0}
-    if resume and state_path.exists():
-        st = load_state(state_path)
-        if st["train_config"] != cfg.to_dict():
-            raise ValueError(f"{state_path} was written with another configuration; use a new --out or drop "
-                             f"--resume.\nsaved: {st['train_config']}\nnow:   {cfg.to_dict()}")
-        model.load_state_dict(st["model"])
-        opt.load_state_dict(st["optimizer"])
-        aug_gen.set_state(st["aug_rng"])
-        torch.set_rng_state(st["torch_rng"])
-        step, train_time, curves, running = st["step"], st["train_time"], st["curves"], st["running"]
-        history = {int(k): v for k, v in st["history"].items()}
-        commits = list(dict.fromkeys(st["commits"] + commits))
-        log.info("resumed %s at step %d/%d", out, step, total)
-    elif resume:
-        log.info("no state in %s: starting from scratch", out)
-    net: torch.nn.Module = model
-    if world > 1:
-        net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.startswith("cuda") else None)
+    return _Run(cfg=cfg, out=out, device=device, rank=rank, world=world, model=model, opt=opt, train_ds=train_ds,
+                test_ds=test_ds, steps_per_epoch=steps_per_epoch, aug_gen=aug_gen, history=history,
+                commits=[git_commit()])
+
+
+def _resume(run: _Run) -> None:
+    """Continue from `<out>/state.pt` if there is one, refusing a state written with another config."""
+    if not run.state_path.exists():
+        log.info("no state in %s: starting from scratch", run.out)
+        return
+    st = load_state(run.state_path)
+    if st["train_config"] != run.cfg.to_dict():
+        raise ValueError(f"{run.state_path} was written with another configuration; use a new --out or drop "
+                         f"--resume.\nsaved: {st['train_config']}\nnow:   {run.cfg.to_dict()}")
+    run.model.load_state_dict(st["model"])
+    run.opt.load_state_dict(st["optimizer"])
+    run.aug_gen.set_state(st["aug_rng"])
+    torch.set_rng_state(st["torch_rng"])
+    run.step, run.train_time, run.curves, run.running = st["step"], st["train_time"], st["curves"], st["running"]
+    run.history = {int(k): v for k, v in st["history"].items()}
+    run.commits = list(dict.fromkeys(st["commits"] + run.commits))
+    log.info("resumed %s at step %d/%d", run.out, run.step, run.total)
+
+
+def _wrap(run: _Run, compile_model: bool) -> None:
+    """The module trained: DDP under torchrun (after any resume: DDP broadcasts rank 0's weights), compiled
+    on request; gradients clip and checkpoints save through the bare `run.model`."""
+    net: torch.nn.Module = run.model
+    if run.world > 1:
+        net = torch.nn.parallel.DistributedDataParallel(
+            run.model, device_ids=[run.device] if run.device.startswith("cuda") else None)
     if compile_model:
         net = torch.compile(net)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda"))
+    run.net = net
+    run.autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=run.device.startswith("cuda"))
 
-    def save() -> None:
-        if rank == 0:
-            _save_state(state_path, {
-                "train_config": cfg.to_dict(), "model": clean_state_dict(model.state_dict()),
-                "optimizer": opt.state_dict(), "aug_rng": aug_gen.get_state(), "torch_rng": torch.get_rng_state(),
-                "step": step, "train_time": train_time, "curves": curves, "running": running, "commits": commits,
-                "history": {str(k): v for k, v in history.items()}})
-        if world > 1:
-            torch.distributed.barrier()
 
-    while step < total:
-        epoch, in_epoch = divmod(step, steps_per_epoch)
-        it = D.batches(train_ds, cfg.batch_size, shuffle=True, generator=_epoch_generator(cfg, epoch),
-                       drop_last=True, start_batch=in_epoch)
-        bar = tqdm(it, total=steps_per_epoch, initial=in_epoch, desc=f"{cfg.encoding} epoch {epoch + 1}/{cfg.epochs}",
-                   disable=not progress or rank != 0, unit="batch", dynamic_ncols=True)
-        net.train()
-        t_epoch = time.perf_counter()
-        for x, y in bar:
-            t0 = time.perf_counter()
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)  # uint8 to the device
-            if cfg.augment != "none":
-                x = D.random_crop_flip(x, padding=4, generator=aug_gen)                 # (B, 3, 32, 32) uint8
-            if cfg.augment in ("randaug", "deit"):
-                x = rand_augment(x, generator=aug_gen)                                   # rand-m9-mstd0.5-inc1
-            x = D.normalize(x, cfg.dataset)
-            target = y
-            if cfg.augment in ("mixup", "deit"):
-                x, target = D.mixup_cutmix(x, y, num_classes, label_smoothing=cfg.label_smoothing, generator=aug_gen)
-            if world > 1:  # this process's shard of the global batch
-                x, y, target = (t.chunk(world)[rank] for t in (x, y, target))
-            for g in opt.param_groups:
-                g["lr"] = lr_at(step, total, steps_per_epoch, cfg)
-            with autocast:
-                logits = net(x)
-                loss = F.cross_entropy(logits.float(), target, label_smoothing=0.0 if cfg.augment in ("mixup", "deit")
-                                       else cfg.label_smoothing)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
-            step += 1
-            train_time += time.perf_counter() - t0
-            running["loss"] += loss.item() * len(y)
-            running["correct"] += int((logits.argmax(1) == y).sum())
-            running["seen"] += len(y)
-            bar.set_postfix(loss=f"{running['loss'] / running['seen']:.3f}",
-                            acc=f"{100 * running['correct'] / running['seen']:.1f}",
-                            img_s=f"{len(y) * world / (time.perf_counter() - t0):.0f}")
-            if step % steps_per_epoch == 0:
-                break
-            if stop_after_steps is not None and step >= stop_after_steps:
-                save()
-                return {"stopped_at_step": step}
-            if save_every and step % save_every == 0:
-                save()
-        bar.close()
-        # ---- end of epoch: evaluate, record curves and the encoding's parameters
-        if world > 1:
-            sums = torch.tensor([running["loss"], running["correct"], running["seen"]], dtype=torch.float64)
-            torch.distributed.all_reduce(sums)
-            running = {"loss": sums[0].item(), "correct": int(sums[1]), "seen": int(sums[2])}
-        acc = accuracy(predict(model, test_ds, cfg.dataset, batch_size=cfg.eval_batch_size, device=device),
-                       test_ds.labels)
-        seen = max(1, running["seen"])
-        for key, value in (("epoch", epoch + 1), ("train_loss", round(running["loss"] / seen, 4)),
-                           ("train_acc", round(100 * running["correct"] / seen, 2)), ("test_top1", acc["top1"]),
-                           ("test_top5", acc["top5"]), ("test_loss", acc["loss"]), ("lr", opt.param_groups[0]["lr"]),
-                           ("images_per_s", round(seen / max(1e-9, time.perf_counter() - t_epoch), 1))):
-            curves[key].append(value)
-        history[epoch + 1] = history_params(model)
-        running = {"loss": 0.0, "correct": 0, "seen": 0}
-        log.info("epoch %d: %s", epoch + 1, acc)
-        if progress and rank == 0:
-            tqdm.write(f"epoch {epoch + 1}/{cfg.epochs}: test top-1 {acc['top1']:.2f} top-5 {acc['top5']:.2f}")
-        save()
-        if stop_after_steps is not None and step >= stop_after_steps:
-            return {"stopped_at_step": step}
+def _save(run: _Run) -> None:
+    """Write state.pt (rank 0); every key is read back by `_resume`."""
+    if run.rank == 0:
+        _save_state(run.state_path, {
+            "train_config": run.cfg.to_dict(), "model": clean_state_dict(run.model.state_dict()),
+            "optimizer": run.opt.state_dict(), "aug_rng": run.aug_gen.get_state(), "torch_rng": torch.get_rng_state(),
+            "step": run.step, "train_time": run.train_time, "curves": run.curves, "running": run.running,
+            "commits": run.commits, "history": {str(k): v for k, v in run.history.items()}})
+    if run.world > 1:
+        torch.distributed.barrier()
 
+
+def _train_epoch(run: _Run, *, save_every: int, stop_after_steps: int | None, progress: bool) -> bool:
+    """Train from `run.step` to the end of its epoch; False when `stop_after_steps` stopped it first (saved)."""
+    cfg = run.cfg
+    epoch, in_epoch = divmod(run.step, run.steps_per_epoch)
+    it = D.batches(run.train_ds, cfg.batch_size, shuffle=True, generator=_epoch_generator(cfg, epoch),
+                   drop_last=True, start_batch=in_epoch)
+    bar = tqdm(it, total=run.steps_per_epoch, initial=in_epoch, desc=f"{cfg.encoding} epoch {epoch + 1}/{cfg.epochs}",
+               disable=not progress or run.rank != 0, unit="batch", dynamic_ncols=True)
+    run.net.train()
+    run.epoch_start = time.perf_counter()
+    for x, y in bar:
+        t0 = time.perf_counter()
+        x, y, target = _batch(run, x, y)
+        logits, loss = _step(run, x, target)
+        run.train_time += time.perf_counter() - t0
+        running = run.running
+        running["loss"] += loss.item() * len(y)
+        running["correct"] += int((logits.argmax(1) == y).sum())
+        running["seen"] += len(y)
+        bar.set_postfix(loss=f"{running['loss'] / running['seen']:.3f}",
+                        acc=f"{100 * running['correct'] / running['seen']:.1f}",
+                        img_s=f"{len(y) * run.world / (time.perf_counter() - t0):.0f}")
+        if run.step % run.steps_per_epoch == 0:
+            break
+        if stop_after_steps is not None and run.step >= stop_after_steps:
+            _save(run)
+            return False
+        if save_every and run.step % save_every == 0:
+            _save(run)
+    bar.close()
+    return True
+
+
+def _batch(run: _Run, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Augment a global batch on the device, then take this process's shard: (images, labels, targets);
+    targets are soft labels under mixup/cutmix, the labels otherwise. Draws from `run.aug_gen` in a fixed order."""
+    cfg, device = run.cfg, run.device
+    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)  # uint8 to the device
+    if cfg.augment != "none":
+        x = D.random_crop_flip(x, padding=4, generator=run.aug_gen)              # (B, 3, 32, 32) uint8
+    if cfg.augment in ("randaug", "deit"):
+        x = rand_augment(x, generator=run.aug_gen)                                # rand-m9-mstd0.5-inc1
+    x = D.normalize(x, cfg.dataset)                                               # (B, 3, 32, 32) float
+    target = y
+    if cfg.augment in ("mixup", "deit"):
+        x, target = D.mixup_cutmix(x, y, run.num_classes, label_smoothing=cfg.label_smoothing,
+                                   generator=run.aug_gen)                         # target (B, classes)
+    if run.world > 1:  # this process's shard of the global batch
+        x, y, target = (t.chunk(run.world)[run.rank] for t in (x, y, target))
+    return x, y, target
+
+
+def _step(run: _Run, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimiser step at the scheduled learning rate; returns (logits (B, classes), loss)."""
+    cfg, opt = run.cfg, run.opt
+    for g in opt.param_groups:
+        g["lr"] = lr_at(run.step, run.total, run.steps_per_epoch, cfg)
+    with run.autocast:
+        logits = run.net(x)
+        loss = F.cross_entropy(logits.float(), target, label_smoothing=0.0 if cfg.augment in ("mixup", "deit")
+                               else cfg.label_smoothing)   # mixup targets carry their own smoothing
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if cfg.grad_clip:
+        torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.grad_clip)
+    opt.step()
+    run.step += 1
+    return logits, loss
+
+
+def _end_of_epoch(run: _Run, epoch: int, *, progress: bool) -> None:
+    """Evaluate, record the epoch's curves and the encoding's parameters, save."""
+    cfg, running = run.cfg, run.running
+    if run.world > 1:
+        sums = torch.tensor([running["loss"], running["correct"], running["seen"]], dtype=torch.float64)
+        torch.distributed.all_reduce(sums)
+        running = {"loss": sums[0].item(), "correct": int(sums[1]), "seen": int(sums[2])}
+    acc = accuracy(predict(run.model, run.test_ds, cfg.dataset, batch_size=cfg.eval_batch_size, device=run.device),
+                   run.test_ds.labels)
+    seen = max(1, running["seen"])
+    for key, value in (("epoch", epoch + 1), ("train_loss", round(running["loss"] / seen, 4)),
+                       ("train_acc", round(100 * running["correct"] / seen, 2)), ("test_top1", acc["top1"]),
+                       ("test_top5", acc["top5"]), ("test_loss", acc["loss"]), ("lr", run.opt.param_groups[0]["lr"]),
+                       ("images_per_s", round(seen / max(1e-9, time.perf_counter() - run.epoch_start), 1))):
+        run.curves[key].append(value)
+    run.history[epoch + 1] = history_params(run.model)
+    run.running = _zero_running()
+    log.info("epoch %d: %s", epoch + 1, acc)
+    if progress and run.rank == 0:
+        tqdm.write(f"epoch {epoch + 1}/{cfg.epochs}: test top-1 {acc['top1']:.2f} top-5 {acc['top5']:.2f}")
+    _save(run)
+
+
+def _finish(run: _Run, *, checkpoint: str | Path | None, full_eval: bool) -> dict:
+    """The run's metrics (recipe, curves, evaluation report); rank 0 writes them with the final model."""
+    cfg, model, test_ds, total = run.cfg, run.model, run.test_ds, run.total
     model.eval()
     metrics = {
         "recipe": cfg.to_dict(), "epochs": cfg.epochs, "steps": total,
-        "wall_time_s": round(train_time, 1), "images_per_s": round(total * cfg.batch_size / max(train_time, 1e-9), 1),
-        "curves": curves, "git_commit": commits[0], "git_commits": commits, "torch": torch.__version__,
-        "device": _describe(device, world), "parameters": sum(p.numel() for p in model.parameters()),
+        "wall_time_s": round(run.train_time, 1),
+        "images_per_s": round(total * cfg.batch_size / max(run.train_time, 1e-9), 1),
+        "curves": run.curves, "git_commit": run.commits[0], "git_commits": run.commits, "torch": torch.__version__,
+        "device": _describe(run.device, run.world), "parameters": sum(p.numel() for p in model.parameters()),
     }
     if full_eval:
-        metrics.update(full_report(model, test_ds, cfg.dataset, batch_size=cfg.eval_batch_size, device=device))
+        metrics.update(full_report(model, test_ds, cfg.dataset, batch_size=cfg.eval_batch_size, device=run.device))
     else:
-        metrics["test"] = accuracy(predict(model, test_ds, cfg.dataset, device=device), test_ds.labels)
+        metrics["test"] = accuracy(predict(model, test_ds, cfg.dataset, device=run.device), test_ds.labels)
         structure = summarize_table(model)
         if structure:
             metrics["structure"] = structure
-    if rank == 0:
-        save_checkpoint(out / "final.safetensors", model, metrics=metrics, history=history)
+    if run.rank == 0:
+        save_checkpoint(run.out / "final.safetensors", model, metrics=metrics, history=run.history)
         if checkpoint:
-            save_checkpoint(checkpoint, model, metrics=metrics, history=history)
-        (out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+            save_checkpoint(checkpoint, model, metrics=metrics, history=run.history)
+        (run.out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     return metrics
 
 

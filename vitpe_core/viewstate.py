@@ -20,14 +20,13 @@ Deliberate choices:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping, Sequence
 
 PAGES: tuple[str, ...] = ("similarity", "bias", "compare", "checkpoints")
 DEFAULT_PAGE = "bias"
 PREFERRED_CKPT = "sape2+ape"   # the paper's best model, shown first when it is shipped
 MAX_VALUE_CHARS = 64
-KEYS: tuple[str, ...] = ("page", "ckpt", "image", "patch", "layer", "head")
 MEAN_HEAD = "mean"
 _INT = re.compile(r"[+-]?[0-9]{1,6}")
 
@@ -52,11 +51,8 @@ def default_view(*, checkpoints: Sequence[str], images: Sequence[str], grid: Gri
                  page: str = DEFAULT_PAGE) -> ViewState:
     """The view an empty query string opens: the paper's best checkpoint if shipped (else the
     first), the first gallery image, the patch at the grid's centre, layer 0, mean of heads."""
-    ckpts = list(checkpoints)
-    ckpt = PREFERRED_CKPT if PREFERRED_CKPT in ckpts else (ckpts[0] if ckpts else "")
-    H, W = _safe_grid(grid)
-    return ViewState(page=page if page in PAGES else DEFAULT_PAGE, ckpt=ckpt,
-                     image=images[0] if len(images) else "", patch=(H // 2, W // 2), layer=0, head=None)
+    view = _defaults(_Limits(list(checkpoints), list(images), _safe_grid(grid), 1, 1))
+    return replace(view, page=page) if page in PAGES else view
 
 
 def parse_view(params: Mapping[str, Any], *, checkpoints: Sequence[str], images: Sequence[str],
@@ -77,78 +73,121 @@ def to_query(view: ViewState) -> dict[str, str]:
     return {k: v for k, v in q.items() if v != ""}
 
 
-# ----------------------------------------------------------------------------- helpers
+# ----------------------------------------------------------------------------- one entry per key
+@dataclass(frozen=True)
+class _Limits:
+    """What a link's values are checked against: the names on offer and the model's dimensions."""
+    checkpoints: list[str]
+    images: list[str]
+    grid: Grid
+    depth: int
+    heads: int
+
+
+class _Invalid(ValueError):
+    """A value refused by a key's parser; the message says why (it goes into the note)."""
+
+
+def _page(value: str, lim: _Limits) -> str:
+    if value not in PAGES:
+        raise _Invalid(f"not a page (valid: {', '.join(PAGES)})")
+    return value
+
+
+def _ckpt(value: str, lim: _Limits) -> str:
+    if value not in lim.checkpoints:
+        raise _Invalid("no checkpoint of that name in the folder" if lim.checkpoints
+                       else "no checkpoints are available")
+    return value
+
+
+def _image(value: str, lim: _Limits) -> str:
+    if value not in lim.images:
+        raise _Invalid("uploaded images cannot be shared by link; upload it again" if value == "upload"
+                       else "not a gallery image")
+    return value
+
+
+def _patch(value: str, lim: _Limits) -> tuple[int, int]:
+    patch, (H, W) = _parse_patch(value), lim.grid
+    if patch is None:
+        raise _Invalid("expected 'row,col' with two integers")
+    if not (0 <= patch[0] < H and 0 <= patch[1] < W):
+        raise _Invalid(f"outside the {H}x{W} patch grid (rows 0-{H - 1}, columns 0-{W - 1})")
+    return patch
+
+
+def _layer(value: str, lim: _Limits) -> int:
+    return _index(value, lim.depth, "layer", "not an integer")
+
+
+def _head(value: str, lim: _Limits) -> int | None:
+    if value.strip().lower() == MEAN_HEAD:
+        return None
+    return _index(value, lim.heads, "head", f"expected '{MEAN_HEAD}' or an integer")
+
+
+def _index(value: str, n: int, noun: str, not_int: str) -> int:
+    i = _parse_int(value)
+    if i is None:
+        raise _Invalid(not_int)
+    if not 0 <= i < n:
+        raise _Invalid(f"valid {noun}s are 0-{n - 1}" if n > 1 else f"the only {noun} is 0")
+    return i
+
+
+@dataclass(frozen=True)
+class _Key:
+    parse: Callable[[str, _Limits], Any]    # the value a text stands for, or _Invalid
+    default: Callable[[_Limits], Any]       # what an empty query string opens
+    blank_is_none: bool = False             # "" = none chosen: not a value to refuse
+
+
+# The query keys, in the order links write them and notes report them; ViewState has one field per key.
+_KEYS: dict[str, _Key] = {
+    "page": _Key(_page, lambda lim: DEFAULT_PAGE),
+    "ckpt": _Key(_ckpt, lambda lim: PREFERRED_CKPT if PREFERRED_CKPT in lim.checkpoints
+                 else (lim.checkpoints[0] if lim.checkpoints else ""), blank_is_none=True),
+    "image": _Key(_image, lambda lim: lim.images[0] if len(lim.images) else "", blank_is_none=True),
+    "patch": _Key(_patch, lambda lim: (lim.grid[0] // 2, lim.grid[1] // 2)),
+    "layer": _Key(_layer, lambda lim: 0),
+    "head": _Key(_head, lambda lim: None),
+}
+KEYS: tuple[str, ...] = tuple(_KEYS)
+
+
+def _defaults(lim: _Limits) -> ViewState:
+    return ViewState(**{key: spec.default(lim) for key, spec in _KEYS.items()})
+
+
 def _parse(params, checkpoints, images, grid, depth, heads) -> tuple[ViewState, list[str]]:
-    checkpoints, images = _strings(checkpoints), _strings(images)
-    H, W = _safe_grid(grid)
-    depth, heads = _positive(depth), _positive(heads)
-    base = default_view(checkpoints=checkpoints, images=images, grid=(H, W))
-    notes: list[str] = []
+    lim = _Limits(_strings(checkpoints), _strings(images), _safe_grid(grid), _positive(depth), _positive(heads))
+    base = _defaults(lim)
     raw = {k: _last(params, k) for k in KEYS}
     values: dict[str, Any] = {}
-
-    def refuse(key: str, value: str, why: str) -> None:
-        notes.append(f"Ignored {key}={_show(value)}: {why}; "
-                     f"using {key}={_show(_default_text(base, key))}.")
-
+    notes: list[str] = []
     for key, value in raw.items():
-        if value is None or (value == "" and key in ("ckpt", "image")):   # "" = none chosen
+        spec = _KEYS[key]
+        if value is None or (value == "" and spec.blank_is_none):
             continue
-        if not isinstance(value, str):
-            refuse(key, f"<{type(value).__name__}>", "not text")
-            continue
-        if len(value) > MAX_VALUE_CHARS:
-            refuse(key, value, f"longer than {MAX_VALUE_CHARS} characters")
-            continue
-        if key == "page":
-            if value in PAGES:
-                values["page"] = value
-            else:
-                refuse(key, value, f"not a page (valid: {', '.join(PAGES)})")
-        elif key == "ckpt":
-            if value in checkpoints:
-                values["ckpt"] = value
-            elif not checkpoints:
-                refuse(key, value, "no checkpoints are available")
-            else:
-                refuse(key, value, "no checkpoint of that name in the folder")
-        elif key == "image":
-            if value in images:
-                values["image"] = value
-            elif value == "upload":
-                refuse(key, value, "uploaded images cannot be shared by link; upload it again")
-            else:
-                refuse(key, value, "not a gallery image")
-        elif key == "patch":
-            patch = _parse_patch(value)
-            if patch is None:
-                refuse(key, value, "expected 'row,col' with two integers")
-            elif not (0 <= patch[0] < H and 0 <= patch[1] < W):
-                refuse(key, value, f"outside the {H}x{W} patch grid (rows 0-{H - 1}, columns 0-{W - 1})")
-            else:
-                values["patch"] = patch
-        elif key == "layer":
-            n = _parse_int(value)
-            if n is None:
-                refuse(key, value, "not an integer")
-            elif not 0 <= n < depth:
-                refuse(key, value, f"valid layers are 0-{depth - 1}" if depth > 1 else "the only layer is 0")
-            else:
-                values["layer"] = n
-        elif key == "head":
-            if value.strip().lower() == MEAN_HEAD:
-                values["head"] = None
-                continue
-            n = _parse_int(value)
-            if n is None:
-                refuse(key, value, f"expected '{MEAN_HEAD}' or an integer")
-            elif not 0 <= n < heads:
-                refuse(key, value, f"valid heads are 0-{heads - 1}" if heads > 1 else "the only head is 0")
-            else:
-                values["head"] = n
-    return ViewState(**{**base.__dict__, **values}), notes
+        shown = value if isinstance(value, str) else f"<{type(value).__name__}>"
+        try:
+            values[key] = _read(spec, value, lim)
+        except _Invalid as why:
+            notes.append(f"Ignored {key}={_show(shown)}: {why}; using {key}={_show(_default_text(base, key))}.")
+    return replace(base, **values), notes
 
 
+def _read(spec: _Key, value: Any, lim: _Limits) -> Any:
+    """`value` through the key's parser, after the checks every key shares."""
+    if not isinstance(value, str):
+        raise _Invalid("not text")
+    if len(value) > MAX_VALUE_CHARS:
+        raise _Invalid(f"longer than {MAX_VALUE_CHARS} characters")
+    return spec.parse(value, lim)
+
+
+# ----------------------------------------------------------------------------- helpers
 def _last(params: Mapping[str, Any], key: str) -> Any:
     """The last value of `key` (a str, or the last item of a list/tuple); None if absent."""
     if key not in params:

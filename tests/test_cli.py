@@ -1,0 +1,92 @@
+"""`python -m vitpe_core`: the train flags are generated from TrainConfig and parse back to it."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from vitpe_core.__main__ import _train_config, build_parser
+from vitpe_core.train import AUGMENTS, SCHEDULES, TrainConfig
+
+# The flags scripts, the README and the tests spell out: generating them must not rename one.
+CONFIG_FLAGS = ("--encoding", "--dataset", "--preset", "--option", "--epochs", "--batch-size", "--lr", "--min-lr-ratio",
+                "--weight-decay", "--schedule", "--warmup", "--label-smoothing", "--augment", "--grad-clip", "--seed",
+                "--train-subset", "--test-subset", "--eval-batch-size")
+RUN_FLAGS = ("--data-dir", "--download", "--out", "--checkpoint", "--resume", "--device", "--threads", "--save-every",
+             "--compile", "--no-progress")
+
+
+def _train_parser():
+    sub = next(a for a in build_parser()._actions if a.dest == "cmd")
+    return sub.choices["train"]
+
+
+def _flag(name: str) -> str:
+    return "--option" if name == "encoding_options" else "--" + name.replace("_", "-")
+
+
+def _argv(cfg: TrainConfig) -> list[str]:
+    argv = ["train"]
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.name == "encoding_options":
+            for key, v in value.items():
+                argv += ["--option", f"{key}={v}"]
+        elif value is not None:
+            argv += [_flag(f.name), str(value)]
+    return argv
+
+
+def test_every_config_field_has_its_flag():
+    actions = {a.dest: a for a in _train_parser()._actions}
+    flags = {s for a in _train_parser()._actions for s in a.option_strings} - {"-h", "--help"}
+    assert flags == set(CONFIG_FLAGS + RUN_FLAGS)
+    for f in dataclasses.fields(TrainConfig):
+        assert _flag(f.name) in actions[f.name].option_strings, f.name
+    assert actions["schedule"].choices == SCHEDULES and actions["augment"].choices == AUGMENTS
+    assert actions["dataset"].choices == ("cifar10", "cifar100") and "compact" in actions["preset"].choices
+    assert actions["batch_size"].type is int and actions["train_subset"].type is int and actions["lr"].type is float
+
+
+def test_defaults_parse_to_the_default_config_and_help_shows_them(capsys):
+    assert _train_config(build_parser().parse_args(["train"])) == TrainConfig()
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    for text in ("default 128", "default 0.001", "default onecycle", "default cropflip", "default None",
+                 "--option KEY=VALUE"):
+        assert text in help_text, text
+
+
+OTHER = TrainConfig(encoding="sape2+ape", dataset="cifar100", preset="tiny",
+                    encoding_options={"readout": "key", "npos_max": 10}, epochs=3, batch_size=64, lr=2.5e-4,
+                    min_lr_ratio=0.01, weight_decay=0.1, schedule="cosine", warmup=2.0, label_smoothing=0.0,
+                    augment="deit", grad_clip=0.0, seed=7, train_subset=100, test_subset=50, eval_batch_size=32)
+
+
+@pytest.mark.parametrize("cfg", [TrainConfig(), OTHER])
+def test_flags_round_trip_to_the_same_config(cfg):
+    assert _train_config(build_parser().parse_args(_argv(cfg))) == cfg
+
+
+def test_the_round_trip_changes_every_field():
+    assert all(getattr(OTHER, f.name) != getattr(TrainConfig(), f.name) for f in dataclasses.fields(TrainConfig))
+
+
+def test_option_values_are_json_or_text_and_need_an_equals_sign(capsys):
+    args = build_parser().parse_args(["train", "--option", "a=1", "--option", "b=[1, 2]", "--option", "c=key",
+                                      "--option", "a=true"])
+    assert _train_config(args).encoding_options == {"a": True, "b": [1, 2], "c": "key"}   # the last a wins
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--option", "readout"])
+    assert "expected KEY=VALUE" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--schedule", "linear"])
+
+
+def test_every_command_is_in_the_module_docstring():
+    import vitpe_core.__main__ as cli
+    sub = next(a for a in build_parser()._actions if a.dest == "cmd")
+    assert set(sub.choices) == {"train", "evaluate", "table", "structure"}
+    for name in sub.choices:
+        assert f"\n  {name} " in cli.__doc__, name
