@@ -4,6 +4,7 @@
   evaluate   test accuracy of a checkpoint, optionally across input sizes and translations, as one JSON line
   table      the README results table from checkpoints/*.json (or rewrite it in README.md)
   structure  2D-structure score of a checkpoint's (or timm ViT weights') position table, as one JSON line
+  import     a pretrained timm / DeiT / DINOv2 / Hugging Face / RoPE-ViT model -> a vitpe checkpoint
 """
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m vitpe_core", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    for add in (_add_train, _add_evaluate, _add_table, _add_structure):
+    for add in (_add_train, _add_evaluate, _add_table, _add_structure, _add_import):
         add(sub)
     return p
 
@@ -216,8 +217,9 @@ def _add_structure(sub) -> None:
 
 def _structure(args: argparse.Namespace) -> int:
     """Spearman of table similarity with -distance, plus same-row/column means (`summarize_table`)."""
-    from .checkpoint import CheckpointError, import_timm, load_checkpoint
+    from .checkpoint import CheckpointError, load_checkpoint
     from .evaluate import summarize_table
+    from .importers import import_file
     path = Path(args.checkpoint)
     if not path.is_file():
         raise ValueError(f"no file at {path}")
@@ -227,13 +229,49 @@ def _structure(args: argparse.Namespace) -> int:
         if path.suffix == ".safetensors" and "is a safetensors file but not a vitpe" not in str(vitpe_err):
             raise  # a damaged vitpe checkpoint: its own message says what is wrong
         try:
-            model = import_timm(path, grid=args.grid)
+            model = import_file(path, grid=args.grid).model
         except CheckpointError as timm_err:
-            raise ValueError(f"{path.name} is neither a vitpe checkpoint nor timm ViT weights: {timm_err}") from None
+            why = str(timm_err).replace("--img-size H[xW] (the size the table was trained at)", "--grid HxW")
+            raise ValueError(f"{path.name} is neither a vitpe checkpoint nor ViT weights vitpe can import: {why}"
+                             ) from None
     structure = summarize_table(model)
     if structure is None:
         raise ValueError(f"{args.checkpoint}: encoding {model.cfg.encoding!r} has no position table to score")
     print(json.dumps({"encoding": model.cfg.encoding, "grid": list(model.cfg.grid), **structure}))
+    return 0
+
+
+# ----------------------------------------------------------------------------- import
+def _add_import(sub) -> None:
+    from .importers import FAMILIES, NORMS
+    i = sub.add_parser("import", help="turn a pretrained ViT into a vitpe checkpoint (docs/importing.md)",
+                       description="Import timm / DeiT / DINOv2-style / Hugging Face / RoPE-ViT weights. The file is "
+                                   "read without running code (.safetensors, .npz, or a weights-only torch file).")
+    i.set_defaults(run=_import)
+    i.add_argument("source", help="weights file, or a Hugging Face hub id (needs huggingface_hub and a network)")
+    i.add_argument("--out", required=True, help="the checkpoint to write, e.g. checkpoints/vit_tiny.safetensors")
+    i.add_argument("--family", default="auto", choices=("auto", *FAMILIES), help="default: detected from the keys")
+    i.add_argument("--img-size", help="H or HxW in pixels: required only for a non-square table, or to run the "
+                                      "model at another size (the table is resampled as timm does)")
+    i.add_argument("--heads", type=int, help="attention heads (default: config.json beside the file, else width/64)")
+    i.add_argument("--pool", choices=("token", "avg"), help="read-out, where the keys cannot tell (default token)")
+    i.add_argument("--norm", choices=sorted(NORMS), help="input normalisation (default: the family's usual one)")
+    i.add_argument("--crop-pct", type=float, help="centre-crop fraction of the eval transform (timm's crop_pct)")
+    i.add_argument("--licence", default="", help="free text recorded in the checkpoint, e.g. 'Apache-2.0 (timm)'")
+
+
+def _import(args: argparse.Namespace) -> int:
+    from .importers import import_checkpoint
+    out = Path(args.out)
+    if out.suffix != ".safetensors":
+        raise ValueError(f"--out must end in .safetensors, got {out.name}")
+    imp = import_checkpoint(args.source, out, licence=args.licence, family=args.family, img_size=args.img_size,
+                            heads=args.heads, pool=args.pool, norm=args.norm, crop_pct=args.crop_pct)
+    cfg = imp.model.cfg
+    print(json.dumps({"out": str(out), "family": imp.family, "encoding": cfg.encoding, "grid": list(cfg.grid),
+                      "img_size": list(cfg.img_size), "prefix_tokens": imp.model.prefix_names(),
+                      "classes": cfg.num_classes, "parameters": sum(p.numel() for p in imp.model.parameters()),
+                      "notes": imp.notes}))
     return 0
 
 

@@ -371,35 +371,9 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
 
 def import_timm(state_dict: Mapping[str, torch.Tensor] | str | Path, *, heads: int | None = None,
                 grid: tuple[int, int] | None = None) -> ViT:
-    """Build an `ape` ViT from a timm / DeiT `VisionTransformer` state dict (class token,
-    learned `pos_embed`). `heads` defaults to `dim // 64` (every standard timm ViT); `grid`
-    defaults to the square grid implied by `pos_embed` and must be given otherwise."""
+    """The model of timm ViT weights (a state dict or a file): `importers.import_state_dict`
+    with `family="timm"`; kept for callers of the first release."""
+    from .importers import import_state_dict
     if not isinstance(state_dict, Mapping):
         state_dict = read_state_dict(state_dict)
-    sd = clean_state_dict(state_dict)
-    need = ["cls_token", "pos_embed", "patch_embed.proj.weight", "head.weight", "blocks.0.mlp.fc1.weight"]
-    missing = [k for k in need if k not in sd]
-    if missing:
-        raise CheckpointError(f"not a timm VisionTransformer state dict with a class token and a learned "
-                              f"pos_embed: missing {missing}")
-    dim = sd["cls_token"].shape[-1]
-    depth = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("blocks."))
-    patch = sd["patch_embed.proj.weight"].shape[-1]
-    n = sd["pos_embed"].shape[1] - 1
-    if grid is None:
-        side = int(round(n ** 0.5))
-        if side * side != n:
-            raise CheckpointError(f"pos_embed has {n} patch rows, not a square grid: pass grid=(H, W) "
-                                  "(`structure --grid HxW` on the command line)")
-        grid = (side, side)
-    if grid[0] * grid[1] != n:
-        raise CheckpointError(f"grid {grid} has {grid[0] * grid[1]} patches but pos_embed has {n}")
-    cfg = ViTConfig(img_size=(grid[0] * patch, grid[1] * patch), patch_size=patch,
-                    in_chans=sd["patch_embed.proj.weight"].shape[1], num_classes=sd["head.weight"].shape[0],
-                    dim=dim, depth=depth, heads=heads or max(1, dim // 64),
-                    mlp_dim=sd["blocks.0.mlp.fc1.weight"].shape[0],
-                    qkv_bias="blocks.0.attn.qkv.bias" in sd, encoding="ape")
-    model = ViT(cfg)
-    weights = {k: v.float() for k, v in sd.items() if not k.startswith("pretrained_")}
-    load_weights(model, weights, "timm state dict")
-    return model.eval()
+    return import_state_dict(state_dict, family="timm", heads=heads, grid=grid).model

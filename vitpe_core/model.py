@@ -154,7 +154,8 @@ class ViT(nn.Module):
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.trunc_normal_(m.weight, std=0.02)
-                nn.init.zeros_(m.bias)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
 
     def grid_for(self, img_size: tuple[int, int]) -> Grid:
         p = self.cfg.patch_size

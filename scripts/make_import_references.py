@@ -1,0 +1,181 @@
+"""Reference outputs of the real implementations, for tests/test_importers.py.
+
+timm cannot be installed beside the project's CPU torch (its torchvision needs another torch),
+so this script runs once in a side environment and writes small random-weight models with
+their outputs to tests/data/import_references.safetensors:
+
+    python -m venv /tmp/timm-env
+    /tmp/timm-env/bin/pip install torch==2.14.1 torchvision==0.29.1 timm==1.0.31 safetensors
+    /tmp/timm-env/bin/python scripts/make_import_references.py
+
+For every case: the model's state dict in its own key names, a fixed input, the logits (or
+features), every layer's attention weights (timm's non-fused path, read at `attn_drop`),
+and the timm kwargs in the metadata. Also `timm.layers.resample_abs_pos_embed` on random
+tables. The RoPE-ViT cases are not built with a library (naver-ai/rope-vit is a research
+repository on top of timm, not a package): its attention is written out here from its
+published model code (complex rotations, `freqs (2, depth, heads*d/2)`, `gamma_1/2`), on
+timm's DeiT-III blocks, as an independent check of the importer's key and layout mapping.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import timm
+import torch
+import torch.nn as nn
+from safetensors.torch import save_file
+from timm.layers import resample_abs_pos_embed, set_fused_attn
+from timm.models.vision_transformer import VisionTransformer
+from timm.models.deit import VisionTransformerDistilled
+
+OUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "import_references.safetensors"
+SMALL = dict(embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0, num_classes=7)
+
+TIMM_CASES = {   # name -> (class, kwargs, input (H, W))
+    "timm_cls": (VisionTransformer, dict(img_size=32, patch_size=8, **SMALL), (32, 32)),
+    "timm_gap_fcnorm_noqkvbias": (VisionTransformer, dict(img_size=32, patch_size=8, class_token=False,
+                                                          global_pool="avg", qkv_bias=False, **SMALL), (32, 32)),
+    "timm_reg4_noembed_ls_nonsquare": (VisionTransformer, dict(img_size=(24, 40), patch_size=8, reg_tokens=4,
+                                                               no_embed_class=True, init_values=0.5, **SMALL),
+                                       (24, 40)),
+    "timm_deit_distilled": (VisionTransformerDistilled, dict(img_size=32, patch_size=8, **SMALL), (32, 32)),
+    "timm_deit3_ls_noembed": (VisionTransformer, dict(img_size=32, patch_size=8, no_embed_class=True,
+                                                      init_values=0.5, **SMALL), (32, 32)),
+    "timm_dinov2_style_reg_other_size": (VisionTransformer, dict(img_size=48, patch_size=8, reg_tokens=2,
+                                                                 no_embed_class=True, init_values=0.5, **SMALL),
+                                         (32, 32)),   # table trained on 6x6, run at 4x4 (dynamic_img_size)
+}
+
+
+def _attn_recorder(blocks) -> list:
+    rec: list = []
+    for blk in blocks:
+        blk.attn.attn_drop.register_forward_hook(lambda m, inp, out: rec.append(inp[0].detach().clone()))
+    return rec
+
+
+def _randomise(model: nn.Module) -> None:
+    """Random values everywhere (LayerScale and norms too), so every weight matters."""
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * (0.3 if p.ndim > 1 else 0.5) + (1.0 if "norm" in name
+                                                                                          and "weight" in name else 0))
+
+
+def timm_case(cls, kwargs, size) -> dict[str, torch.Tensor]:
+    dynamic = size != (kwargs["img_size"],) * 2 and not isinstance(kwargs["img_size"], tuple)
+    model = cls(**kwargs, dynamic_img_size=dynamic).eval()
+    _randomise(model)
+    rec = _attn_recorder(model.blocks)
+    x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits = model(x)
+    out = {f"sd.{k}": v.contiguous() for k, v in model.state_dict().items()}
+    out.update({"x": x, "logits": logits, **{f"attn.{i}": a for i, a in enumerate(rec)}})
+    return out
+
+
+# ----------------------------------------------------------------------------- RoPE-ViT, written out
+def _t_xy(end_x: int, end_y: int):
+    t = torch.arange(end_x * end_y, dtype=torch.float32)
+    return t % end_x, torch.div(t, end_x, rounding_mode="floor")
+
+
+def _axial_cis(dim: int, end_x: int, end_y: int, theta: float = 100.0):
+    f = 1.0 / (theta ** (torch.arange(0, dim, 4)[: dim // 4].float() / dim))
+    t_x, t_y = _t_xy(end_x, end_y)
+    fx, fy = torch.outer(t_x, f), torch.outer(t_y, f)
+    return torch.cat([torch.polar(torch.ones_like(fx), fx), torch.polar(torch.ones_like(fy), fy)], dim=-1)
+
+
+def _mixed_cis(freqs, t_x, t_y, heads):
+    N, depth = t_x.shape[0], freqs.shape[1]
+    fx = (t_x.unsqueeze(-1) @ freqs[0].unsqueeze(-2)).view(depth, N, heads, -1).permute(0, 2, 1, 3)
+    fy = (t_y.unsqueeze(-1) @ freqs[1].unsqueeze(-2)).view(depth, N, heads, -1).permute(0, 2, 1, 3)
+    return torch.polar(torch.ones_like(fx), fx + fy)
+
+
+def _rotate(x, cis):
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    shape = [d if i >= xc.ndim - cis.ndim else 1 for i, d in enumerate(xc.shape)]
+    return torch.view_as_real(xc * cis.view(*shape)).flatten(3)
+
+
+def rope_case(mixed: bool, ape: bool) -> dict[str, torch.Tensor]:
+    D, depth, heads, p, S, C = 32, 2, 2, 8, 32, 7
+    d, G = D // heads, S // p
+    base = VisionTransformer(img_size=S, patch_size=p, embed_dim=D, depth=depth, num_heads=heads, mlp_ratio=2.0,
+                             num_classes=C, no_embed_class=True, init_values=0.5).eval()
+    _randomise(base)
+    g = torch.Generator().manual_seed(2)
+    freqs = torch.randn(2, depth, heads * d // 2, generator=g) * 0.5 if mixed else None
+    x = torch.randn(2, 3, S, S, generator=torch.Generator().manual_seed(1))
+    rec = []
+    with torch.no_grad():
+        t = base.patch_embed(x)
+        if ape:
+            t = t + base.pos_embed
+        t = torch.cat((base.cls_token.expand(2, -1, -1), t), 1)
+        if mixed:
+            t_x, t_y = _t_xy(G, G)
+            cis_all = _mixed_cis(freqs, t_x, t_y, heads)
+        for i, blk in enumerate(base.blocks):
+            cis = cis_all[i] if mixed else _axial_cis(d, G, G)
+            y = blk.norm1(t)
+            B, N, _ = y.shape
+            q, k, v = blk.attn.qkv(y).reshape(B, N, 3, heads, d).permute(2, 0, 3, 1, 4)
+            q, k = q.clone(), k.clone()
+            q[:, :, 1:], k[:, :, 1:] = _rotate(q[:, :, 1:], cis), _rotate(k[:, :, 1:], cis)
+            a = ((q * d ** -0.5) @ k.transpose(-2, -1)).softmax(-1)
+            rec.append(a)
+            t = t + blk.ls1(blk.attn.proj((a @ v).transpose(1, 2).reshape(B, N, D)))
+            t = t + blk.ls2(blk.mlp(blk.norm2(t)))
+        logits = base.head(base.norm(t)[:, 0])
+    sd = {}   # RoPE-ViT's (facebookresearch/deit models_v2) key names
+    for k, v in base.state_dict().items():
+        k = k.replace(".ls1.gamma", ".gamma_1").replace(".ls2.gamma", ".gamma_2")
+        if k == "pos_embed" and not ape:
+            continue
+        sd[k] = v.contiguous()
+    if mixed:
+        sd["freqs"] = freqs
+        sd["freqs_t_x"], sd["freqs_t_y"] = _t_xy(G, G)
+    out = {f"sd.{k}": v for k, v in sd.items()}
+    out.update({"x": x, "logits": logits, **{f"attn.{i}": a for i, a in enumerate(rec)}})
+    return out
+
+
+def main() -> None:
+    set_fused_attn(False)
+    tensors, meta = {}, {}
+    for name, (cls, kwargs, size) in TIMM_CASES.items():
+        torch.manual_seed(0)
+        for k, v in timm_case(cls, kwargs, size).items():
+            tensors[f"{name}.{k}"] = v
+        meta[name] = {"family": "timm", "class": cls.__name__, "kwargs": {k: v for k, v in kwargs.items()},
+                      "input": list(size)}
+    for mixed in (False, True):
+        for ape in (False, True):
+            name = f"ropevit_{'mixed' if mixed else 'axial'}{'_ape' if ape else ''}"
+            torch.manual_seed(0)
+            for k, v in rope_case(mixed, ape).items():
+                tensors[f"{name}.{k}"] = v
+            meta[name] = {"family": "rope-vit", "mixed": mixed, "ape": ape, "input": [32, 32]}
+    g = torch.Generator().manual_seed(3)
+    for name, (rows, prefix, old, new) in {"resample_prefix1": (17, 1, (4, 4), (6, 5)),
+                                           "resample_prefix0": (16, 0, (4, 4), (3, 7)),
+                                           "resample_prefix5_shrink": (5 + 36, 5, (6, 6), (4, 4))}.items():
+        pos = torch.randn(1, rows, 8, generator=g)
+        tensors[f"{name}.in"] = pos
+        tensors[f"{name}.out"] = resample_abs_pos_embed(pos, list(new), list(old), num_prefix_tokens=prefix)
+        meta[name] = {"prefix": prefix, "old": list(old), "new": list(new)}
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous().float() for k, v in tensors.items()}, str(OUT),
+              metadata={"cases": json.dumps(meta), "timm": timm.__version__, "torch": torch.__version__})
+    print(f"wrote {OUT} ({OUT.stat().st_size / 1e3:.0f} kB, {len(meta)} cases)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,270 @@
+"""Bring your own ViT: imported models compute what the real implementations compute.
+
+timm / RoPE-ViT: against vectors written by scripts/make_import_references.py in a side
+environment with timm 1.0.31 (timm cannot be installed beside the project's torch);
+Hugging Face: against `transformers` itself, built here with random weights."""
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from vitpe_core import analysis
+from vitpe_core.checkpoint import CheckpointError, load_checkpoint
+from vitpe_core.encodings.absolute import resample_abs_pos_embed
+from vitpe_core.importers import detect_family, import_checkpoint, import_file, import_state_dict
+
+REFS = Path(__file__).parent / "data" / "import_references.safetensors"
+
+
+def _refs() -> tuple[dict, dict[str, dict[str, torch.Tensor]]]:
+    with safe_open(str(REFS), framework="pt") as f:
+        meta = json.loads(f.metadata()["cases"])
+        cases: dict[str, dict[str, torch.Tensor]] = {}
+        for key in f.keys():
+            case, rest = key.split(".", 1)
+            cases.setdefault(case, {})[rest] = f.get_tensor(key)
+    return meta, cases
+
+
+META, CASES = _refs()
+MODEL_CASES = [c for c in META if not c.startswith("resample")]
+HEADS = 2   # every reference model; a state dict does not record it (real ViTs: width / 64, the default)
+
+
+AMBIGUOUS = {"ropevit_axial_ape": "rope-vit"}   # DeiT-III names + table, no freqs: the user says which (tested below)
+
+
+def _import(case: str, **kw):
+    sd = {k[3:]: v for k, v in CASES[case].items() if k.startswith("sd.")}
+    kw = {"img_size": tuple(META[case]["input"]), "family": AMBIGUOUS.get(case, "auto"), **kw}
+    return import_state_dict(sd, heads=HEADS, **kw)
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, rel: float = 1e-4) -> None:
+    scale = b.abs().max().clamp_min(1e-6)
+    assert (a - b).abs().max() <= rel * scale, f"max abs diff {(a - b).abs().max():.3g} vs scale {scale:.3g}"
+
+
+@pytest.mark.parametrize("case", MODEL_CASES)
+def test_imported_model_matches_reference_logits_and_every_attention(case):
+    ref = CASES[case]
+    imp = _import(case)
+    assert imp.family == META[case]["family"]
+    rec: list[dict] = []
+    with torch.no_grad():
+        logits = imp.model(ref["x"], trace=rec)
+        fast = imp.model(ref["x"])                       # the SDPA path agrees with the trace path
+    _close(logits, ref["logits"])
+    _close(fast, ref["logits"])
+    n_layers = sum(1 for k in ref if k.startswith("attn."))
+    assert len(rec) == n_layers
+    for i, layer in enumerate(rec):
+        _close(layer["attn"], ref[f"attn.{i}"])
+
+
+def test_detected_layouts_match_the_reference_models():
+    cfg = lambda case: _import(case).model.cfg
+    c = cfg("timm_gap_fcnorm_noqkvbias")
+    assert (c.class_token, c.pool, c.fc_norm, c.qkv_bias) == (False, "avg", True, False)
+    c = cfg("timm_reg4_noembed_ls_nonsquare")
+    assert (c.reg_tokens, c.no_embed_class, c.layer_scale, c.grid, c.num_prefix) == (4, True, True, (3, 5), 5)
+    c = cfg("timm_deit_distilled")
+    assert (c.dist_token, c.num_prefix) == (True, 2)
+    assert cfg("timm_deit3_ls_noembed").no_embed_class
+    assert cfg("ropevit_mixed_ape").encoding == "rope_mixed+ape"
+    assert cfg("ropevit_axial").encoding == "rope_axial"
+
+
+@pytest.mark.parametrize("case", [c for c in META if c.startswith("resample")])
+def test_table_resampling_matches_timm(case):
+    m = META[case]
+    out = resample_abs_pos_embed(CASES[case]["in"], tuple(m["new"]), tuple(m["old"]), m["prefix"])
+    _close(out, CASES[case]["out"], rel=1e-5)
+
+
+# ----------------------------------------------------------------------------- Hugging Face
+transformers = pytest.importorskip("transformers", reason="transformers is a test dependency (requirements-dev.txt)")
+
+
+def _hf(cls_name: str, **kw):
+    config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                    image_size=(24, 32), patch_size=8, num_labels=5, attn_implementation="eager", **kw)
+    torch.manual_seed(0)
+    model = getattr(transformers, cls_name)(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    return model, config
+
+
+def hub_layout(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers 5's names -> the names files on the hub carry (transformers 4's ViT)."""
+    names = {"attention.q_proj": "attention.attention.query", "attention.k_proj": "attention.attention.key",
+             "attention.v_proj": "attention.attention.value", "attention.o_proj": "attention.output.dense",
+             "mlp.fc1": "intermediate.dense", "mlp.fc2": "output.dense"}
+    out = {}
+    for k, v in sd.items():
+        k = k.replace("layers.", "encoder.layer.")
+        for new, old in names.items():
+            k = k.replace(f".{new}.", f".{old}.")
+        out[k] = v
+    return out
+
+
+@pytest.mark.parametrize("qkv_bias, layout", [(True, "transformers"), (False, "transformers"), (True, "hub")])
+def test_hf_image_classification_matches_transformers(qkv_bias, layout):
+    model, config = _hf("ViTForImageClassification", qkv_bias=qkv_bias)
+    x = torch.randn(2, 3, 24, 32)
+    with torch.no_grad():
+        out = model(pixel_values=x, output_attentions=True)
+    sd = model.state_dict() if layout == "transformers" else hub_layout(model.state_dict())
+    assert layout == "transformers" or "vit.encoder.layer.1.attention.attention.query.weight" in sd
+    imp = import_state_dict(sd, hf_config=config.to_dict())
+    assert imp.family == "hf" and imp.model.cfg.grid == (3, 4) and imp.model.cfg.heads == 4
+    assert imp.class_names == [config.id2label[i] for i in range(5)]
+    rec: list[dict] = []
+    with torch.no_grad():
+        logits = imp.model(x, trace=rec)
+    _close(logits, out.logits)
+    for i, layer in enumerate(rec):
+        _close(layer["attn"], out.attentions[i])
+
+
+def test_hf_backbone_matches_transformers_cls_features():
+    model, config = _hf("ViTModel")
+    x = torch.randn(1, 3, 24, 32)
+    with torch.no_grad():
+        ref = model(pixel_values=x).last_hidden_state[:, 0]
+    imp = import_state_dict(model.state_dict(), hf_config=config.to_dict())
+    assert imp.model.cfg.num_classes == 0 and any("pooler" in n for n in imp.notes)
+    with torch.no_grad():
+        _close(imp.model(x), ref)
+
+
+# ----------------------------------------------------------------------------- files and checkpoints
+def test_import_writes_a_checkpoint_that_loads_and_runs_at_its_own_size(tmp_path):
+    sd = {k[3:]: v for k, v in CASES["timm_reg4_noembed_ls_nonsquare"].items() if k.startswith("sd.")}
+    save_file(sd, str(tmp_path / "w.safetensors"))
+    imp = import_checkpoint(tmp_path / "w.safetensors", tmp_path / "mine.safetensors", licence="Apache-2.0",
+                            heads=HEADS, img_size="24x40")   # a non-square table needs its size
+    ckpt = load_checkpoint(tmp_path / "mine.safetensors")
+    assert ckpt.metrics["family"] == "timm" and ckpt.metrics["licence"] == "Apache-2.0"
+    assert ckpt.metrics["source"] == "w.safetensors" and len(ckpt.metrics["class_names"]) == 7
+    assert ckpt.config.reg_tokens == 4 and ckpt.config.grid == (3, 5)
+    x = CASES["timm_reg4_noembed_ls_nonsquare"]["x"]
+    with torch.no_grad():   # the checkpoint stores fp16 weights: close, not equal
+        _close(ckpt.model(x), imp.model(x), rel=2e-2)
+    tr = analysis.trace_image(ckpt.model, x[0])
+    assert tr.prefix == ("CLS", "reg 0", "reg 1", "reg 2", "reg 3")
+    assert analysis.patch_maps(tr, (2, 4))["attn"].shape == (2, 2, 3, 5)
+
+
+def test_the_table_is_resampled_at_import_for_another_size():
+    case = "timm_cls"
+    sd = {k[3:]: v for k, v in CASES[case].items() if k.startswith("sd.")}
+    imp = import_state_dict(sd, img_size=(48, 40), heads=HEADS)
+    assert imp.model.cfg.grid == (6, 5) and any("resampled" in n for n in imp.notes)
+    expected = resample_abs_pos_embed(sd["pos_embed"], (6, 5), (4, 4), 1)
+    torch.testing.assert_close(imp.model.pos_enc.pos_embed.detach(), expected)
+
+
+# ----------------------------------------------------------------------------- refusals
+def _timm_sd() -> dict[str, torch.Tensor]:
+    return {k[3:]: v.clone() for k, v in CASES["timm_cls"].items() if k.startswith("sd.")}
+
+
+def test_default_heads_is_width_over_64_and_a_wrong_guess_changes_the_outputs():
+    ref = CASES["timm_cls"]
+    sd = {k[3:]: v for k, v in ref.items() if k.startswith("sd.")}
+    one_head = import_state_dict(sd)                 # width 32 -> 1 head: not the reference's 2
+    assert one_head.model.cfg.heads == 1
+    with torch.no_grad():
+        assert (one_head.model(ref["x"]) - ref["logits"]).abs().max() > 0.1
+
+
+def test_unknown_and_ambiguous_layouts_are_refused_with_the_deciding_keys():
+    with pytest.raises(CheckpointError, match="unknown layout.*first keys"):
+        detect_family({"conv1.weight": torch.zeros(1), "fc.weight": torch.zeros(1)})
+    mixed = {**_timm_sd(), "vit.embeddings.cls_token": torch.zeros(1, 1, 32)}
+    with pytest.raises(CheckpointError, match="ambiguous layout.*hf.*timm"):
+        detect_family(mixed)
+    deit3_or_rope = {k.replace("ls1.gamma", "gamma_1"): v for k, v in _timm_sd().items()}
+    deit3_or_rope["blocks.0.gamma_1"] = torch.ones(32)
+    with pytest.raises(CheckpointError, match="--family rope-vit"):
+        detect_family(deit3_or_rope)
+
+
+@pytest.mark.parametrize("extra, what", [("blocks.0.attn.q_norm.weight", "qk_norm"),
+                                         ("norm_pre.weight", "pre-norm"),
+                                         ("blocks.1.mlp.fc1_g.weight", "SwiGLU")])
+def test_layers_vitpe_does_not_compute_are_refused(extra, what):
+    with pytest.raises(CheckpointError, match=what):
+        import_state_dict({**_timm_sd(), extra: torch.ones(32)})
+
+
+def test_missing_and_extra_model_keys_are_named():
+    sd = _timm_sd()
+    del sd["blocks.1.mlp.fc2.weight"]
+    with pytest.raises(CheckpointError, match=r"missing keys \['blocks.1.mlp.fc2.weight'\]"):
+        import_state_dict(sd)
+    with pytest.raises(CheckpointError, match="unexpected keys.*blocks.0.attn.extra"):
+        import_state_dict({**_timm_sd(), "blocks.0.attn.extra": torch.zeros(3)})
+    notes = import_state_dict({**_timm_sd(), "teacher.fc.weight": torch.zeros(3)}).notes   # outside the model
+    assert any("teacher.*" in n for n in notes)
+
+
+def test_non_square_table_asks_for_the_image_size():
+    sd = _timm_sd()
+    sd["pos_embed"] = torch.randn(1, 1 + 4 * 6, 32)
+    with pytest.raises(CheckpointError, match="--img-size"):
+        import_state_dict(sd)
+    assert import_state_dict(sd, img_size=(32, 48)).model.cfg.grid == (4, 6)
+
+
+def test_bad_files_get_clear_messages_without_allocating(tmp_path):
+    good = tmp_path / "good.safetensors"
+    save_file(_timm_sd(), str(good))
+    data = good.read_bytes()
+    (tmp_path / "trunc.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="cannot read trunc.safetensors"):
+        import_file(tmp_path / "trunc.safetensors")
+    header = json.dumps({"w": {"dtype": "F32", "shape": [2 ** 40, 2 ** 20], "data_offsets": [0, 2 ** 62]}}).encode()
+    (tmp_path / "huge.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 64)
+    with pytest.raises(CheckpointError, match="cannot read huge.safetensors"):
+        import_file(tmp_path / "huge.safetensors")
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(CheckpointError):
+        import_file(tmp_path / "notes.txt")
+
+
+def test_a_hub_id_without_network_says_which_file_to_download(monkeypatch):
+    import builtins
+    real_import = builtins.__import__
+
+    def no_hub(name, *args, **kw):
+        if name == "huggingface_hub":
+            raise ImportError(name)
+        return real_import(name, *args, **kw)
+    monkeypatch.setattr(builtins, "__import__", no_hub)
+    with pytest.raises(CheckpointError, match=r"download `model.safetensors`.*huggingface.co/google/vit-base"):
+        import_file("google/vit-base-patch16-224")
+
+
+def test_cli_import_of_the_real_vit_tiny_scores_057(shared_dir, tmp_path, capsys):
+    from vitpe_core.__main__ import main
+    out = tmp_path / "vit_tiny.safetensors"
+    src = shared_dir / "data" / "vit_tiny_patch16_224_tinyimagenet_ft.npz"
+    assert main(["import", str(src), "--out", str(out), "--licence", "research use"]) == 0
+    line = json.loads(capsys.readouterr().out)
+    assert line["grid"] == [14, 14] and line["classes"] == 200 and line["prefix_tokens"] == ["CLS"]
+    ckpt = load_checkpoint(out)
+    score = analysis.structure_score(analysis.cosine_similarity(analysis.position_table(ckpt.model)), (14, 14))
+    assert score["spearman"] == pytest.approx(0.573, abs=0.002)
+    assert np.isfinite(ckpt.model(torch.randn(1, 3, 224, 224)).detach().numpy()).all()
