@@ -1,4 +1,4 @@
-"""Benchmarks: `python -m vitpe_core.bench [--quick] [--skip-app] [--out DIR] [--threads N] [--checkpoints DIR]`.
+"""Benchmarks: `python -m benchmarks.bench [--quick] [--skip-app] [--out DIR] [--threads N] [--checkpoints DIR]`.
 
 One run measures, as ratios between variants timed in the same run (absolute times only
 beside their ratio; these machines are noisy), and writes `BENCHMARKS.md` and
@@ -11,9 +11,9 @@ beside their ratio; these machines are noisy), and writes `BENCHMARKS.md` and
 2. whole-model training throughput (forward + backward + AdamW step, batch 128, compact
    preset) per encoding vs `none` and `ape`, and for a reference ViT of the same size built
    from plain `torch.nn` (timm's VisionTransformer too, when `import timm` works);
-3. the compute a click triggers in the app, replicated from pages/bias.py and
-   pages/compare.py through the same library calls, without the Streamlit cache: a new
-   patch with the trace cached, and a new image (cold trace); p50 / p95;
+3. the compute a click triggers in the app: the `vitpe_core.views` / `analysis` calls that
+   pages/bias.py and pages/compare.py make, without the Streamlit cache: a new patch with the
+   trace cached, and a new image (cold trace); p50 / p95;
 4. the app's cold start (`python -m streamlit run app.py`): to `/_stcore/health`, to `GET /`,
    and in headless Debian chromium (playwright) to the first element and to the end of the
    first script run; a patch change end to end in the browser (informational);
@@ -29,15 +29,19 @@ sample repeats a call as often as fits `min_sample_s` in a calibration pass (bat
 take a fraction of a millisecond). Targets that are missed get a **Why** line for the
 maintainers; its text survives a rerun (`written_whys`).
 
-Checkpoints: the shipped set is the ten of scripts/train_checkpoints.sh. Those present in
-`checkpoints/` are used as they are; missing ones are replaced by freshly built compact
-models with random weights saved in the same format (a 15-epoch history included), in a
-temporary folder, and every table says which is which. Compute per click does not depend
-on the weights' values.
+Checkpoints: the shipped set is `vitpe_core.report.ORDER` (the ten of
+scripts/train_checkpoints.sh). Those present in `checkpoints/` are used as they are; missing
+ones are replaced by compact models with random weights in the same format (a 15-epoch
+history included; `harness.write_random_checkpoints`), in a temporary folder, and every
+table says which is which. Compute per click does not depend on the weights' values.
+
+The server, browser, memory and process helpers are `benchmarks.harness`'s (shared with the
+load test and the browser tests).
 
 Deliberate limits:
-* this module uses `vitpe_core.inputs.model_input`, the exact
-  preprocessing the pages use; no Streamlit runtime is started in this process;
+* this module uses `vitpe_core.inputs.model_input` and `vitpe_core.views`, the exact
+  preprocessing and view functions the pages use; no Streamlit runtime is started in this
+  process;
 * click compute excludes Streamlit's own costs (the cache's copy of cached results,
   widgets, figures, protobuf): the browser end-to-end number includes them;
 * the process does not pause other jobs; whether a background `vitpe_core train` was
@@ -56,13 +60,10 @@ import platform
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
@@ -73,26 +74,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitpe_core import analysis, inputs
-from vitpe_core.checkpoint import (Checkpoint, history_params, list_checkpoints, load_checkpoint, resolve_checkpoint,
-                         save_checkpoint)
+from benchmarks.harness import (REPO, Server, background_jobs, chromium_or_reason, launch_chromium, patch_label,
+                                proc_memory, streamlit_server, wait_script_run, write_random_checkpoints)
+from vitpe_core import analysis, inputs, views
+from vitpe_core.checkpoint import Checkpoint, list_checkpoints, load_checkpoint, resolve_checkpoint
 from vitpe_core.config import ViTConfig, preset_config
 from vitpe_core.encodings import EncodingContext, available_encodings, build_encoding
 from vitpe_core.gallery import gallery_ids, gallery_image
 from vitpe_core.model import Attention, build_model
+from vitpe_core.report import ORDER
 from vitpe_core.viewstate import PREFERRED_CKPT
 
 log = logging.getLogger(__name__)
 
-REPO = Path(__file__).resolve().parents[1]
-SHIPPED = ("ape", "sape2+ape", "sape2", "cope+ape", "rope_mixed", "rpb", "ape2d", "sincos2d", "rope_axial",
-           "none")  # scripts/train_checkpoints.sh
+SHIPPED = tuple(ORDER)                         # the shipped checkpoints (scripts/train_checkpoints.sh)
 GRID = (8, 8)                                  # 32x32 images, patch 4: T = 1 + 64 tokens
 WIDTHS = {"compact": (128, 4), "vit-s": (384, 6)}
 BATCHES = (1, 128)
 TRAIN_BATCH = 128
 EXTRA_TRAIN = ("sape2+ape", "cope+ape")        # shipped compositions, also timed whole-model
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 GB = 1e9
 NOISY = 0.2          # paired-median and best-of-N ratios further apart than this: flagged
 BORDERLINE = 0.05    # a target measured this close to its limit is marked borderline
@@ -309,7 +309,7 @@ class CheckpointSet:
 @contextlib.contextmanager
 def checkpoint_set(source: Path) -> Iterator[CheckpointSet]:
     """The shipped set: `source` itself when it holds all of them, else a temporary folder
-    with copies of those present and fresh compact models for the rest."""
+    with copies of those present and random-weight compact models for the rest."""
     present = list_checkpoints(source)
     missing = [e for e in SHIPPED if e not in present]
     single = next((n for n in ("sape2+ape", "ape") if n in present), "sape2+ape")
@@ -323,12 +323,7 @@ def checkpoint_set(source: Path) -> Iterator[CheckpointSet]:
             shutil.copy2(path, root / path.name)
             if path.with_suffix(".json").is_file():
                 shutil.copy2(path.with_suffix(".json"), root / path.with_suffix(".json").name)
-        for i, enc in enumerate(missing):
-            torch.manual_seed(i)
-            model = build_model(preset_config("compact", encoding=enc)).eval()
-            history = {epoch: history_params(model) for epoch in range(16)}
-            metrics = {"recipe": {"dataset": "cifar10", "encoding": enc}, "fresh_random_weights": True}
-            save_checkpoint(root / f"{enc}.safetensors", model, metrics=metrics, history=history)
+        write_random_checkpoints(root, missing, preset="compact", epochs=15)
         log.info("checkpoints: %d from %s, %d fresh (%s)", len(present), source, len(missing), ", ".join(missing))
         yield CheckpointSet(root, list_checkpoints(root), missing, single)
 
@@ -336,51 +331,44 @@ def checkpoint_set(source: Path) -> Iterator[CheckpointSet]:
 # ----------------------------------------------------------------------------- 3. click compute
 def cold_trace(ckpt: Checkpoint, image_id: str) -> analysis.Trace:
     """pages.common.cache._trace without the cache: gallery image -> model input -> trace."""
-
     x = inputs.model_input(gallery_image(image_id), ckpt.config.img_size, inputs.dataset_of(ckpt))
     return analysis.trace_image(ckpt.model, x)
 
 
-def bias_page_compute(tr: analysis.Trace, patch: tuple[int, int], layer: int = 0, head: int | None = None) -> None:
-    """What pages/bias.py computes from a trace for one patch (main, show_prediction,
+def bias_page_compute(ckpt: Checkpoint, tr: analysis.Trace, patch: tuple[int, int], layer: int = 0,
+                      head: int | None = None) -> None:
+    """The calls pages/bias.py makes from a trace for one patch (main, show_prediction,
     show_bias with its default part, show_attention), all layers and heads."""
     maps = analysis.patch_maps(tr, patch)                                 # name -> (L, h, H, W)
-    int(np.argmax(tr.probs))
-    if "bias" in maps:
-        sape = analysis.sape2_part_names(tr.parts)
-        full = maps[sape[0]] + maps[sape[1]] if sape else maps["bias"]   # (L, h, H, W)
-        analysis.normalize01(analysis.reduce_head(full[layer], head))
-        analysis.normalize01(np.stack([analysis.reduce_head(m, head) for m in full]))
-        analysis.normalize01(full[layer])
-    analysis.reduce_head(maps["attn"][layer], head)
+    views.top_class(tr)
+    parts = views.bias_parts(tr, ckpt.model.pos_enc)
+    if parts:
+        views.bias_view(tr, maps, ckpt.config.encoding, layer, head, parts[0])
+    views.attention_view(maps, layer, head)
 
 
-def compare_page_compute(ckpts: dict[str, Checkpoint], traces: dict[str, analysis.Trace], patch: tuple[int, int],
-                         layer: int = 0, head: int | None = None) -> None:
-    """What pages/compare.py computes per checkpoint for a new patch (`panel`; the summary
-    row's statistics are cached per image, see `compare_cold`)."""
+def compare_page_compute(ckpts: dict[str, Checkpoint], traces: dict[str, analysis.Trace],
+                         stats: dict[str, dict[str, np.ndarray]], patch: tuple[int, int], layer: int = 0,
+                         head: int | None = None) -> None:
+    """The calls pages/compare.py makes per checkpoint for a new patch (`summary_row` from the
+    attention statistics cached per image, see `compare_cold`; `panel` with the positional
+    component, which the page caches per patch)."""
     for name, ckpt in ckpts.items():
-        H, W = ckpt.config.grid
-        p = (min(patch[0], H - 1), min(patch[1], W - 1))
-        lay = min(layer, ckpt.config.depth - 1)
-        analysis.reduce_head(analysis.patch_maps(traces[name], p)["attn"][lay], head)
-        comp = analysis.positional_component(ckpt.model, traces[name], p)
-        if comp is not None:
-            label, full = comp
-            pos = analysis.reduce_head(full[lay], head)
-            if label == "bias row":
-                analysis.normalize01(pos)
+        _, lay, hd = views.clamp_view(ckpt.config, (0, 0), layer, head)
+        views.pick_stat(stats[name], "mean_distance", lay, hd)
+        views.pick_stat(stats[name], "entropy", lay, hd)
+        p, lay, hd = views.clamp_view(ckpt.config, patch, layer, head)
+        views.panel_view(traces[name], analysis.positional_component(ckpt.model, traces[name], p), p, lay, hd)
 
 
-def compare_cold(ckpts: dict[str, Checkpoint], image_id: str, patch: tuple[int, int]) -> dict[str, analysis.Trace]:
+def compare_cold(ckpts: dict[str, Checkpoint], image_id: str, patch: tuple[int, int]
+                 ) -> tuple[dict[str, analysis.Trace], dict[str, dict[str, np.ndarray]]]:
     """A new image on the compare page: per checkpoint its trace and attention statistics,
     then the per-patch work."""
-    traces = {}
-    for name, ckpt in ckpts.items():
-        traces[name] = cold_trace(ckpt, image_id)
-        analysis.attention_stats(traces[name])
-    compare_page_compute(ckpts, traces, patch)
-    return traces
+    traces = {name: cold_trace(ckpt, image_id) for name, ckpt in ckpts.items()}
+    stats = {name: analysis.attention_stats(tr) for name, tr in traces.items()}
+    compare_page_compute(ckpts, traces, stats, patch)
+    return traces, stats
 
 
 def click_patches(grid: tuple[int, int], n: int, seed: int = 0) -> list[tuple[int, int]]:
@@ -403,11 +391,11 @@ def bench_clicks(plan: Plan, cs: CheckpointSet) -> dict:
     for image_id in images:                           # warm-up: imports, photo decoding (cached, as in the app)
         gallery_image(image_id)
     trace_one = cold_trace(one, images[0])
-    traces_all = compare_cold(ckpts, images[0], (0, 0))  # also warms every model's first call
+    traces_all, stats_all = compare_cold(ckpts, images[0], (0, 0))  # also warms every model's first call
     clicks: dict[str, Callable[[int, tuple[int, int]], object]] = {
-        "bias_patch": lambda i, patch: bias_page_compute(trace_one, patch),
-        "bias_image": lambda i, patch: bias_page_compute(cold_trace(one, images[i]), patch),
-        "compare_patch": lambda i, patch: compare_page_compute(ckpts, traces_all, patch),
+        "bias_patch": lambda i, patch: bias_page_compute(one, trace_one, patch),
+        "bias_image": lambda i, patch: bias_page_compute(one, cold_trace(one, images[i]), patch),
+        "compare_patch": lambda i, patch: compare_page_compute(ckpts, traces_all, stats_all, patch),
         "compare_image": lambda i, patch: compare_cold(ckpts, images[i], patch)}
     wall: dict[str, list[float]] = {k: [] for k in clicks}
     cpu: dict[str, list[float]] = {k: [] for k in clicks}
@@ -442,16 +430,6 @@ for _ in range(steps):
 print("done", flush=True)
 sys.stdin.readline()
 """
-
-
-def proc_memory(pid: int) -> dict[str, float]:
-    """VmHWM (peak resident) and VmRSS of a live process, in MiB."""
-    out = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmHWM", "VmRSS"):
-            out[key] = int(value.split()[0]) / 1024
-    return out
 
 
 def train_memory(encoding: str, steps: int, threads: int) -> dict:
@@ -489,69 +467,6 @@ def bench_train_memory(plan: Plan) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- 4./5. the app
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, r.read()
-    except (urllib.error.URLError, ConnectionError, OSError):
-        return 0, b""
-
-
-@contextlib.contextmanager
-def app_server(ckpt_root: Path, log_path: Path) -> Iterator[tuple[subprocess.Popen, str, float]]:
-    """`python -m streamlit run app.py` on a free port; yields (process, base URL, start time)."""
-    port = free_port()
-    env = {**os.environ, "VITPE_CHECKPOINTS": str(ckpt_root)}
-    cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
-           "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"]
-    with open(log_path, "wb") as logf:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=logf, stderr=subprocess.STDOUT)
-        try:
-            yield proc, f"http://127.0.0.1:{port}/", t0
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-def wait_http(base: str, proc: subprocess.Popen, t0: float, timeout: float = 120.0) -> dict[str, float]:
-    """Seconds from process start to `/_stcore/health` answering "ok", then to `GET /` 200."""
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"streamlit exited with {proc.returncode}")
-        status, body = _get(base + "_stcore/health", timeout=1.0)
-        if status == 200 and body.strip() == b"ok":
-            break
-        if time.perf_counter() - t0 > timeout:
-            raise RuntimeError("streamlit did not become healthy")
-        time.sleep(0.02)
-    health = time.perf_counter() - t0
-    status, body = _get(base)
-    if status != 200 or b"<html" not in body.lower():
-        raise RuntimeError(f"GET / answered {status}")
-    return {"health_s": health, "get_root_s": time.perf_counter() - t0}
-
-
-_RUN_DONE = "() => document.querySelector('[data-testid=\"stApp\"]')?.dataset.testScriptState === 'notRunning'"
-
-
-def _wait_run(page, timeout_s: float = 180.0, text: str | None = None) -> None:
-    """Until the script run finished (and, if given, `text` is on the page)."""
-    cond = _RUN_DONE if text is None else (
-        "(t) => document.body.innerText.includes(t) && (" + _RUN_DONE + ")()")
-    page.wait_for_function(cond, arg=text, timeout=timeout_s * 1e3)
-
-
 def e2e_patch_changes(page, n: int, grid: tuple[int, int], start: tuple[int, int]) -> list[float]:
     """Type a new row into the patch's row input and press Enter; time until the page shows
     the new patch and the rerun finished (ms)."""
@@ -563,37 +478,25 @@ def e2e_patch_changes(page, n: int, grid: tuple[int, int], start: tuple[int, int
         t0 = time.perf_counter()
         row_input.fill(str(r))
         row_input.press("Enter")
-        _wait_run(page, 120, f"Patch ({r}, {c})")
+        wait_script_run(page, 120, patch_label((r, c)))
         ms.append(1e3 * (time.perf_counter() - t0))
     return ms
-
-
-def _browser_or_reason():
-    """(playwright context manager, chromium path) or (None, why not)."""
-    exe = shutil.which("chromium")
-    if exe is None:
-        return None, "chromium not found"
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError as e:
-        return None, f"playwright not importable: {e}"
-    return (sync_playwright, exe), None
 
 
 def bench_app(plan: Plan, cs: CheckpointSet, workdir: Path) -> dict:
     """Cold starts (HTTP always; browser where chromium + playwright work), then in the last
     run: patch changes on the bias page, the compare page with every checkpoint, its memory."""
-    browser_kit, reason = _browser_or_reason()
+    exe, reason = chromium_or_reason()
     runs: list[dict] = []
     out: dict[str, Any] = {"checkpoints": cs.names, "fresh": cs.fresh, "default": app_default(cs),
                            "browser": reason is None, "browser_reason": reason}
     with contextlib.ExitStack() as stack:
         browser = None
-        if browser_kit is not None:
-            sync_playwright, exe = browser_kit
+        if exe is not None:
+            from playwright.sync_api import sync_playwright
+
             try:
-                pw = stack.enter_context(sync_playwright())
-                browser = pw.chromium.launch(executable_path=exe, headless=True, args=CHROMIUM_ARGS)
+                browser = launch_chromium(stack.enter_context(sync_playwright()))
                 stack.callback(browser.close)
             except Exception as e:  # a browser that will not start is reported, not fatal
                 out["browser"], out["browser_reason"] = False, f"chromium did not launch: {e}"
@@ -601,18 +504,18 @@ def bench_app(plan: Plan, cs: CheckpointSet, workdir: Path) -> dict:
         for i in range(plan.app_runs):
             last = i == plan.app_runs - 1
             log.info("app cold start %d/%d", i + 1, plan.app_runs)
-            with app_server(cs.root, workdir / f"streamlit-{i}.log") as (proc, base, t0):
-                run = wait_http(base, proc, t0)
+            with streamlit_server(cs.root, log=workdir / f"streamlit-{i}.log", timeout=120) as server:
+                run, t0 = dict(server.ready), server.started
                 if browser is not None:
                     page = browser.new_page(viewport={"width": 1400, "height": 1000})
-                    page.goto(base)
+                    page.goto(server.url + "/")
                     page.locator("h1").first.wait_for(state="visible", timeout=180_000)
                     run["first_element_s"] = time.perf_counter() - t0
-                    _wait_run(page)
+                    wait_script_run(page)
                     run["first_run_s"] = time.perf_counter() - t0
-                    run["after_first_page_mib"] = proc_memory(proc.pid)
+                    run["after_first_page_mib"] = proc_memory(server.pid)
                     if last:
-                        out.update(_browse(page, base, proc, plan, cs))
+                        out.update(_browse(page, server, plan, cs))
                     page.close()
                 runs.append(run)
     out["runs"] = runs
@@ -628,15 +531,15 @@ def app_default(cs: CheckpointSet) -> str:
     return PREFERRED_CKPT if PREFERRED_CKPT in cs.names else cs.names[0]
 
 
-def _browse(page, base: str, proc: subprocess.Popen, plan: Plan, cs: CheckpointSet) -> dict:
+def _browse(page, server: Server, plan: Plan, cs: CheckpointSet) -> dict:
     cfg = load_checkpoint(resolve_checkpoint(app_default(cs), cs.root)).config
     start = (cfg.grid[0] // 2, cfg.grid[1] // 2)            # the default view's patch
     out: dict[str, Any] = {"e2e_bias": e2e_patch_changes(page, plan.e2e_clicks, cfg.grid, start)}
     t0 = time.perf_counter()
-    page.goto(base + "compare")
-    _wait_run(page)
+    page.goto(server.url + "/compare")
+    wait_script_run(page)
     out["compare_first_run_s"] = time.perf_counter() - t0
-    out["after_compare"] = proc_memory(proc.pid)
+    out["after_compare"] = proc_memory(server.pid)
     out["e2e_compare"] = e2e_patch_changes(page, plan.e2e_clicks, cfg.grid, start)
     return out
 
@@ -654,26 +557,6 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-def background_jobs() -> list[dict]:
-    """Other `python -m vitpe_core train` processes and their state (R running, S sleeping,
-    T stopped)."""
-    jobs = []
-    for d in Path("/proc").glob("[0-9]*"):
-        try:
-            args = (d / "cmdline").read_bytes().split(b"\0")
-            if int(d.name) == os.getpid() or b"vitpe_core" not in args:
-                continue
-            i = args.index(b"vitpe_core")
-            if args[i + 1:i + 2] != [b"train"]:
-                continue
-            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, ValueError, IndexError):
-            continue
-        jobs.append({"pid": int(d.name), "state": state,
-                     "args": " ".join(a.decode(errors="replace") for a in args[i:i + 4])})
-    return sorted(jobs, key=lambda j: j["pid"])
-
-
 def environment(argv: list[str], threads: int) -> dict:
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
     chromium = shutil.which("chromium")
@@ -685,7 +568,7 @@ def environment(argv: list[str], threads: int) -> dict:
     from vitpe_core.train import git_commit
     return {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python -m vitpe_core.bench" + "".join(" " + shlex.quote(a) for a in argv),
+        "command": "python -m benchmarks.bench" + "".join(" " + shlex.quote(a) for a in argv),
         "cpu": _first(r"^model name\s*:\s*(.*)$", cpuinfo, platform.processor() or "unknown"),
         "cores": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0)), "torch_threads": threads,
         "platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
@@ -828,21 +711,36 @@ def written_whys(path: Path) -> dict[str, str]:
     return {key: text for text, key in _WHY_LINE.findall(path.read_text()) if text != WHY_TODO}
 
 
+GENERATOR = "`python -m benchmarks.bench` (benchmarks/bench.py)"
+
+
 def render_markdown(res: dict, tgts: list[Target], whys: dict[str, str] | None = None) -> str:
-    env, plan = res["environment"], res["plan"]
+    """BENCHMARKS.md from a run's results (`run`'s dict), its targets and the kept **Why** texts."""
+    sections = (_md_header(res), _md_machine(res), _md_targets(tgts, whys or {}), _md_attention(res),
+                _md_training(res), _md_clicks(res), _md_app(res), _md_memory(res))
+    return "\n".join(line for section in sections for line in section)
+
+
+def _md_header(res: dict) -> list[str]:
     out = ["# Benchmarks", "",
-           "Generated by `python -m vitpe_core.bench` (vitpe_core/bench.py); the numbers are in "
+           f"Generated by {GENERATOR}; the numbers are in "
            "`benchmarks.json` beside this file. Edit only the text of the **Why** lines by hand (a rerun "
-           "keeps it while the target is still missed) and rerun the command to refresh the rest. Ratios come from variants timed round-robin in the same run (paired medians); "
-           "absolute times are only context for them.", ""]
+           "keeps it while the target is still missed) and rerun the command to refresh the rest. Ratios come "
+           "from variants timed round-robin in the same run (paired medians); absolute times are only context "
+           "for them.", ""]
     if res["mode"] == "quick":
         out += ["> **QUICK smoke run** (`--quick`): few repetitions, numbers not fit for comparison.", ""]
-    out += ["## Machine and run", "", md_table(["", ""], [
+    return out
+
+
+def _md_machine(res: dict) -> list[str]:
+    env, plan = res["environment"], res["plan"]
+    return ["## Machine and run", "", md_table(["", ""], [
         ["date (UTC)", env["date"]], ["command", f"`{env['command']}`"], ["mode", res["mode"]],
         ["CPU", env["cpu"]], ["cores (logical / usable)", f"{env['cores']} / {env['usable_cores']}"],
         ["torch threads", env["torch_threads"]], ["python", env["python"]], ["torch", env["torch"]],
-        ["streamlit", env["streamlit"]], ["numpy", env["numpy"]], ["playwright / chromium",
-                                                                   f"{env['playwright']} / {env['chromium']}"],
+        ["streamlit", env["streamlit"]], ["numpy", env["numpy"]],
+        ["playwright / chromium", f"{env['playwright']} / {env['chromium']}"],
         ["platform", env["platform"]], ["git commit", env["git_commit"]],
         ["background `vitpe_core train` at start", _jobs_text(env["background_start"])],
         ["background `vitpe_core train` at end", _jobs_text(env["background_end"])],
@@ -851,7 +749,10 @@ def render_markdown(res: dict, tgts: list[Target], whys: dict[str, str] | None =
          + ", ".join(f"{k} {v:.0f} s" for k, v in res["section_s"].items()) + ")"],
         ["repetitions", ", ".join(f"{k} {v}" for k, v in plan.items())]]), ""]
 
-    out += ["## Targets", "", md_table(["target", "measured", "limit", "result", "best-of-N cross-check"], [
+
+def _md_targets(tgts: list[Target], whys: dict[str, str]) -> list[str]:
+    """The targets' table, then one line per miss with its **Why** (`whys[key]`, else WHY_TODO)."""
+    out = ["## Targets", "", md_table(["target", "measured", "limit", "result", "best-of-N cross-check"], [
         [t.text, _fmt(t.measured, t.unit), ("≤ " if t.kind == "max" else "≥ ") + _fmt(t.limit, t.unit),
          f"**{t.status}**" + (f" ({t.note})" if t.status == "NOT MEASURED" and t.note else "")
          + (f" (borderline: within {BORDERLINE:.0%} of the limit)" if t.borderline else ""), t.check_text]
@@ -862,18 +763,20 @@ def render_markdown(res: dict, tgts: list[Target], whys: dict[str, str] | None =
         out += ["1 GB is taken as 10⁹ bytes = 954 MiB.", ""]
     misses = [t for t in tgts if t.status == "MISS"]
     for t in misses:
-        why = (whys or {}).get(t.key, WHY_TODO)
         out += [f"* **MISS — {t.text}**: {_fmt(t.measured, t.unit)}, {t.miss_by}.",
-                f"  **Why:** {why} <!-- why:{t.key} -->"]
+                f"  **Why:** {whys.get(t.key, WHY_TODO)} <!-- why:{t.key} -->"]
     if misses:
         out.append("")
+    return out
 
-    out += ["## 1. Attention layer, forward + backward", "",
-            "`vitpe_core.model.Attention` with the encoding from `build_encoding(name, EncodingContext(D, h, 1, "
-            "(8, 8), 1))`, called as `attn(x, pos, (8, 8), layer=0)`, 65 tokens (CLS + 8×8 patches), "
-            "backward from a fixed random output gradient into x, the layer's and the encoding's parameters. "
-            "`none` = plain SDPA; `rpb` = the floor for bias encodings. Ratios: paired medians; below 1 is "
-            "within noise when the encoding has no attention hook.", ""]
+
+def _md_attention(res: dict) -> list[str]:
+    out = ["## 1. Attention layer, forward + backward", "",
+           "`vitpe_core.model.Attention` with the encoding from `build_encoding(name, EncodingContext(D, h, 1, "
+           "(8, 8), 1))`, called as `attn(x, pos, (8, 8), layer=0)`, 65 tokens (CLS + 8×8 patches), "
+           "backward from a fixed random output gradient into x, the layer's and the encoding's parameters. "
+           "`none` = plain SDPA; `rpb` = the floor for bias encodings. Ratios: paired medians; below 1 is "
+           "within noise when the encoding has no attention hook.", ""]
     for width in WIDTHS:
         for batch in BATCHES:
             rows = [r for r in res["attention"] if r["width"] == width and r["batch"] == batch]
@@ -885,97 +788,113 @@ def render_markdown(res: dict, tgts: list[Target], whys: dict[str, str] | None =
                              [[f"`{r['encoding']}`", _ratio(r, "vs_none"), _ratio(r, "vs_rpb"),
                                f"{r['vs_none_best']:.2f} / {r['vs_rpb_best']:.2f}", f"{r['median_ms']:.2f}",
                                f"{r['min_ms']:.2f}"] for r in rows]), ""]
-
     if any(r[f"{k}_noisy"] for r in res["attention"] for k in ("vs_none", "vs_rpb")):
         out += [NOISY_NOTE, ""]
-    out += ["## 2. Training throughput (whole model)", "",
-            f"Compact preset (D 128, 6 layers, 4 heads, MLP 256, patch 4, 32×32), batch {TRAIN_BATCH}, one "
-            "step = forward, label-smoothed cross entropy, backward, grad-norm clip, AdamW (train.py's "
-            "optimiser); random input. The reference is the same architecture from plain `torch.nn` "
-            "(`nn.TransformerEncoder`, norm_first, GELU, conv patch embed, CLS, learned table)"
-            + ("" if any("timm" in r["variant"] for r in res["training"]) else "; timm is not installed, so no "
-               "timm ViT row") + ".", "",
-            md_table(["variant", "throughput × none", "throughput × ape", "best-of-N × none / × ape", "images/s",
-                      "median ms/step", "min ms/step"],
-                     [[f"`{r['variant']}`" if "reference" not in r["variant"] else r["variant"],
-                       _ratio(r, "throughput_vs_none"), _ratio(r, "throughput_vs_ape"),
-                       f"{r['throughput_vs_none_best']:.2f} / {r['throughput_vs_ape_best']:.2f}",
-                       f"{r['images_per_s']:.0f}", f"{r['median_step_ms']:.0f}", f"{r['min_step_ms']:.0f}"]
-                      for r in res["training"]]), ""]
+    return out
+
+
+def _md_training(res: dict) -> list[str]:
+    out = ["## 2. Training throughput (whole model)", "",
+           f"Compact preset (D 128, 6 layers, 4 heads, MLP 256, patch 4, 32×32), batch {TRAIN_BATCH}, one "
+           "step = forward, label-smoothed cross entropy, backward, grad-norm clip, AdamW (train.py's "
+           "optimiser); random input. The reference is the same architecture from plain `torch.nn` "
+           "(`nn.TransformerEncoder`, norm_first, GELU, conv patch embed, CLS, learned table)"
+           + ("" if any("timm" in r["variant"] for r in res["training"]) else "; timm is not installed, so no "
+              "timm ViT row") + ".", "",
+           md_table(["variant", "throughput × none", "throughput × ape", "best-of-N × none / × ape", "images/s",
+                     "median ms/step", "min ms/step"],
+                    [[f"`{r['variant']}`" if "reference" not in r["variant"] else r["variant"],
+                      _ratio(r, "throughput_vs_none"), _ratio(r, "throughput_vs_ape"),
+                      f"{r['throughput_vs_none_best']:.2f} / {r['throughput_vs_ape_best']:.2f}",
+                      f"{r['images_per_s']:.0f}", f"{r['median_step_ms']:.0f}", f"{r['min_step_ms']:.0f}"]
+                     for r in res["training"]]), ""]
     if any(r[f"{k}_noisy"] for r in res["training"] for k in ("throughput_vs_none", "throughput_vs_ape")):
         out += [NOISY_NOTE, ""]
+    return out
 
+
+CLICK_ROWS = (("bias explorer", "single", "new patch (trace cached)", "bias_patch"),
+              ("bias explorer", "single", "new image (cold trace)", "bias_image"),
+              ("compare", "all", "new patch (traces cached)", "compare_patch"),
+              ("compare", "all", "new image (cold traces)", "compare_image"))
+
+
+def _md_clicks(res: dict) -> list[str]:
     c = res["clicks"]
-    single = f"`{c['single']}`" + (" (freshly built compact model, random weights)" if c["single_fresh"] else "")
-    out += ["## 3. Click compute (app, without Streamlit)", "",
-            f"The pages' calls replicated without the Streamlit cache (vitpe_core/bench.py `bias_page_compute`, "
-            f"`compare_page_compute`, `cold_trace`): a new patch = per-patch maps from a cached trace (compare: "
-            f"plus each checkpoint's positional component); a new image = gallery image → `inputs.model_input` "
-            f"→ `analysis.trace_image` (compare: plus `attention_stats`) → the same maps. All layers and heads, "
-            f"layer 0 / mean of heads shown. Images cycle through the {len(c['images'])} gallery images. "
-            "Not included: Streamlit's cache copy, widgets, Plotly figures, transport (see section 4's "
-            "browser numbers). p50 / p95 / max are wall-clock latency (what the targets judge); the CPU columns "
-            "are this process's CPU time over all its threads, context for a loaded machine.", "",
+    who = {"single": f"`{c['single']}`" + (" (freshly built compact model, random weights)" if c["single_fresh"]
+                                           else ""),
+           "all": f"all {len(c['checkpoints'])}"}
+    return ["## 3. Click compute (app, without Streamlit)", "",
+            "The calls the pages make, without the Streamlit cache (benchmarks/bench.py `bias_page_compute`, "
+            "`compare_page_compute`, `cold_trace`, calling `vitpe_core.views` as pages/bias.py and "
+            "pages/compare.py do): a new patch = per-patch maps from a cached trace and the page's views "
+            "(compare: plus each checkpoint's positional component); a new image = gallery image → "
+            "`inputs.model_input` → `analysis.trace_image` (compare: plus `attention_stats`) → the same views. "
+            f"All layers and heads, layer 0 / mean of heads shown. Images cycle through the {len(c['images'])} "
+            "gallery images. Not included: Streamlit's cache copy, widgets, Plotly figures, transport (see "
+            "section 4's browser numbers). p50 / p95 / max are wall-clock latency (what the targets judge); the "
+            "CPU columns are this process's CPU time over all its threads, context for a loaded machine.", "",
             md_table(["page", "checkpoints", "click", "n", "p50 ms", "p95 ms", "max ms", "CPU p50 ms", "CPU p95 ms"], [
-                [page, who, what, c[k]["n"], f"{c[k]['p50_ms']:.1f}", f"{c[k]['p95_ms']:.1f}", f"{c[k]['max_ms']:.1f}",
-                 f"{c[k]['cpu_p50_ms']:.1f}", f"{c[k]['cpu_p95_ms']:.1f}"]
-                for page, who, what, k in (
-                    ("bias explorer", single, "new patch (trace cached)", "bias_patch"),
-                    ("bias explorer", single, "new image (cold trace)", "bias_image"),
-                    ("compare", f"all {len(c['checkpoints'])}", "new patch (traces cached)", "compare_patch"),
-                    ("compare", f"all {len(c['checkpoints'])}", "new image (cold traces)", "compare_image"))]), ""]
-    out += [_checkpoint_note(c["checkpoints"], c["fresh"]), ""]
+                [page, who[whom], what, c[k]["n"], f"{c[k]['p50_ms']:.1f}", f"{c[k]['p95_ms']:.1f}",
+                 f"{c[k]['max_ms']:.1f}", f"{c[k]['cpu_p50_ms']:.1f}", f"{c[k]['cpu_p95_ms']:.1f}"]
+                for page, whom, what, k in CLICK_ROWS]), "",
+            _checkpoint_note(c["checkpoints"], c["fresh"]), ""]
 
+
+def _md_app(res: dict) -> list[str]:
     app = res["app"]
-    out += ["## 4. App cold start and browser end to end", ""]
+    out = ["## 4. App cold start and browser end to end", ""]
     if app.get("skipped"):
-        out += ["Not measured in this run (`--skip-app`).", ""]
-    else:
-        out += ["`python -m streamlit run app.py --server.headless true --server.port <free>` with "
-                "`VITPE_CHECKPOINTS` set to the checkpoint folder; times from process start, median over "
-                f"{len(app['runs'])} cold starts (each run listed in benchmarks.json). The default page is the "
-                "bias explorer on " + f"`{app['default']}`.", ""]
-        rows = [["`/_stcore/health` answers ok (HTTP)", _fmt(app.get("health_s"), "s")],
-                ["`GET /` answered 200 (HTTP)", _fmt(app.get("get_root_s"), "s")]]
-        if app["browser"]:
-            rows += [["first element (`h1`) visible (chromium)", _fmt(app.get("first_element_s"), "s")],
-                     ["first script run complete (chromium)", _fmt(app.get("first_run_s"), "s")]]
-            if "compare_first_run_s" in app:
-                rows += [[f"compare page, first run with all {len(app['checkpoints'])} checkpoints (after the "
-                          "bias page)", _fmt(app["compare_first_run_s"], "s")]]
-        out += [md_table(["measure", "median"], rows), "",
-                "HTTP readiness is the server and its static page shell; the app's Python script (imports, "
-                "checkpoint, trace, figures) runs only when a browser session connects, which the browser rows "
-                "include.", ""]
-        if not app["browser"]:
-            out += [f"Browser measurements not taken: {app['browser_reason']}.", ""]
-        if app.get("e2e_bias"):
-            e2e = [("bias explorer", app["e2e_bias"]), ("compare", app.get("e2e_compare", []))]
-            out += ["Patch change end to end (informational, no target): type a row into the patch's row input, "
-                    "press Enter, until the new patch is shown and the rerun finished — includes the "
-                    "Streamlit rerun, Plotly figures and rendering in headless chromium.", "",
-                    md_table(["page", "n", "p50 ms", "max ms"],
-                             [[p, len(v), f"{np.percentile(v, 50):.0f}", f"{max(v):.0f}"] for p, v in e2e if v]), ""]
+        return out + ["Not measured in this run (`--skip-app`).", ""]
+    out += ["`python -m streamlit run app.py --server.headless true --server.port <free>` with "
+            "`VITPE_CHECKPOINTS` set to the checkpoint folder; times from process start, median over "
+            f"{len(app['runs'])} cold starts (each run listed in benchmarks.json). The default page is the "
+            f"bias explorer on `{app['default']}`.", ""]
+    rows = [["`/_stcore/health` answers ok (HTTP)", _fmt(app.get("health_s"), "s")],
+            ["`GET /` answered 200 (HTTP)", _fmt(app.get("get_root_s"), "s")]]
+    if app["browser"]:
+        rows += [["first element (`h1`) visible (chromium)", _fmt(app.get("first_element_s"), "s")],
+                 ["first script run complete (chromium)", _fmt(app.get("first_run_s"), "s")]]
+        if "compare_first_run_s" in app:
+            rows += [[f"compare page, first run with all {len(app['checkpoints'])} checkpoints (after the "
+                      "bias page)", _fmt(app["compare_first_run_s"], "s")]]
+    out += [md_table(["measure", "median"], rows), "",
+            "HTTP readiness is the server and its static page shell; the app's Python script (imports, "
+            "checkpoint, trace, figures) runs only when a browser session connects, which the browser rows "
+            "include.", ""]
+    if not app["browser"]:
+        out += [f"Browser measurements not taken: {app['browser_reason']}.", ""]
+    if app.get("e2e_bias"):
+        e2e = [("bias explorer", app["e2e_bias"]), ("compare", app.get("e2e_compare", []))]
+        out += ["Patch change end to end (informational, no target): type a row into the patch's row input, "
+                "press Enter, until the new patch is shown and the rerun finished — includes the "
+                "Streamlit rerun, Plotly figures and rendering in headless chromium.", "",
+                md_table(["page", "n", "p50 ms", "max ms"],
+                         [[p, len(v), f"{np.percentile(v, 50):.0f}", f"{max(v):.0f}"] for p, v in e2e if v]), ""]
+    return out
 
-    mem_rows = [[f"training `{r['encoding']}`, {r['what']}", f"{r['vmhwm_mib']:.0f}", f"{r['vmrss_mib']:.0f}"]
-                for r in res["memory"]["training"]]
+
+def _md_memory(res: dict) -> list[str]:
+    app = res["app"]
+    rows = [[f"training `{r['encoding']}`, {r['what']}", f"{r['vmhwm_mib']:.0f}", f"{r['vmrss_mib']:.0f}"]
+            for r in res["memory"]["training"]]
     first = app["runs"][-1].get("after_first_page_mib") if app.get("runs") else None
     if first:
-        mem_rows.append(["app server after the first (bias) page", f"{first['VmHWM']:.0f}", f"{first['VmRSS']:.0f}"])
+        rows.append(["app server after the first (bias) page", f"{first['VmHWM']:.0f}", f"{first['VmRSS']:.0f}"])
     if app.get("after_compare"):
         mem = app["after_compare"]
-        mem_rows.append([f"app server after the compare page (all {len(app['checkpoints'])} checkpoints loaded)",
-                         f"{mem['VmHWM']:.0f}", f"{mem['VmRSS']:.0f}"])
-    out += ["## 5. Peak memory", "",
-            "Training: a subprocess builds the compact model, trains on random data at batch "
-            f"{TRAIN_BATCH} (train.py's step) and waits; VmHWM / VmRSS read from `/proc/<pid>/status`. "
-            "App: the streamlit server process of the last cold start.", "",
-            md_table(["process", "VmHWM MiB", "VmRSS MiB"], mem_rows), ""]
+        rows.append([f"app server after the compare page (all {len(app['checkpoints'])} checkpoints loaded)",
+                     f"{mem['VmHWM']:.0f}", f"{mem['VmRSS']:.0f}"])
+    out = ["## 5. Peak memory", "",
+           "Training: a subprocess builds the compact model, trains on random data at batch "
+           f"{TRAIN_BATCH} (train.py's step) and waits; VmHWM / VmRSS read from `/proc/<pid>/status`. "
+           "App: the streamlit server process of the last cold start.", "",
+           md_table(["process", "VmHWM MiB", "VmRSS MiB"], rows), ""]
     if app.get("skipped"):
         out += ["App memory not measured in this run (`--skip-app`).", ""]
     elif not app.get("after_compare"):
         out += [f"App memory not measured: {app.get('browser_reason') or 'the browser part did not run'}.", ""]
-    return "\n".join(out)
+    return out
 
 
 NOISY_NOTE = (f"† the paired median and the best-of-N ratio differ by more than {NOISY:.0%}: the machine's load "
@@ -1041,7 +960,7 @@ def run(plan: Plan, *, out: Path, skip_app: bool, argv: list[str], checkpoints: 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(prog="python -m vitpe_core.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="smoke run: few repetitions (numbers not comparable)")
     p.add_argument("--skip-app", action="store_true", help="skip the app parts (cold start, browser, app memory)")
     p.add_argument("--out", type=Path, default=REPO, help="folder for BENCHMARKS.md and benchmarks.json "

@@ -1,9 +1,9 @@
 """Load test of the Streamlit app: N concurrent browser sessions click patches on the bias
 explorer for a while; the figures go into RELIABILITY.md ("Load").
 
-    python scripts/load_test.py --sessions 20 --seconds 60            # writes artifacts/load_test.json
-    python scripts/load_test.py --checkpoints /path/to/folder --port 8765
-    python scripts/load_test.py --memory-only    # the server's memory with every checkpoint loaded
+    python -m benchmarks.load_test --sessions 20 --seconds 60        # writes artifacts/load_test.json
+    python -m benchmarks.load_test --checkpoints /path/to/folder --port 8765
+    python -m benchmarks.load_test --memory-only    # the server's memory with every checkpoint loaded
 
 It starts the real server (`python -m streamlit run app.py` on 127.0.0.1, its own process
 group, always stopped afterwards) and drives it with Debian's chromium through playwright: one
@@ -26,10 +26,10 @@ with no think time: the worst case, each session has one click in flight). Recor
   VmHWM (/proc/<pid>/status; psutil's RSS where /proc is missing);
 * `/_stcore/health` after the run.
 
-`--checkpoints` defaults to `checkpoints/`; if that holds no checkpoint, tiny random-weight
-models (as tests/conftest.py's `app_checkpoint_dir`) are made in a temporary folder. The
-helpers `streamlit_server`, `make_tiny_checkpoints` and `run_load` are imported by
-tests/test_load.py, tests/test_browser.py and scripts/screenshots.py.
+`--checkpoints` defaults to `checkpoints/`; if that holds no checkpoint, the tests' tiny
+random-weight set (`harness.write_random_checkpoints`) is written to a temporary folder. The
+server, browser and page helpers are `benchmarks.harness`'s; tests/test_load.py runs
+`make_specs` and `run_load` for a short while.
 """
 from __future__ import annotations
 
@@ -41,115 +41,25 @@ import os
 import random
 import re
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator
-from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from benchmarks.harness import (IMAGE_FRAME, REPO, Server, background_jobs, checkpoint_grids, click_point,
+                                health_ok, launch_chromium, patch_label, proc_memory, share_url, streamlit_server,
+                                url_params, wait_script_run, write_random_checkpoints)
 
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--disable-quic"]
-IMAGE_FRAME = "iframe[title*='streamlit_image_coordinates']"
 PATCH_TEXT = re.compile(r"^Patch \(\d+, \d+\)$")
-TINY_ENCODINGS = ("ape", "sape2+ape", "rope_mixed", "rpb", "none")
-
-
-# ----------------------------------------------------------------------------- server
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def health_ok(url: str, timeout: float = 5.0) -> bool:
-    try:
-        with urllib.request.urlopen(url.rstrip("/") + "/_stcore/health", timeout=timeout) as r:
-            return r.status == 200 and r.read().strip() == b"ok"
-    except OSError:
-        return False
-
-
-@dataclass
-class Server:
-    url: str
-    proc: subprocess.Popen
-    log: Path
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def log_tail(self, n: int = 3000) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM the server's process group, SIGKILL it after 10 s."""
-    if proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-@contextlib.contextmanager
-def streamlit_server(checkpoints: str | Path, *, port: int | None = None, log: Path | None = None,
-                     timeout: float = 60.0) -> Iterator[Server]:
-    """`streamlit run app.py` on 127.0.0.1 with `VITPE_CHECKPOINTS=checkpoints`, in its own
-    process group; yields once `/_stcore/health` answers, always stops it."""
-    port = port or free_port()
-    log = log or Path(tempfile.mkstemp(prefix="vitpe-streamlit-", suffix=".log")[1])
-    env = {**os.environ, "VITPE_CHECKPOINTS": str(checkpoints), "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
-           "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    server = Server(f"http://127.0.0.1:{port}", proc, log)
-    try:
-        deadline = time.monotonic() + timeout
-        while not health_ok(server.url, timeout=2):
-            if proc.poll() is not None:
-                raise RuntimeError(f"streamlit exited with {proc.returncode}:\n{server.log_tail()}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"streamlit not healthy after {timeout:.0f} s:\n{server.log_tail()}")
-            time.sleep(0.25)
-        yield server
-    finally:
-        _stop(proc)
 
 
 def memory_mb(pid: int) -> dict[str, float]:
-    """{"rss": current, "hwm": peak} resident memory of `pid` in MB (MiB)."""
-    status = Path(f"/proc/{pid}/status")
-    if status.exists():
-        fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
-        kib = {k: int(fields[k].split()[0]) for k in ("VmRSS", "VmHWM") if k in fields}
-        return {"rss": kib.get("VmRSS", 0) / 1024, "hwm": kib.get("VmHWM", 0) / 1024}
-    import psutil  # not on Linux: psutil has the current RSS only
-
-    rss = psutil.Process(pid).memory_info().rss / 2**20
-    return {"rss": rss, "hwm": rss}
+    """{"rss": current, "hwm": peak} resident memory of `pid` in MiB (the report's names)."""
+    mem = proc_memory(pid)
+    return {"rss": mem.get("VmRSS", 0.0), "hwm": mem.get("VmHWM", 0.0)}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -187,73 +97,6 @@ class MemorySampler(threading.Thread):
         self._stop_event.set()
         self.join(5)
         return self.peak_rss
-
-
-# ----------------------------------------------------------------------------- checkpoints
-def make_tiny_checkpoints(folder: str | Path) -> Path:
-    """Tiny random-weight checkpoints (8x8 grid, D 32, 2 layers, 2 heads), as conftest's
-    `app_checkpoint_dir`."""
-    import torch
-
-    from vitpe_core import ViTConfig, build_model
-    from vitpe_core.checkpoint import save_checkpoint
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    for i, enc in enumerate(TINY_ENCODINGS):
-        torch.manual_seed(i)
-        model = build_model(ViTConfig(img_size=(32, 32), patch_size=4, dim=32, depth=2, heads=2, mlp_dim=64,
-                                      encoding=enc)).eval()
-        metrics = {"recipe": {"dataset": "cifar10", "encoding": enc, "epochs": 1}, "epochs": 1,
-                   "test": {"top1": 10.0 + i, "top5": 50.0 + i, "loss": 2.3}}
-        save_checkpoint(folder / f"{enc}.safetensors", model, metrics=metrics)
-    return folder
-
-
-def checkpoint_grids(folder: str | Path) -> dict[str, tuple[int, int]]:
-    """name -> patch grid (H, W) of every checkpoint in `folder`."""
-    from vitpe_core.checkpoint import list_checkpoints, load_checkpoint, resolve_checkpoint
-
-    return {n: tuple(load_checkpoint(resolve_checkpoint(n, folder)).config.grid) for n in list_checkpoints(folder)}
-
-
-# ----------------------------------------------------------------------------- page helpers
-def patch_label(patch: tuple[int, int]) -> str:
-    return f"Patch ({patch[0]}, {patch[1]})"
-
-
-def share_url(base: str, *, page: str = "bias", ckpt: str | None = None, image: str | None = None,
-              patch: tuple[int, int] | None = None, layer: int | None = None, head: str | None = None) -> str:
-    q = {"page": page, "ckpt": ckpt, "image": image, "patch": patch and f"{patch[0]},{patch[1]}",
-         "layer": None if layer is None else str(layer), "head": head}
-    return base.rstrip("/") + "/?" + urlencode({k: v for k, v in q.items() if v is not None}, safe=",", quote_via=quote)
-
-
-def click_point(box: dict, patch: tuple[int, int], grid: tuple[int, int]) -> dict[str, float]:
-    """The centre of `patch` in the clickable image's box (position relative to the element)."""
-    (r, c), (H, W) = patch, grid
-    return {"x": box["width"] * (c + 0.5) / W, "y": box["height"] * (r + 0.5) / H}
-
-
-def url_params(url: str) -> dict[str, str]:
-    return {k: v[-1] for k, v in parse_qs(urlsplit(url).query).items()}
-
-
-IDLE_JS = "() => document.querySelector('[data-testid=stApp]')?.dataset.testScriptState === 'notRunning'"
-CONTENT_HEIGHT_JS = ("() => Math.max(...['stMain', 'stSidebarContent'].map("
-                     "id => document.querySelector(`[data-testid=${id}]`)?.scrollHeight || 0))")
-
-
-def full_page_screenshot(page, path: str | Path, *, max_height: int = 6000) -> None:
-    """A whole-page PNG (sync playwright `page`). Streamlit scrolls inside its main block, so
-    `full_page=True` alone sees one screen: grow the viewport to the content, shoot, restore."""
-    vp = page.viewport_size
-    height = min(max(vp["height"], int(page.evaluate(CONTENT_HEIGHT_JS))), max_height)
-    page.set_viewport_size({"width": vp["width"], "height": height})
-    page.wait_for_timeout(400)                                        # charts re-layout
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(path), full_page=True)
-    page.set_viewport_size(vp)
 
 
 # ----------------------------------------------------------------------------- load
@@ -346,7 +189,7 @@ async def _session(browser, base: str, spec: Spec, gate: Gate, click_timeout: fl
                 res.reloads += 1
                 await page.reload(timeout=load_timeout * 1000)
             await page.get_by_text(patch_label(spec.patch), exact=True).wait_for(timeout=load_timeout * 1000)
-            await page.wait_for_function(IDLE_JS, timeout=load_timeout * 1000)
+            await wait_script_run(page, load_timeout)
             try:   # the component can miss its first render under load (see RELIABILITY.md): reload once
                 await img.wait_for(timeout=(30 if not attempt else load_timeout) * 1000)
                 break
@@ -372,7 +215,7 @@ async def _session(browser, base: str, spec: Spec, gate: Gate, click_timeout: fl
             await img.click(position=click_point(box, target, spec.grid), timeout=click_timeout * 1000)
             await page.get_by_text(patch_label(target), exact=True).wait_for(timeout=click_timeout * 1000)
             res.latencies.append(time.monotonic() - t0)
-            await page.wait_for_function(IDLE_JS, timeout=click_timeout * 1000)
+            await wait_script_run(page, click_timeout)
             res.settled.append(time.monotonic() - t0)
             res.clicks += 1
             current = target
@@ -405,7 +248,7 @@ async def _run(base: str, specs: list[Spec], seconds: float, click_timeout: floa
     from playwright.async_api import async_playwright
 
     async with async_playwright() as p:
-        browser = await p.chromium.launch(executable_path=shutil.which("chromium"), headless=True, args=CHROMIUM_ARGS)
+        browser = await launch_chromium(p)
         try:
             gate = Gate(len(specs), seconds, server_pid)
             tasks = [asyncio.create_task(_session(browser, base, s, gate, click_timeout, load_timeout)) for s in specs]
@@ -421,17 +264,6 @@ def _stats(xs: list[float]) -> dict[str, float | None]:
     r = lambda v: None if v is None else round(v, 3)
     return {"n": len(xs), "p50": r(percentile(xs, 50)), "p95": r(percentile(xs, 95)), "max": r(max(xs, default=None)),
             "mean": r(statistics.fmean(xs) if xs else None)}
-
-
-def background_jobs() -> list[str]:
-    """Command lines of running `vitpe_core train` processes (they compete for the CPUs)."""
-    out = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        with contextlib.suppress(OSError):
-            cmd = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-            if "vitpe_core train" in cmd:
-                out.append(cmd[:160])
-    return out
 
 
 def run_load(server: Server, specs: list[Spec], seconds: float, *, click_timeout: float = 30.0,
@@ -487,13 +319,13 @@ def page_memory(server: Server, pages: tuple[str, ...] = ("compare", "similarity
 
     out = {"before": memory_mb(server.pid)}
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=shutil.which("chromium"), headless=True, args=CHROMIUM_ARGS)
+        browser = launch_chromium(p)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             for name in pages:
                 page.goto(share_url(server.url, page=name), timeout=timeout * 1000)
                 page.wait_for_selector("h1", timeout=timeout * 1000)
-                page.wait_for_function(IDLE_JS, timeout=timeout * 1000)
+                wait_script_run(page, timeout)
                 page.wait_for_timeout(1000)
                 out[f"after_{name}"] = memory_mb(server.pid)
         finally:
@@ -502,7 +334,8 @@ def page_memory(server: Server, pages: tuple[str, ...] = ("compare", "similarity
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.load_test", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sessions", type=int, default=20)
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--port", type=int, default=None, help="server port (default: a free one)")
@@ -527,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         tiny = not (folder.is_dir() and list_checkpoints(folder))
         if tiny:
             print(f"no checkpoints in {folder}: using tiny random-weight ones", file=sys.stderr)
-            folder = make_tiny_checkpoints(Path(tmp) / "checkpoints")
+            folder = write_random_checkpoints(Path(tmp) / "checkpoints")
         if args.memory_only:
             with streamlit_server(folder, port=args.port) as server:
                 report = {"checkpoints": str(folder), "names": list_checkpoints(folder), "memory_mb": page_memory(server)}
@@ -538,8 +371,8 @@ def main(argv: list[str] | None = None) -> int:
         with streamlit_server(folder, port=args.port) as server:
             report = run_load(server, specs, args.seconds, click_timeout=args.click_timeout)
             report["server_log_tail"] = server.log_tail(1500)
-    report["checkpoints"] = "tiny random-weight (tests/conftest.py style)" if tiny else str(folder)
-    report["command"] = "python scripts/load_test.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    report["checkpoints"] = "tiny random-weight (harness.write_random_checkpoints)" if tiny else str(folder)
+    report["command"] = " ".join(["python -m benchmarks.load_test", *(argv if argv is not None else sys.argv[1:])])
     out.write_text(json.dumps(report, indent=2))
     summary = {k: v for k, v in report.items() if k not in ("per_session", "server_log_tail")}
     summary["errors"], summary["crosstalk"] = report["errors"][:10], report["crosstalk"][:10]

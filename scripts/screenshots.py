@@ -26,10 +26,10 @@ from pathlib import Path
 
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import load_test as lt  # noqa: E402  (the server and page helpers)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))    # the repository root, for `benchmarks`
+from benchmarks import harness  # noqa: E402  (the server, browser and page helpers)
 
-REPO = lt.REPO
+REPO = harness.REPO
 WIDTH = 1400
 MAX_BYTES = 400 * 1024
 TIMEOUT_MS = 120_000
@@ -59,37 +59,37 @@ def save_small(png: Path, max_bytes: int = MAX_BYTES) -> int:
 
 
 def wait_ready(page, patch: tuple[int, int]) -> None:
-    page.get_by_text(lt.patch_label(patch), exact=True).wait_for(timeout=TIMEOUT_MS)
-    page.frame_locator(lt.IMAGE_FRAME).locator("#image").wait_for(timeout=TIMEOUT_MS)
-    page.wait_for_function(lt.IDLE_JS, timeout=TIMEOUT_MS)
+    page.get_by_text(harness.patch_label(patch), exact=True).wait_for(timeout=TIMEOUT_MS)
+    page.frame_locator(harness.IMAGE_FRAME).locator("#image").wait_for(timeout=TIMEOUT_MS)
+    harness.wait_script_run(page, TIMEOUT_MS / 1000)
     page.wait_for_timeout(1500)                                          # plotly finishes drawing
 
 
 def shoot_bias(page, base: str, ckpt: str, grid: tuple[int, int], out: Path) -> None:
     H, W = grid
-    page.goto(lt.share_url(base, ckpt=ckpt, image="photo-chelsea", patch=(H // 2, W // 2), layer=0, head="mean"))
+    page.goto(harness.share_url(base, ckpt=ckpt, image="photo-chelsea", patch=(H // 2, W // 2), layer=0, head="mean"))
     wait_ready(page, (H // 2, W // 2))
     target = (max(0, H // 2 - 2), min(W - 1, W // 2 + 1))               # click a patch off the centre
-    image = page.frame_locator(lt.IMAGE_FRAME).locator("#image")
-    image.click(position=lt.click_point(image.bounding_box(), target, grid))
+    image = page.frame_locator(harness.IMAGE_FRAME).locator("#image")
+    image.click(position=harness.click_point(image.bounding_box(), target, grid))
     wait_ready(page, target)
-    lt.full_page_screenshot(page, out)
+    harness.full_page_screenshot(page, out)
 
 
 def shoot_similarity(page, base: str, ckpt: str, grid: tuple[int, int], out: Path) -> None:
     H, W = grid
     patch = (H // 2 - 1, W // 2 - 2)
-    page.goto(lt.share_url(base, page="similarity", ckpt=ckpt, patch=patch))
+    page.goto(harness.share_url(base, page="similarity", ckpt=ckpt, patch=patch))
     wait_ready(page, patch)
-    lt.full_page_screenshot(page, out)
+    harness.full_page_screenshot(page, out)
 
 
 def shoot_compare(page, base: str, ckpt: str, grid: tuple[int, int], out: Path) -> None:
     H, W = grid
     patch = (max(0, H // 2 - 2), min(W - 1, W // 2 + 1))
-    page.goto(lt.share_url(base, page="compare", ckpt=ckpt, image="photo-chelsea", patch=patch, layer=0, head="mean"))
+    page.goto(harness.share_url(base, page="compare", ckpt=ckpt, image="photo-chelsea", patch=patch, layer=0, head="mean"))
     wait_ready(page, patch)
-    lt.full_page_screenshot(page, out)
+    harness.full_page_screenshot(page, out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,15 +112,15 @@ def main(argv: list[str] | None = None) -> int:
         names = list_checkpoints(REPO / folder) if (REPO / folder).is_dir() else []
         if not names:
             print(f"no checkpoints in {folder}: using tiny random-weight ones (re-run after training)", file=sys.stderr)
-            folder = lt.make_tiny_checkpoints(Path(tmp) / "checkpoints")
+            folder = harness.write_random_checkpoints(Path(tmp) / "checkpoints")
             names = list_checkpoints(folder)
-        grids = lt.checkpoint_grids(REPO / folder)
+        grids = harness.checkpoint_grids(REPO / folder)
         table = [n for n in ("ape", "sape2+ape", "ape2d", "sincos2d") if n in names] or names
         bias_ckpt = PREFERRED_CKPT if PREFERRED_CKPT in names else names[0]
         port = args.port or (8501 if port_free(8501) else None)             # the link as `streamlit run` shows it
-        with lt.streamlit_server(folder, port=port) as server, sync_playwright() as p:
+        with harness.streamlit_server(folder, port=port) as server, sync_playwright() as p:
             base = server.url.replace("127.0.0.1", "localhost")            # the link the sidebar shows
-            browser = p.chromium.launch(executable_path=shutil.which("chromium"), headless=True, args=lt.CHROMIUM_ARGS)
+            browser = harness.launch_chromium(p)
             page = browser.new_page(viewport={"width": WIDTH, "height": 1000})
             shots = {"screenshot_bias.png": (shoot_bias, bias_ckpt), "screenshot_similarity.png": (shoot_similarity, table[0]),
                      "screenshot_compare.png": (shoot_compare, bias_ckpt)}

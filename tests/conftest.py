@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.harness import APP_ENCODINGS, write_random_checkpoints
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 
@@ -24,44 +26,22 @@ def _seed():
 
 
 # ----------------------------------------------------------------------------- app checkpoints
-APP_ENCODINGS = ("ape", "sape2+ape", "rope_mixed", "rpb", "none")
-
-
 @pytest.fixture(scope="session")
 def app_checkpoint_dir(tmp_path_factory) -> Path:
-    """A folder of tiny random-weight checkpoints (8x8 grid, D 32, 2 layers, 2 heads) with
-    minimal metrics and a two-epoch history, for the Streamlit app tests."""
-    from vitpe_core import ViTConfig, build_model
-    from vitpe_core.checkpoint import history_params, save_checkpoint
-
-    root = tmp_path_factory.mktemp("app_checkpoints")
-    for i, enc in enumerate(APP_ENCODINGS):
-        torch.manual_seed(i)
-        model = build_model(ViTConfig(img_size=(32, 32), patch_size=4, dim=32, depth=2, heads=2, mlp_dim=64,
-                                      encoding=enc)).eval()
-        first = history_params(model)
-        with torch.no_grad():                      # epoch 1 differs from epoch 0
-            for p in model.pos_enc.parameters():
-                p.add_(0.01 * torch.randn_like(p))
-        metrics = {"recipe": {"dataset": "cifar10", "encoding": enc, "epochs": 1}, "epochs": 1,
-                   "test": {"top1": 10.0 + i, "top5": 50.0 + i, "loss": 2.3},
-                   "curves": {"epoch": [1], "train_loss": [2.3], "train_acc": [10.0], "test_top1": [10.0 + i],
-                              "test_top5": [50.0 + i], "test_loss": [2.3]}}
-        if enc == "ape":
-            metrics["resolution"] = {"24": {"top1": 9.0, "top5": 49.0, "grid": [6, 6]},
-                                     "40": {"top1": 8.0, "top5": 48.0, "grid": [10, 10]}}
-        save_checkpoint(root / f"{enc}.safetensors", model, metrics=metrics,
-                        history={0: first, 1: history_params(model)})
-    return root
+    """A folder of tiny random-weight checkpoints (8x8 grid, D 32, 2 layers, 2 heads), one per
+    APP_ENCODINGS, with minimal metrics and a two-epoch history, for the Streamlit app tests
+    (`benchmarks.harness.write_random_checkpoints`, which the load test and the benchmark use too)."""
+    return write_random_checkpoints(tmp_path_factory.mktemp("app_checkpoints"), APP_ENCODINGS)
 
 
-def load_script(name: str):
-    """scripts/<name>.py as a module (the browser and load tests share scripts/load_test.py)."""
-    import importlib.util
-    import sys
-    mod_name = f"vitpe_scripts_{name}"
-    if mod_name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(mod_name, REPO / "scripts" / f"{name}.py")
-        sys.modules[mod_name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[mod_name]
+# ----------------------------------------------------------------------------- browser tests
+BROWSER_EXPECT_TIMEOUT_MS = 60_000
+
+
+def pytest_runtest_setup(item) -> None:
+    """Browser tests: playwright's `expect` waits up to 60 s for its condition (its default is
+    5 s), as their page calls do; on a loaded 2-core machine the app's first run takes longer."""
+    if item.get_closest_marker("browser") is not None:
+        from playwright.sync_api import expect
+
+        expect.set_options(timeout=BROWSER_EXPECT_TIMEOUT_MS)

@@ -1,116 +1,351 @@
-"""The benchmark script's smoke path: `python -m vitpe_core.bench --quick --skip-app` writes
-BENCHMARKS.md and benchmarks.json with every section and sane numbers. Nothing here asserts
-on speed (benchmarks are not timed tests: STYLE.md)."""
+"""The benchmark (`python -m benchmarks.bench`): its report rendered from a small synthetic
+results dict (sections, targets, PASS / MISS / NOT MEASURED, the **Why** lines a rerun keeps),
+its click compute on the pages' `vitpe_core.views` calls, its checkpoint set, and one tiny
+end-to-end run (slow). Nothing here times anything or asserts on speed (benchmarks are not
+timed tests: STYLE.md)."""
 from __future__ import annotations
 
 import json
 import math
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
+from benchmarks import bench
+from benchmarks.bench import QUICK, WHY_TODO, Plan, Target, render_markdown, targets, written_whys
+
 REPO = Path(__file__).resolve().parents[1]
-SECTIONS_MD = ("## Machine and run", "## Targets", "## 1. Attention layer", "## 2. Training throughput",
+SECTIONS_MD = ("# Benchmarks", "## Machine and run", "## Targets", "## 1. Attention layer", "## 2. Training throughput",
                "## 3. Click compute", "## 4. App cold start", "## 5. Peak memory")
-POSITIVE_KEYS = ("median_ms", "min_ms", "vs_none", "vs_none_best", "vs_rpb", "vs_rpb_best", "images_per_s",
-                 "median_step_ms", "min_step_ms", "throughput_vs_none", "throughput_vs_none_best", "throughput_vs_ape",
-                 "throughput_vs_ape_best", "p50_ms", "p95_ms", "max_ms", "vmhwm_mib", "vmrss_mib", "wall_time_s")
+TARGET_KEYS = ("sape2_attention_vs_rpb", "sape2_training_vs_ape", "bias_click_patch_p95", "bias_click_image_p95",
+               "compare_click_patch_p95", "compare_click_image_p95", "cold_start_http", "cold_start_first_element",
+               "cold_start_first_run", "app_memory_peak", "app_memory_rss")
+APP_KEYS = TARGET_KEYS[6:]
 
 
-def numbers(x, path=""):
-    """Every (path, number) in a JSON value; booleans are not numbers."""
-    if isinstance(x, dict):
-        for k, v in x.items():
-            yield from numbers(v, f"{path}.{k}")
-    elif isinstance(x, list):
-        for i, v in enumerate(x):
-            yield from numbers(v, f"{path}[{i}]")
-    elif isinstance(x, (int, float)) and not isinstance(x, bool):
-        yield path, x
+# ----------------------------------------------------------------------------- a synthetic run
+def _ratio_cols(key: str, value: float, best: float | None = None, noisy: bool = False) -> dict:
+    return {key: value, f"{key}_best": value if best is None else best, f"{key}_noisy": noisy}
 
 
-@pytest.fixture(scope="module")
-def quick_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bench")
-    proc = subprocess.run([sys.executable, "-m", "vitpe_core.bench", "--quick", "--skip-app", "--out", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return out, proc
+def _clicks(p95: float) -> dict:
+    return {"n": 8, "p50_ms": p95 / 2, "p95_ms": p95, "max_ms": p95 + 1, "cpu_p50_ms": p95 / 2, "cpu_p95_ms": p95}
 
 
-@pytest.mark.slow
-def test_quick_run_writes_every_section(quick_run):
-    out, proc = quick_run
-    md = (out / "BENCHMARKS.md").read_text()
-    for heading in SECTIONS_MD:
-        assert heading in md, heading
-    assert "QUICK smoke run" in md
-    assert "python -m vitpe_core.bench --quick --skip-app --out" in md   # the exact command
-    assert "--skip-app" in md.split("## 4.")[1]                           # the app part says it was skipped
-    targets = md.split("## Targets")[1].split("## 1.")[0]
-    assert targets.count("**NOT MEASURED**") == 5                         # the app's targets, skipped
-    assert targets.count("**PASS**") + targets.count("**MISS**") == 6
-    assert targets.count("**Why:**") == targets.count("**MISS**")        # one placeholder per miss
-    assert "PASS" in proc.stdout or "MISS" in proc.stdout                # the summary printed
+def fake_results(*, mode: str = "full", skip_app: bool = False) -> dict:
+    """A run's results as `bench.run` builds them, with chosen numbers: `sape2` attention /
+    rpb 1.8 (MISS, best-of-N 1.4: the cross-check disagrees), training / ape 0.9 (PASS), bias
+    clicks 10 (PASS) and 80 ms (MISS), compare clicks 100 (PASS) and 400 ms (MISS); app:
+    HTTP 2 s (PASS), first element 4.9 s (PASS, borderline), first run 7 s (MISS), memory 500 /
+    400 MiB (PASS)."""
+    attention = []
+    for width, (dim, heads) in bench.WIDTHS.items():
+        for batch in bench.BATCHES:
+            for enc, vs_none, vs_rpb in (("none", 1.0, 0.8), ("rpb", 1.25, 1.0), ("sape2", 2.2, 1.8)):
+                noisy = (width, batch, enc) == ("vit-s", 1, "rpb")
+                attention.append({"width": width, "dim": dim, "heads": heads, "tokens": 65, "batch": batch,
+                                  "encoding": enc, "median_ms": 2.0 * vs_none, "min_ms": 1.9 * vs_none,
+                                  **_ratio_cols("vs_none", vs_none, noisy=noisy),
+                                  **_ratio_cols("vs_rpb", vs_rpb, best=1.4 if enc == "sape2" else None),
+                                  "samples_ms": [2.0 * vs_none]})
+    training = [{"variant": name, "images_per_s": 1000 * t_ape, "median_step_ms": 128 / t_ape, "min_step_ms": 120 / t_ape,
+                 **_ratio_cols("throughput_vs_none", t_none), **_ratio_cols("throughput_vs_ape", t_ape),
+                 "samples_ms": [128 / t_ape]}
+                for name, t_none, t_ape in (("none", 1.0, 1.05), ("ape", 0.95, 1.0), ("sape2", 0.85, 0.9),
+                                            ("torch.nn ViT (reference)", 1.1, 1.15))]
+    names = list(bench.SHIPPED)
+    res = {
+        "schema": 1, "mode": mode, "plan": asdict(QUICK if mode == "quick" else bench.FULL),
+        "environment": {"date": "2025-01-01T00:00:00+00:00", "command": "python -m benchmarks.bench", "cpu": "test CPU",
+                        "cores": 2, "usable_cores": 2, "torch_threads": 2, "platform": "Linux", "python": "3.11",
+                        "torch": "2.13", "numpy": "2.0", "streamlit": "1.0", "playwright": "1.0",
+                        "chromium": "Chromium 1", "git_commit": "abc1234", "loadavg_start": [1.0, 1.0, 1.0],
+                        "loadavg_end": [2.0, 1.5, 1.0],
+                        "background_start": [{"pid": 7, "state": "R", "args": "vitpe_core train --encoding none"}],
+                        "background_end": []},
+        "section_s": {"attention": 1.0, "training": 2.0, "clicks": 3.0}, "wall_time_s": 6.0,
+        "attention": attention, "training": training,
+        "memory": {"training": [{"encoding": "ape", "what": "import + build only (0 steps)", "vmhwm_mib": 300.0,
+                                 "vmrss_mib": 290.0}]},
+        "clicks": {"single": "sape2+ape", "single_fresh": True, "checkpoints": names, "fresh": names[1:],
+                   "images": ["cifar10-test-0000", "photo-chelsea"], "bias_patch": _clicks(10),
+                   "bias_image": _clicks(80), "compare_patch": _clicks(100), "compare_image": _clicks(400)},
+    }
+    if skip_app:
+        res["app"] = {"skipped": True}
+    else:
+        mem = {"VmHWM": 500.0, "VmRSS": 400.0}
+        run = {"health_s": 1.5, "get_root_s": 2.0, "first_element_s": 4.9, "first_run_s": 7.0,
+               "after_first_page_mib": {"VmHWM": 350.0, "VmRSS": 340.0}}
+        res["app"] = {"checkpoints": names, "fresh": names[1:], "default": "sape2+ape", "browser": True,
+                      "browser_reason": None, "runs": [run], **{k: v for k, v in run.items() if k.endswith("_s")},
+                      "compare_first_run_s": 3.0, "after_compare": mem, "e2e_bias": [300.0, 310.0],
+                      "e2e_compare": [900.0]}
+    return res
 
 
-@pytest.mark.slow
-def test_quick_run_json_is_complete_and_sane(quick_run):
-    from vitpe_core.encodings import available_encodings
+def md_section(md: str, heading: str) -> str:
+    """The text of the `## heading...` section, up to the next `## `."""
+    return md.split("\n" + heading, 1)[1].split("\n## ", 1)[0]
 
-    out, _ = quick_run
-    res = json.loads((out / "benchmarks.json").read_text())
-    assert res["mode"] == "quick"
-    for key in ("environment", "attention", "training", "memory", "clicks", "app", "targets", "wall_time_s"):
-        assert key in res, key
-    env = res["environment"]
-    for key in ("cpu", "cores", "python", "torch", "streamlit", "date", "command"):
-        assert env[key], key
-    assert res["app"] == {"skipped": True}
 
-    encs = available_encodings()
-    attn = {(r["width"], r["batch"], r["encoding"]) for r in res["attention"]}
-    assert attn == {(w, b, e) for w in ("compact", "vit-s") for b in (1, 128) for e in encs}
-    variants = {r["variant"] for r in res["training"]}
-    assert set(encs) <= variants and any("reference" in v for v in variants)
-    for kind in ("bias_patch", "bias_image", "compare_patch", "compare_image"):
-        assert res["clicks"][kind]["n"] >= 1
-    assert len(res["memory"]["training"]) >= 2
+def check_tables(md: str) -> None:
+    """Every markdown table has as many cells in each row as in its header."""
+    rows: list[str] = []
+    for line in [*md.splitlines(), ""]:
+        if line.startswith("|"):
+            rows.append(line)
+            continue
+        if rows:
+            assert rows[1].startswith("|---"), rows[:2]
+            assert len({r.count(" | ") for r in rows if not r.startswith("|---")}) == 1, rows
+        rows = []
 
-    for path, value in numbers(res):
-        assert math.isfinite(value), path
-        if path.rsplit(".", 1)[-1] in POSITIVE_KEYS or "samples_ms" in path:
-            assert value > 0 or "cpu_" in path, (path, value)
 
-    by_key = {t["key"]: t for t in res["targets"]}
-    for key in ("sape2_attention_vs_rpb", "sape2_training_vs_ape", "bias_click_patch_p95", "bias_click_image_p95",
-                "compare_click_patch_p95", "compare_click_image_p95"):
-        assert by_key[key]["status"] in ("PASS", "MISS"), key
-        assert by_key[key]["measured"] > 0
-    for key in ("cold_start_http", "cold_start_first_element", "cold_start_first_run", "app_memory_peak",
-                "app_memory_rss"):
-        assert by_key[key]["status"] == "NOT MEASURED", key
+# ----------------------------------------------------------------------------- the report
+def test_report_has_every_section_target_and_verdict():
+    res = fake_results()
+    tgts = targets(res)
+    assert tuple(t.key for t in tgts) == TARGET_KEYS
+    status = {t.key: t.status for t in tgts}
+    assert status == {"sape2_attention_vs_rpb": "MISS", "sape2_training_vs_ape": "PASS", "bias_click_patch_p95": "PASS",
+                      "bias_click_image_p95": "MISS", "compare_click_patch_p95": "PASS",
+                      "compare_click_image_p95": "MISS", "cold_start_http": "PASS", "cold_start_first_element": "PASS",
+                      "cold_start_first_run": "MISS", "app_memory_peak": "PASS", "app_memory_rss": "PASS"}
+    md = render_markdown(res, tgts)
+    check_tables(md)
+    positions = [md.index(h) for h in SECTIONS_MD]
+    assert positions == sorted(positions)                                          # every section, in order
+    assert "Generated by `python -m benchmarks.bench` (benchmarks/bench.py)" in md
+    assert "QUICK smoke run" not in md
+
+    table = md_section(md, "## Targets")
+    assert table.count("**PASS**") == 7 and table.count("**MISS**") == 4 and "NOT MEASURED" not in table
+    assert table.count("borderline") == 1                                          # first element, 4.9 s of 5
+    assert "1.40x (**verdict differs**)" in table                                  # the best-of-N cross-check
+    assert "1 GB is taken as 10⁹ bytes" in table
+    misses = [line for line in table.splitlines() if line.startswith("* **MISS")]
+    assert len(misses) == 4
+    assert "* **MISS — SaPE² attention layer fwd+bwd / `rpb`, compact, batch 128**: 1.80x, 0.30x over the limit " \
+           "(20 % over)." in misses
+    whys = [line for line in table.splitlines() if "**Why:**" in line]
+    assert [w.rsplit("why:", 1)[1] for w in whys] == ["sape2_attention_vs_rpb -->", "bias_click_image_p95 -->",
+                                                       "compare_click_image_p95 -->", "cold_start_first_run -->"]
+    assert all(WHY_TODO in w for w in whys)                                        # placeholders until written
+
+    attention = md_section(md, "## 1. Attention layer")
+    assert attention.count("**compact**") == 2 and attention.count("**vit-s**") == 2
+    assert "| `sape2` | 2.20 | 1.80 | 2.20 / 1.40 |" in attention
+    assert "1.25 †" in attention and bench.NOISY_NOTE in attention                 # the noisy row is flagged
+    training = md_section(md, "## 2. Training throughput")
+    assert "| torch.nn ViT (reference) |" in training and "timm is not installed" in training
+    assert bench.NOISY_NOTE not in training
+    clicks = md_section(md, "## 3. Click compute")
+    assert "vitpe_core.views" in clicks and "(freshly built compact model, random weights)" in clicks
+    assert "| compare | all 10 | new image (cold traces) | 8 | 200.0 | 400.0 |" in clicks
+    app = md_section(md, "## 4. App cold start")
+    assert "| first script run complete (chromium) | 7.00 s |" in app and "Patch change end to end" in app
+    memory = md_section(md, "## 5. Peak memory")
+    assert "| app server after the compare page (all 10 checkpoints loaded) | 500 | 400 |" in memory
+    assert "not measured" not in memory
+    machine = md_section(md, "## Machine and run")
+    assert "pid 7 `vitpe_core train --encoding none`: running" in machine and "| load average" in machine
+
+
+def test_report_of_a_quick_run_without_the_app():
+    res = fake_results(mode="quick", skip_app=True)
+    tgts = targets(res)
+    md = render_markdown(res, tgts)
+    check_tables(md)
+    assert "> **QUICK smoke run** (`--quick`)" in md
+    table = md_section(md, "## Targets")
+    assert table.count("**NOT MEASURED** (skipped (--skip-app))") == len(APP_KEYS)
+    assert table.count("**PASS**") + table.count("**MISS**") == len(TARGET_KEYS) - len(APP_KEYS)
+    assert table.count("**Why:**") == table.count("**MISS**") == 3
+    assert "Not measured in this run (`--skip-app`)." in md_section(md, "## 4. App cold start")
+    assert "App memory not measured in this run (`--skip-app`)." in md_section(md, "## 5. Peak memory")
+
+
+def test_report_without_a_browser_says_why():
+    res = fake_results()
+    app = res["app"]
+    for key in ("first_element_s", "first_run_s", "compare_first_run_s", "after_compare", "e2e_bias", "e2e_compare"):
+        app.pop(key)
+    app["runs"][0] = {"health_s": 1.5, "get_root_s": 2.0}
+    app.update(browser=False, browser_reason="chromium not found")
+    tgts = {t.key: t for t in targets(res)}
+    assert tgts["cold_start_http"].status == "PASS"
+    assert all(tgts[k].status == "NOT MEASURED" and tgts[k].note == "chromium not found" for k in APP_KEYS[1:])
+    md = render_markdown(res, list(tgts.values()))
+    assert "Browser measurements not taken: chromium not found." in md
+    assert "App memory not measured: chromium not found." in md
+
+
+def test_why_lines_survive_a_rewrite_while_the_target_is_missed(tmp_path):
+    res = fake_results()
+    path = tmp_path / "BENCHMARKS.md"
+    path.write_text(render_markdown(res, targets(res)) + "\n")
+    assert written_whys(path) == {}                                                # placeholders are not kept
+    text = path.read_text()
+    for key, why in (("sape2_attention_vs_rpb", "the bias is dense (B, h, N, N)."),
+                     ("cold_start_first_run", "torch's import takes 3 s.")):
+        text = text.replace(f"**Why:** {WHY_TODO} <!-- why:{key} -->", f"**Why:** {why} <!-- why:{key} -->")
+    path.write_text(text)
+    whys = written_whys(path)
+    assert whys == {"sape2_attention_vs_rpb": "the bias is dense (B, h, N, N).",
+                    "cold_start_first_run": "torch's import takes 3 s."}
+
+    res["app"]["first_run_s"] = 4.0                                               # now passes: its Why goes
+    md = render_markdown(res, targets(res), whys)
+    assert "  **Why:** the bias is dense (B, h, N, N). <!-- why:sape2_attention_vs_rpb -->" in md
+    assert "torch's import" not in md and "why:cold_start_first_run" not in md
+    assert f"**Why:** {WHY_TODO} <!-- why:bias_click_image_p95 -->" in md
+    path.write_text(md + "\n")
+    assert written_whys(path) == {"sape2_attention_vs_rpb": "the bias is dense (B, h, N, N)."}
+    assert written_whys(tmp_path / "missing.md") == {}
 
 
 def test_target_verdicts_and_miss_amounts():
-    from vitpe_core.bench import Target
-
     slow = Target("k", "layer / rpb", 1.5, "max", "x", measured=1.8, check=1.4)
     assert slow.status == "MISS" and "0.30x over the limit (20 % over)" in slow.miss_by
     assert "verdict differs" in slow.check_text
     fast = Target("k", "throughput / ape", 0.7, "min", "x", measured=0.63, check=0.64)
     assert fast.status == "MISS" and "(10 % under)" in fast.miss_by and "same verdict" in fast.check_text
     assert Target("k", "p95", 50, "max", "ms", measured=12.0).status == "PASS"
+    assert Target("k", "p95", 50, "max", "ms", measured=50.0).status == "PASS"     # the limit itself passes
     assert Target("k", "cold start", 5, "max", "s").status == "NOT MEASURED"
+    assert Target("k", "p95", 50, "max", "ms", measured=49.0).borderline
+    assert not Target("k", "p95", 50, "max", "ms", measured=40.0).borderline
 
 
-def test_why_lines_survive_a_rewrite(tmp_path):
-    from vitpe_core.bench import WHY_TODO, written_whys
+def test_paired_and_best_of_n_ratios():
+    samples = {"a": [2.0, 4.0, 2.2], "b": [1.0, 1.0, 1.1]}      # round 2 disturbed a (load)
+    assert bench.paired_ratio(samples, "a", "b") == pytest.approx(2.0)
+    assert bench.best_ratio(samples, "a", "b") == pytest.approx(2.0)
+    r = bench.ratios(samples, "a", "b", "x", invert=True)
+    assert r["x"] == pytest.approx(0.5) and not r["x_noisy"]
+    assert bench.ratios({"a": [3.0, 3.0], "b": [1.0, 2.0]}, "a", "b", "x")["x_noisy"]   # median 2.25 vs best 3
+    calls = {"a": 0, "b": 0}
+    out = bench.interleaved({k: (lambda k=k: calls.__setitem__(k, calls[k] + 1)) for k in calls}, rounds=3, warmup=1)
+    assert {k: len(v) for k, v in out.items()} == {"a": 3, "b": 3} and calls == {"a": 4, "b": 4}
 
-    md = tmp_path / "BENCHMARKS.md"
-    md.write_text(f"* **MISS — a**: x\n  **Why:** {WHY_TODO} <!-- why:a -->\n"
-                  "* **MISS — b**: y\n  **Why:** the bias is dense (B, h, N, N). <!-- why:b -->\n")
-    assert written_whys(md) == {"b": "the bias is dense (B, h, N, N)."}
-    assert written_whys(tmp_path / "missing.md") == {}
+
+def test_click_patches_change_every_click():
+    patches = bench.click_patches((8, 8), 50)
+    assert len(patches) == 50 and all(p != q for p, q in zip(patches, patches[1:]))
+    assert all(0 <= r < 8 and 0 <= c < 8 for r, c in patches)
+
+
+# ----------------------------------------------------------------------------- what is timed
+def test_click_compute_calls_the_pages_views(app_checkpoint_dir, monkeypatch):
+    """The click compute runs `vitpe_core.views` as the pages do: bias_view where the
+    encoding has a bias, attention_view, top_class; panel_view and pick_stat per checkpoint,
+    with the view clamped to each model."""
+    from vitpe_core import views
+    from vitpe_core.checkpoint import list_checkpoints, load_checkpoint, resolve_checkpoint
+    from vitpe_core.gallery import gallery_ids
+
+    called: dict[str, list] = {}
+    for name in ("bias_view", "attention_view", "top_class", "panel_view", "pick_stat", "clamp_view"):
+        real = getattr(views, name)
+        monkeypatch.setattr(views, name, lambda *a, _real=real, _name=name, **k: (
+            called.setdefault(_name, []).append(a), _real(*a, **k))[1])
+    ckpts = {n: load_checkpoint(resolve_checkpoint(n, app_checkpoint_dir)) for n in list_checkpoints(app_checkpoint_dir)}
+    traces, stats = bench.compare_cold(ckpts, gallery_ids()[0], (3, 4))
+    assert set(traces) == set(stats) == set(ckpts)
+    assert len(called["panel_view"]) == len(ckpts) and len(called["pick_stat"]) == 2 * len(ckpts)
+
+    called.clear()
+    bench.compare_page_compute(ckpts, traces, stats, (9, 9), layer=5, head=7)   # beyond every model: clamped
+    assert [a[2:] for a in called["panel_view"]] == [((7, 7), 1, 1)] * len(ckpts)
+
+    called.clear()
+    for ckpt in ckpts.values():
+        bench.bias_page_compute(ckpt, traces[ckpt.name], (2, 5), layer=1, head=None)
+    assert [a[2] for a in called["bias_view"]] == ["rpb", "sape2+ape"]             # the encodings with a bias
+    assert [a[5] for a in called["bias_view"]] == ["row", "sum"]                   # the page's default part
+    assert len(called["attention_view"]) == len(called["top_class"]) == len(ckpts)
+
+
+def test_checkpoint_set_fills_the_shipped_set_with_random_compact_models(app_checkpoint_dir, tmp_path, monkeypatch):
+    import shutil
+
+    from vitpe_core.checkpoint import list_checkpoints, load_checkpoint, resolve_checkpoint
+    from vitpe_core.report import ORDER
+
+    assert bench.SHIPPED == tuple(ORDER)                                            # one source
+    for name in ("ape", "rpb"):
+        shutil.copy2(app_checkpoint_dir / f"{name}.safetensors", tmp_path)
+    monkeypatch.setattr(bench, "SHIPPED", ("ape", "rpb", "sape2+ape"))
+    with bench.checkpoint_set(tmp_path) as cs:
+        assert cs.root != tmp_path and sorted(cs.names) == ["ape", "rpb", "sape2+ape"] and cs.fresh == ["sape2+ape"]
+        assert cs.single == "ape"                                                   # sape2+ape is not trained
+        fresh = load_checkpoint(resolve_checkpoint("sape2+ape", cs.root))
+        assert fresh.config.dim == 128 and fresh.metrics["random_weights"] and sorted(fresh.history) == list(range(16))
+        assert load_checkpoint(resolve_checkpoint("ape", cs.root)).config.dim == 32   # copied as it is
+    assert not cs.root.exists() and list_checkpoints(tmp_path) == ["ape", "rpb"]
+    monkeypatch.setattr(bench, "SHIPPED", ("ape", "rpb"))
+    with bench.checkpoint_set(tmp_path) as cs:
+        assert cs.root == tmp_path and cs.fresh == []
+
+
+# ----------------------------------------------------------------------------- the library stays clean
+def test_the_library_imports_neither_the_benchmarks_nor_the_app_stack():
+    code = ("import sys, pkgutil, vitpe_core\n"
+            "for m in pkgutil.iter_modules(vitpe_core.__path__): __import__('vitpe_core.' + m.name)\n"
+            "print(sorted({n.split('.')[0] for n in sys.modules} & {'benchmarks', 'streamlit', 'playwright'}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_old_command_forwards_to_the_benchmark():
+    out = subprocess.run([sys.executable, "-m", "vitpe_core.bench", "--help"], cwd=REPO, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "benchmarks.bench" in out.stderr and "usage: python -m benchmarks.bench" in out.stdout
+
+
+# ----------------------------------------------------------------------------- one tiny real run
+TINY_PLAN = Plan(attn_rounds=1, attn_min_sample_s=0.0, train_rounds=1, warmup=0, clicks=2, app_runs=1, e2e_clicks=1,
+                 memory_steps=1, memory_encodings=())
+
+
+def numbers(x):
+    """Every number in a JSON value (booleans are not numbers)."""
+    if isinstance(x, dict):
+        x = list(x.values())
+    if isinstance(x, list):
+        for v in x:
+            yield from numbers(v)
+    elif isinstance(x, (int, float)) and not isinstance(x, bool):
+        yield x
+
+
+@pytest.mark.slow
+def test_a_tiny_run_writes_the_report_and_sane_numbers(app_checkpoint_dir, tmp_path, monkeypatch):
+    """`bench.run` end to end on a tiny subset: the compact width at batch 128, four encodings,
+    the test checkpoints, no app. Checks the files, not the speed."""
+    monkeypatch.setattr(bench, "WIDTHS", {"compact": bench.WIDTHS["compact"]})
+    monkeypatch.setattr(bench, "BATCHES", (128,))
+    monkeypatch.setattr(bench, "EXTRA_TRAIN", ())
+    monkeypatch.setattr(bench, "SHIPPED", ("ape", "sape2+ape", "rpb"))
+    monkeypatch.setattr(bench, "available_encodings", lambda: ["none", "ape", "rpb", "sape2"])
+    res = bench.run(TINY_PLAN, out=tmp_path, skip_app=True, argv=["--quick", "--skip-app"],
+                    checkpoints=app_checkpoint_dir, mode="quick")
+    md = (tmp_path / "BENCHMARKS.md").read_text()
+    check_tables(md)
+    assert all(h in md for h in SECTIONS_MD) and "`python -m benchmarks.bench --quick --skip-app`" in md
+    data = json.loads((tmp_path / "benchmarks.json").read_text())
+    assert data["mode"] == "quick" and data["app"] == {"skipped": True} and len(data["attention"]) == 4
+    assert {r["variant"] for r in data["training"]} >= {"none", "ape", "rpb", "sape2"}
+    assert data["clicks"]["fresh"] == [] and data["clicks"]["single"] == "sape2+ape"
+    assert all(data["clicks"][k]["n"] == TINY_PLAN.clicks for k in ("bias_patch", "bias_image", "compare_patch",
+                                                                     "compare_image"))
+    by_key = {t["key"]: t for t in res["targets"]}
+    assert all(by_key[k]["status"] in ("PASS", "MISS") and by_key[k]["measured"] > 0 for k in TARGET_KEYS[:6])
+    assert all(by_key[k]["status"] == "NOT MEASURED" for k in APP_KEYS)
+    assert all(math.isfinite(v) for v in numbers(data))

@@ -10,15 +10,14 @@ Skips with a reason where chromium or playwright is missing (`.ci/run` installs 
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import load_script
+
+from benchmarks import harness as lt  # the server, browser and page helpers
 
 REPO = Path(__file__).resolve().parents[1]
 SHOTS: Path  # set by the `_screenshot_dir` fixture, under pytest's temporary folder
@@ -34,9 +33,6 @@ try:
 except ImportError as e:
     pytest.skip(f"playwright is not importable ({e}); pip install -r requirements-dev.txt",
                 allow_module_level=True)
-
-
-lt = load_script("load_test")
 
 
 @pytest.fixture(scope="session")
