@@ -45,13 +45,13 @@ def main() -> None:
     tr = cache.trace(view.ckpt, key, img if is_upload else None)
     left, right = st.columns([2, 3])
     with left:
-        display = ui.patch_picker(PAGE, img, cfg.img_size, grid, view.patch,
+        display = ui.patch_picker(PAGE, img, ckpt, view.patch,
                                   f"{caption} — click a patch (grid {grid[0]}×{grid[1]}, as the model sees the image)")
         show_prediction(ckpt, tr, key)
     maps = analysis.patch_maps(tr, view.patch)                      # name -> (L, h, H, W)
     with right:
         show_bias(ckpt, tr, maps, display, view, layer, head)
-    show_attention(maps, display, view, layer, head, grid)
+    show_attention(tr, maps, display, view, layer, head, grid)
 
 
 def show_prediction(ckpt, tr: analysis.Trace, key: str) -> None:
@@ -99,12 +99,14 @@ def show_bias(ckpt, tr, maps, display, view, layer, head) -> None:
                  base + "_heads", key=f"{PAGE}_bias_heads")
 
 
-def show_attention(maps, display, view, layer, head, grid) -> None:
+def show_attention(tr, maps, display, view, layer, head, grid) -> None:
     st.subheader("Attention row of the full model")
     attn = views.attention_view(maps, layer, head)                           # (H, W)
     title = f"Attention row, layer {layer}, {head_text(head)}"
-    st.caption(f"Softmax weights from the query patch (r={view.patch[0]}, c={view.patch[1]}) to every patch "
-               "(the CLS column is left out).")
+    shares = views.prefix_share(tr, view.patch, layer, head)
+    prefix = ", ".join(f"{k} {100 * v:.0f} %" for k, v in shares.items())
+    st.caption(f"Softmax weights from the query patch (r={view.patch[0]}, c={view.patch[1]}) to every patch; the "
+               f"prefix tokens are left out of the map" + (f" (attention to them: {prefix})." if prefix else "."))
     base = f"{view.ckpt}_attention_p{view.patch[0]}-{view.patch[1]}_l{layer}_{head_text(head)}"
     a, b = st.columns(2)
     with a:

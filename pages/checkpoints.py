@@ -15,7 +15,10 @@ PAGE = "checkpoints"
 
 def main() -> None:
     st.title("Checkpoints")
+    imported = ui.model_import_form(PAGE)
     names = cache.checkpoint_names()
+    if imported:
+        st.session_state["ckpt"] = imported
     view = ui.current_view(PAGE, names)
     ui.render_share(view)
     if not names:
@@ -62,7 +65,13 @@ def details(name: str, ckpt) -> None:
     cols[0].metric("test top-1", "—" if test.get("top1") is None else f"{test['top1']:.2f} %")
     cols[1].metric("test top-5", "—" if test.get("top5") is None else f"{test['top5']:.2f} %")
     cols[2].metric("parameters", f"{sum(p.numel() for p in ckpt.model.parameters()):,}")
-    cols[3].metric("dataset", cache.dataset_of(ckpt))
+    cols[3].metric("family" if m.get("imported") else "dataset", m.get("family") or cache.dataset_of(ckpt))
+    if m.get("imported"):
+        st.markdown(f"Imported from `{ui.escape_md(str(m.get('source')))}` · licence: "
+                    f"{ui.escape_md(str(m.get('licence') or 'not stated'))} · eval transform: "
+                    f"{ui.escape_md(json.dumps(m.get('preprocess')))}")
+        if m.get("notes"):
+            st.info("Import notes: " + ui.escape_md(str(m["notes"])))
     curves = m.get("curves")
     if curves and any(curves.get(k) for k in curves if k != "epoch"):
         ui.chart(figures.curves_fig(curves, title=f"Training curves of {name}"), f"{name}_curves",

@@ -38,9 +38,10 @@ def main() -> None:
 
     left, right = st.columns([1, 2])
     with left:
-        ui.patch_picker(PAGE, img, ref.config.img_size, grid, view.patch, f"{caption} — click a patch", max_side=256)
+        ui.patch_picker(PAGE, img, ref, view.patch, f"{caption} — click a patch", max_side=256)
         st.caption(f"Layer {layer}, {'mean over heads' if head is None else f'head {head}'} for every "
-                   "checkpoint (clamped to a checkpoint's own depth / heads where it has fewer).")
+                   "checkpoint (clamped to a checkpoint's own depth / heads where it has fewer; on another grid, the patch "
+                   "under the same point of the image).")
     rows = [summary_row(name, ckpts[name], key, img if is_upload else None, layer, head) for name in shown]
     with right:
         st.subheader("Per checkpoint")
@@ -56,7 +57,7 @@ def main() -> None:
         cols = st.columns(COLUMNS)
         for col, name in zip(cols, shown[start:start + COLUMNS]):
             with col:
-                panel(name, ckpts[name], key, img if is_upload else None, view.patch, layer, head)
+                panel(name, ckpts[name], key, img if is_upload else None, view.patch, layer, head, grid)
     training_curves(shown, ckpts)
 
 
@@ -112,8 +113,8 @@ def resolution_table(names, ckpts) -> None:
                    "checkpoints/NAME.safetensors --sizes 24,32,40,48 --record`.")
 
 
-def panel(name, ckpt, key, img, patch, layer, head) -> None:
-    patch, layer, head = views.clamp_view(ckpt.config, patch, layer, head)
+def panel(name, ckpt, key, img, patch, layer, head, ref_grid) -> None:
+    patch, layer, head = views.clamp_view(ckpt.config, patch, layer, head, ref_grid)
     head_txt = "mean of heads" if head is None else f"head {head}"
     st.markdown(f"**{name}** · `{ckpt.config.encoding}` · hooks: {', '.join(ckpt.model.pos_enc.hooks) or 'none'}")
     pv = views.panel_view(cache.trace(name, key, img), cache.positional(name, key, patch, img), patch, layer, head)

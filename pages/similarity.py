@@ -1,6 +1,6 @@
 """Embedding similarity: the cosine similarity of a position table's rows — the full N×N
 matrix and the ViT paper's Figure 7 (one small map per patch) — for every checkpoint with a
-table and for an uploaded timm ViT checkpoint; the chosen patch's map large, the 2D-structure
+table (imported pretrained ViTs included); the chosen patch's map large, the 2D-structure
 score across checkpoints, and the tables recorded during training."""
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from pages.common import cache, ui
 from vitpe_core.viewstate import ViewState
 
 PAGE = "similarity"
-UPLOADED = "uploaded timm checkpoint"
 SCORE_HELP = ("Spearman rank correlation of similarity with minus the spatial distance over all patch pairs "
               "(1 = similarity falls off perfectly with distance, 0 = no relation)")
 
@@ -21,38 +20,26 @@ def main() -> None:
     st.title("Position-embedding similarity")
     names = cache.checkpoint_names()
     table_names = [n for n, c in ui.load_checkpoints(names).items() if "table" in c.model.pos_enc.hooks]
-    timm = ui.timm_upload(PAGE)
-    use_timm = timm is not None and (not table_names or st.session_state.get(f"{PAGE}_source", UPLOADED) == UPLOADED)
-    dims_for = ui.dims_of
-    if use_timm:   # the patch lives on the uploaded model's grid
-        dims_for = lambda n: (tuple(timm["grid"]), *(ui.dims_of(n) or ((1, 1), 1, 1))[1:])
-    view = ui.current_view(PAGE, names, dims_for=dims_for)
+    view = ui.current_view(PAGE, names)
     if not names:
         ui.no_checkpoints_info()
     elif not table_names:
         st.info("None of the checkpoints has an absolute position table (encodings `ape`, `ape2d`, `sincos2d`, "
-                "or a composite with one, e.g. `sape2+ape`). Upload a timm ViT checkpoint in the sidebar.")
-    if not use_timm and view.ckpt not in table_names and table_names:
+                "or a composite with one, e.g. `sape2+ape`). Import a pretrained ViT on the Checkpoints page.")
+    if view.ckpt not in table_names and table_names:
         if view.ckpt:
             st.info(f"`{view.ckpt}` has no position table; showing `{table_names[0]}`.")
         view = with_ckpt(view, table_names[0])
-    ui.render_share(view)
-    if not use_timm and not table_names:
-        return
     with st.sidebar:
-        if timm is not None and table_names:
-            st.radio("Source", [UPLOADED, "checkpoint"], key=f"{PAGE}_source")
-        if not use_timm:
+        if table_names:
             ui.checkpoint_select(PAGE, table_names)
-    if use_timm:
-        res, label, source = timm, f"{timm['filename']} (timm, D = {timm['config']['dim']})", UPLOADED
-        st.caption("Uploaded checkpoints cannot be shared by link; the link opens the checkpoint view.")
-    else:
-        source = view.ckpt
-        epoch = ui.epoch_control(PAGE, source)
-        res = cache.similarity(source, epoch)
-        label = source + ("" if epoch is None else f", epoch {epoch}")
-    show(res, label, source)
+            epoch = ui.epoch_control(PAGE, view.ckpt)
+    ui.render_share(view)
+    if not table_names:
+        return
+    st.caption("Your own pretrained ViT (timm, DeiT, DINOv2, Hugging Face) can be imported on the Checkpoints page.")
+    res = cache.similarity(view.ckpt, epoch)
+    show(res, view.ckpt + ("" if epoch is None else f", epoch {epoch}"), view.ckpt)
 
 
 def with_ckpt(view: ViewState, name: str) -> ViewState:
@@ -107,8 +94,6 @@ def show(res: dict, label: str, source: str) -> None:
 
 def across_checkpoints(current: str, current_res: dict) -> None:
     rows = cache.structure_scores()
-    if current == UPLOADED:
-        rows[f"{current_res['filename']} (uploaded)"] = current_res["score"]
     df = pd.DataFrame.from_dict(rows, orient="index").round(4)
     df.index.name = "source (final table)"
     st.dataframe(df, key=f"{PAGE}_scores", placeholder="—")
@@ -119,9 +104,6 @@ def across_checkpoints(current: str, current_res: dict) -> None:
 
 
 def during_training(source: str) -> None:
-    if source == UPLOADED:
-        st.caption("An uploaded timm checkpoint has no training history.")
-        return
     hist = cache.structure_history(source)
     if not hist:
         st.caption("This checkpoint recorded no training history.")

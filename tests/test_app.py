@@ -225,22 +225,37 @@ def _timm_npz(model) -> bytes:
     return buf.getvalue()
 
 
-def test_timm_upload_on_the_similarity_page(without_ckpts):
+def test_import_a_vit_on_the_checkpoints_page_and_use_it_on_every_page(without_ckpts):
     from vitpe_core import ViTConfig, build_model
 
-    model = build_model(ViTConfig(img_size=(40, 40), patch_size=4, dim=64, depth=1, heads=1, mlp_dim=64))
-    at = ok(run({"page": "similarity", "patch": "9,9"}))
-    assert "Ignored patch=" in at.warning[0].value                     # no checkpoint: an 8x8 default grid...
-    at.file_uploader(key="similarity_timm_upload").set_value(("vit.npz", _timm_npz(model), "application/octet-stream"))
+    model = build_model(ViTConfig(img_size=(40, 40), patch_size=4, dim=64, depth=1, heads=1, mlp_dim=64,
+                                  num_classes=3))
+    at = ok(run({"page": "checkpoints"}))
+    at.file_uploader(key="checkpoints_model_upload").set_value(("vit.npz", _timm_npz(model), "application/octet-stream"))
     ok(at.run())
-    assert not at.error
-    assert "vit.npz" in chart_spec(at, "similarity_patch_map")["layout"]["title"]["text"]
-    at.session_state["patch"] = (9, 9)                                   # ...a 10x10 grid for the upload
+    at.button(key="checkpoints_model_import").click()
+    ok(at.run())
+    assert not at.error and "Imported as `vit-upload`" in at.success[0].value
+    assert at.selectbox(key="checkpoints_ckpt").value == "vit-upload"
+    at.switch_page("pages/similarity.py")
+    ok(at.run())
+    assert not at.error and "vit-upload" in chart_spec(at, "similarity_patch_map")["layout"]["title"]["text"]
+    at.session_state["patch"] = (9, 9)                                   # a 10x10 grid
     ok(at.run())
     assert any("Patch (9, 9)" in t for t in patch_texts(at)) and not at.warning
-    at.file_uploader(key="similarity_timm_upload").set_value(("junk.pth", b"junk", "application/octet-stream"))
+    for page in ("bias", "compare"):
+        at.switch_page(f"pages/{page}.py")
+        ok(at.run())
+        assert not at.error, page
+    other = ok(run({"page": "checkpoints"}))                             # another session does not see it
+    assert "vit-upload" not in str(other.dataframe[0].value.index.tolist() if other.dataframe else [])
+    at.switch_page("pages/checkpoints.py")
     ok(at.run())
-    assert at.error and "junk.pth" in at.error[0].value
+    at.file_uploader(key="checkpoints_model_upload").set_value(("junk.pth", b"junk", "application/octet-stream"))
+    ok(at.run())
+    at.button(key="checkpoints_model_import").click()
+    ok(at.run())
+    assert at.error and "junk.pth was not imported" in at.error[0].value
 
 
 # ----------------------------------------------------------------------------- pure helpers
@@ -290,3 +305,24 @@ def test_pages_survive_odd_metrics(case, tmp_path, monkeypatch):
         at = ok(run({"page": page, "ckpt": "odd"}))
         assert at.title[0].value == TITLES[page]
     assert any("not in the shape" in w.value for w in at.warning)      # the checkpoints page says what it hid
+
+
+@pytest.mark.shared
+@pytest.mark.slow
+def test_the_real_vit_tiny_on_every_page_at_14x14(shared_dir, tmp_path, monkeypatch):
+    """The README's "Your own model" path: import the pretrained ViT-Ti/16 with the CLI, then
+    every page renders it at its own resolution and grid."""
+    from vitpe_core.__main__ import main
+    folder = tmp_path / "ckpts"
+    src = shared_dir / "data" / "vit_tiny_patch16_224_tinyimagenet_ft.npz"
+    assert main(["import", str(src), "--out", str(folder / "vit_tiny.safetensors")]) == 0
+    monkeypatch.setenv("VITPE_CHECKPOINTS", str(folder))
+    for page in PAGES:
+        at = ok(run({"page": page, "ckpt": "vit_tiny", "patch": "13,13", "layer": "11"}))
+        assert not at.error and not at.warning, (page, [w.value for w in at.warning])
+    at = ok(run({"page": "bias", "ckpt": "vit_tiny", "patch": "13,13", "layer": "11", "image": "photo-astronaut"}))
+    assert any("Patch (13, 13)" in t for t in patch_texts(at))
+    assert z_of(chart_spec(at, "bias_attn_map")).shape == (14, 14)
+    assert any("CLS" in c.value for c in at.caption)                     # the prefix token is named
+    at = ok(run({"page": "similarity", "ckpt": "vit_tiny"}))
+    assert any("0.573" in str(m.value) for m in at.metric)

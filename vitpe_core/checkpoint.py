@@ -72,6 +72,15 @@ def _numbers(d: Mapping) -> dict[str, Any]:
     return out
 
 
+def _valid_preprocess(pre: Any) -> bool:
+    """An imported model's eval transform as `importers` writes it."""
+    if not isinstance(pre, dict):
+        return False
+    mean, std, crop = pre.get("mean"), pre.get("std"), _number(pre.get("crop_pct"))
+    three = lambda v: isinstance(v, list) and len(v) == 3 and all(_number(x) is not None for x in v)
+    return three(mean) and three(std) and min(std) > 0 and crop is not None and 0 < crop <= 1
+
+
 def sanitize_metrics(metrics: Any) -> tuple[dict[str, Any], list[str]]:
     """Metrics with the shapes `vitpe_core.train` writes, and the keys that had to be dropped or
     emptied. For readers (the app) that must survive metrics edited by hand or written by other
@@ -104,6 +113,8 @@ def sanitize_metrics(metrics: Any) -> tuple[dict[str, Any], list[str]]:
     for key in ("epochs", "steps", "wall_time_s", "images_per_s", "parameters"):
         if key in out and _number(out[key]) is None:
             drop(key, "not a number")
+    if "preprocess" in out and not _valid_preprocess(out["preprocess"]):
+        drop("preprocess", "not {mean: [3 numbers], std: [3 positive numbers], crop_pct: (0, 1]}")
     for key in ("notes", "git_commit", "device", "torch"):
         if key in out and not isinstance(out[key], str):
             drop(key, "not a string")

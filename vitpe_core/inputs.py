@@ -41,6 +41,40 @@ def model_input(img: Image.Image, size: tuple[int, int], dataset: str) -> torch.
     return normalize(x, dataset)[0]                                      # (3, H, W)
 
 
+def preprocess_of(ckpt: Checkpoint) -> dict | None:
+    """An imported model's eval transform (`mean`, `std`, `crop_pct`, as its family uses), or
+    None for the project's own models (CIFAR normalisation, no extra crop)."""
+    pre = ckpt.metrics.get("preprocess") if isinstance(ckpt.metrics, dict) else None
+    return pre if isinstance(pre, dict) and {"mean", "std", "crop_pct"} <= set(pre) else None
+
+
+def model_crop(img: Image.Image, ckpt: Checkpoint) -> Image.Image:
+    """The part of `img` the model sees (RGB, not resized): the largest centred box of the
+    model's aspect ratio, shrunk by the eval transform's `crop_pct` (timm: resize the shorter
+    side to size / crop_pct, then centre-crop size: the same region)."""
+    H, W = ckpt.config.img_size
+    pre = preprocess_of(ckpt)
+    crop = float(pre["crop_pct"]) if pre else 1.0
+    img = img.convert("RGB")
+    scale = min(img.width / W, img.height / H) * crop                    # model pixels -> image pixels
+    w, h = max(1, round(W * scale)), max(1, round(H * scale))
+    left, top = (img.width - w) // 2, (img.height - h) // 2
+    return img.crop((left, top, left + w, top + h))
+
+
+def checkpoint_input(img: Image.Image, ckpt: Checkpoint) -> torch.Tensor:
+    """`img` as `ckpt`'s model takes it: `(3, H, W)` float32, cropped, resized (bicubic) and
+    normalised as its training data (CIFAR) or its family's eval transform (imported models)."""
+    pre = preprocess_of(ckpt)
+    if pre is None:
+        return model_input(img, ckpt.config.img_size, dataset_of(ckpt))
+    H, W = ckpt.config.img_size
+    x = prepare_for_model(model_crop(img, ckpt), (H, W))                 # (3, H, W) in [0, 1]
+    mean = torch.tensor(pre["mean"], dtype=torch.float32)[:, None, None]
+    std = torch.tensor(pre["std"], dtype=torch.float32)[:, None, None]
+    return (x - mean) / std
+
+
 def image_key(img: Image.Image) -> str:
     """Cache key of an uploaded image: sha256 of its pixels and size."""
     h = hashlib.sha256(f"{img.size}".encode())

@@ -75,10 +75,14 @@ def attention_view(maps: dict[str, np.ndarray], layer: int, head: int | None) ->
     return analysis.reduce_head(maps["attn"][layer], head)
 
 
-def clamp_view(cfg: ViTConfig, patch: tuple[int, int], layer: int, head: int | None
-               ) -> tuple[tuple[int, int], int, int | None]:
-    """A view chosen for the deepest / widest model, clamped to this model's grid, depth and heads."""
+def clamp_view(cfg: ViTConfig, patch: tuple[int, int], layer: int, head: int | None,
+               ref_grid: tuple[int, int] | None = None) -> tuple[tuple[int, int], int, int | None]:
+    """A view chosen for the deepest / widest model, clamped to this model's depth and heads;
+    the patch chosen on `ref_grid` moves to the patch of this model's grid under the same
+    point of the image (its centre), or is clamped to the grid without `ref_grid`."""
     H, W = cfg.grid
+    if ref_grid is not None:
+        patch = (int((patch[0] + 0.5) * H / ref_grid[0]), int((patch[1] + 0.5) * W / ref_grid[1]))
     return ((min(patch[0], H - 1), min(patch[1], W - 1)), min(layer, cfg.depth - 1),
             None if head is None else min(head, cfg.heads - 1))
 
@@ -144,3 +148,16 @@ def resolution_rows(metrics: dict[str, dict]) -> dict[str, dict[str, float]]:
             sizes = sorted(res, key=lambda s: int(s) if str(s).isdigit() else 0)
             rows[name] = {f"{size}px": res[size].get("top1") for size in sizes}
     return rows
+
+
+def prefix_share(trace: analysis.Trace, patch: tuple[int, int], layer: int, head: int | None) -> dict[str, float]:
+    """How much of the query patch's attention goes to each kind of prefix token ("CLS",
+    "dist", "registers"), at (layer, head or the mean of heads)."""
+    P, i = trace.num_prefix, analysis.patch_index(patch, trace.grid)
+    row = trace.attn[layer, :, P + i, :P]                                        # (h, P)
+    row = row.mean(0) if head is None else row[head]
+    out: dict[str, float] = {}
+    for name, a in zip(trace.prefix, row):
+        kind = "registers" if name.startswith("reg") else name
+        out[kind] = out.get(kind, 0.0) + float(a)
+    return out

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -24,11 +25,12 @@ import torch
 from PIL import Image
 
 from vitpe_core import analysis
-from vitpe_core.checkpoint import (Checkpoint, CheckpointError, import_timm, list_checkpoints, load_checkpoint,
+from vitpe_core.checkpoint import (Checkpoint, CheckpointError, list_checkpoints, load_checkpoint,
                          resolve_checkpoint, sanitize_metrics)
 from vitpe_core.gallery import gallery_image
-from vitpe_core.inputs import class_names, dataset_of, image_key, model_input  # noqa: F401 (re-exported for pages)
+from vitpe_core.inputs import checkpoint_input, class_names, dataset_of, image_key, model_crop  # noqa: F401
 from vitpe_core.model import ViT
+from vitpe_core.store import LRUStore
 
 ENV_VAR = "VITPE_CHECKPOINTS"
 DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "checkpoints"
@@ -41,13 +43,14 @@ def checkpoint_root() -> Path:
 
 
 def checkpoint_names() -> list[str]:
-    """Checkpoint names in the folder (read on every run: a glob, no file is opened)."""
-    return list_checkpoints(checkpoint_root())
+    """Checkpoint names in the folder (read on every run: a glob, no file is opened), then the
+    models this browser session imported (`uploaded_models`)."""
+    return list_checkpoints(checkpoint_root()) + list(uploaded_models())
 
 
 # ----------------------------------------------------------------------------- models
 @st.cache_resource(max_entries=16, show_spinner="Loading checkpoint…")
-def _load(path: str, mtime_ns: int) -> Checkpoint:
+def _load_file(path: str, mtime_ns: int) -> Checkpoint:
     ckpt = load_checkpoint(path)
     ckpt.metrics, problems = sanitize_metrics(ckpt.metrics)   # pages may rely on the shapes train writes
     if problems:
@@ -55,14 +58,108 @@ def _load(path: str, mtime_ns: int) -> Checkpoint:
     return ckpt
 
 
+def _load(path: str, mtime_ns: int) -> Checkpoint:
+    """A checkpoint file of the folder, or (path `upload:<sha256>`) an imported model of the store."""
+    if path.startswith(UPLOAD_KEY):
+        ckpt = model_store().get(path[len(UPLOAD_KEY):])
+        if ckpt is None:
+            raise CheckpointError("this uploaded model was removed from the server to make room for newer ones; "
+                                  "upload it again on the Checkpoints page")
+        return ckpt
+    return _load_file(path, mtime_ns)
+
+
 def _file(name: str) -> tuple[str, int]:
+    uploads = uploaded_models()
+    if name in uploads:
+        return UPLOAD_KEY + uploads[name], 0
     path = resolve_checkpoint(name, checkpoint_root())
     return str(path), path.stat().st_mtime_ns
 
 
 def get_checkpoint(name: str) -> Checkpoint:
-    """The checkpoint `name` of the folder; raises `CheckpointError` (a ValueError)."""
+    """The checkpoint `name` of the folder or of this session's uploads; raises
+    `CheckpointError` (a ValueError)."""
     return _load(*_file(name))
+
+
+# ----------------------------------------------------------------------------- uploaded models
+UPLOAD_KEY = "upload:"
+MAX_MODEL_UPLOAD_MB = 200          # per file (the uploader says so; .streamlit/config.toml allows it)
+MAX_SESSION_MODELS = 2             # imported models one browser session lists
+MAX_SERVER_MODELS = 4              # held in memory for all sessions together, least recently used out
+MAX_SERVER_MODEL_BYTES = 1_500 * 2**20
+
+
+@st.cache_resource
+def model_store() -> LRUStore[Checkpoint]:
+    """The server's one store of imported models (shared by content hash, bounded)."""
+    return LRUStore(MAX_SERVER_MODELS, MAX_SERVER_MODEL_BYTES)
+
+
+def uploaded_models() -> dict[str, str]:
+    """This session's imported models: name -> sha256 of the uploaded file (only this session
+    sees them; the models themselves live in `model_store`, evicted ones are dropped here)."""
+    mine = st.session_state.setdefault("_vitpe_models", {})
+    store = model_store()
+    gone = [n for n, sha in mine.items() if sha not in store]
+    for n in gone:
+        del mine[n]
+    if gone:
+        st.session_state["_vitpe_models_gone"] = gone
+    return mine
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def _import_lock(sha: str):
+    import threading
+    return threading.Lock()
+
+
+def import_upload(filename: str, data: bytes, *, family: str = "auto", img_size: str | None = None,
+                  heads: int | None = None, licence: str = "") -> tuple[str, list[str]]:
+    """Import an uploaded weights file into this session: (its name in the checkpoint lists,
+    notes for the page: what the importer said, which models were evicted). Raises
+    CheckpointError with what is wrong. The bytes go to a temporary file that is deleted at once."""
+    from vitpe_core.importers import import_file
+    from vitpe_core.store import model_bytes
+
+    suffix = Path(filename).suffix.lower()
+    if suffix not in TIMM_SUFFIXES:
+        raise CheckpointError(f"{filename!r}: expected one of {', '.join(TIMM_SUFFIXES)}")
+    sha = hashlib.sha256(data).hexdigest()
+    mine = uploaded_models()
+    if sha in mine.values():
+        return next(n for n, s in mine.items() if s == sha), ["Already imported in this session."]
+    store, notes = model_store(), []
+    with _import_lock(sha):
+        ckpt = store.get(sha)
+        if ckpt is None:
+            fd, tmp = tempfile.mkstemp(suffix=suffix, prefix="vitpe-import-")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                imp = import_file(tmp, family=family, img_size=img_size or None, heads=heads)
+            finally:
+                Path(tmp).unlink(missing_ok=True)
+            stem = re.sub(r"[^\w.+-]", "_", Path(filename).stem)[:40] or "model"
+            metrics, _ = sanitize_metrics(imp.metrics(filename, licence))
+            ckpt = Checkpoint(imp.model, imp.model.cfg, metrics, {}, f"{stem}-upload")
+            notes += imp.notes
+            evicted = store.put(sha, ckpt, model_bytes(imp.model))
+            if evicted:
+                notes.append(f"The server made room by removing {len(evicted)} model(s) imported earlier "
+                             "(least recently used).")
+    name = ckpt.name
+    while name in mine or name in list_checkpoints(checkpoint_root()):
+        name += "_"
+    if len(mine) >= MAX_SESSION_MODELS:
+        oldest = next(iter(mine))
+        del mine[oldest]
+        notes.append(f"Removed `{oldest}` from your list: a session keeps at most {MAX_SESSION_MODELS} imported "
+                     "models.")
+    mine[name] = sha
+    return name, notes
 
 
 # ----------------------------------------------------------------------------- traces
@@ -70,7 +167,7 @@ def get_checkpoint(name: str) -> Checkpoint:
 def _trace(path: str, mtime_ns: int, key: str, _img: Image.Image | None) -> analysis.Trace:
     ckpt = _load(path, mtime_ns)
     img = _img if _img is not None else gallery_image(key)
-    x = model_input(img, ckpt.config.img_size, dataset_of(ckpt))
+    x = checkpoint_input(img, ckpt)
     return analysis.trace_image(ckpt.model, x)
 
 
@@ -155,29 +252,3 @@ def _structure_history(path: str, mtime_ns: int) -> dict[int, dict[str, float]]:
 def structure_history(name: str) -> dict[int, dict[str, float]]:
     """epoch -> structure score of the table recorded at that epoch."""
     return _structure_history(*_file(name))
-
-
-@st.cache_data(max_entries=4, show_spinner="Importing the timm checkpoint…")
-def _timm_similarity(sha: str, suffix: str, _data: bytes) -> dict[str, Any]:
-    fd, tmp = tempfile.mkstemp(suffix=suffix, prefix="vitpe-timm-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(_data)
-        model = import_timm(tmp)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-    res = _similarity_of(model)
-    assert res is not None  # import_timm always builds an `ape` model
-    res["config"] = model.cfg.to_dict()
-    return res
-
-
-def timm_similarity(filename: str, data: bytes) -> dict[str, Any]:
-    """Similarity of an uploaded timm ViT checkpoint's `pos_embed` (.npz, .safetensors,
-    .pth/.pt/.bin); raises `CheckpointError`. The upload is written to a temporary file for
-    `checkpoint.import_timm` and deleted at once."""
-    suffix = Path(filename).suffix.lower()
-    if suffix not in TIMM_SUFFIXES:
-        raise CheckpointError(f"{filename!r}: expected one of {', '.join(TIMM_SUFFIXES)}")
-    return _timm_similarity(hashlib.sha256(data).hexdigest(), suffix, data)
-

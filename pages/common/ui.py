@@ -35,6 +35,7 @@ from vitpe_core.viewstate import KEYS, MEAN_HEAD, PAGES, ViewState, parse_view, 
 VIEW_KEYS = ("ckpt", "image", "patch", "layer", "head")
 SYNCED = "_vitpe_synced_query"
 UPLOAD_TYPES = ["png", "jpg", "jpeg", "webp", "gif", "bmp", "tif", "tiff"]
+MAX_IMAGE_UPLOAD_MB = 20   # the image uploader's own limit (the server allows more, for models)
 MAX_UPLOAD_SIDE = 1024   # uploads are shrunk to this after decoding (the model sees 32 px)
 DEFAULT_URL = "http://localhost:8501/"
 
@@ -241,7 +242,8 @@ def image_source(prefix: str) -> tuple[Image.Image, str, str, bool]:
     ids = gallery_ids()
     bound(st.selectbox, f"{prefix}_image", "image", label="Sample image", options=ids, format_func=gallery_caption)
     up = st.file_uploader(f"…or upload an image ({', '.join(sorted(ALLOWED_FORMATS))})", type=UPLOAD_TYPES,
-                          key=f"{prefix}_upload", help="Uploaded images are not stored and cannot be shared by link.")
+                          key=f"{prefix}_upload", max_upload_size=MAX_IMAGE_UPLOAD_MB,
+                          help="Uploaded images are not stored and cannot be shared by link.")
     if up is not None:
         img, err = decode_upload(up.getvalue())
         if err is not None:
@@ -298,12 +300,15 @@ def load_checkpoints(names: Sequence[str]) -> dict:
     return {name: ckpt for name, ckpt in loaded.items() if ckpt is not None}
 
 
-def patch_picker(page: str, img: Image.Image, img_size: tuple[int, int], grid: tuple[int, int],
-                 patch: tuple[int, int], caption: str, *, max_side: int = 320) -> np.ndarray:
-    """The image at the model's resolution with its patch grid, clickable, plus the keyboard
-    row/column inputs; returns the displayed image `(h, w, 3)` for overlays."""
+def patch_picker(page: str, img: Image.Image, ckpt, patch: tuple[int, int], caption: str, *,
+                 max_side: int = 320) -> np.ndarray:
+    """The image as `ckpt`'s model sees it (its crop, at least 20 px per patch) with its patch
+    grid, clickable, plus the keyboard row/column inputs; returns the displayed image
+    `(h, w, 3)` for overlays."""
+    grid = ckpt.config.grid
     st.caption(caption)
-    display = figures.display_image(img, img_size, max_side=max_side)
+    display = figures.display_image(cache.model_crop(img, ckpt), ckpt.config.img_size,
+                                    max_side=max(max_side, 20 * max(grid)))
     clickable(figures.grid_image(display, grid, patch), f"{page}_click",
               lambda x, y, w, h: figures.pixel_to_patch(x, y, w, h, grid))
     patch_controls(page, grid)
@@ -311,23 +316,41 @@ def patch_picker(page: str, img: Image.Image, img_size: tuple[int, int], grid: t
     return display
 
 
-# ----------------------------------------------------------------------------- similarity page widgets
-def timm_upload(page: str) -> dict | None:
-    """The similarity of an uploaded timm checkpoint, or None (an st.error if it is refused)."""
-    with st.sidebar:
-        up = st.file_uploader("timm ViT checkpoint (.npz, .safetensors, .pth)", key=f"{page}_timm_upload",
-                              type=[s[1:] for s in cache.TIMM_SUFFIXES], max_upload_size=64,
-                              help="A timm / DeiT VisionTransformer state dict with a learned pos_embed "
-                                   "(e.g. ViT-Ti/16). Read without executing code; not stored.")
-    if up is None:
-        return None
-    try:
-        res = dict(cache.timm_similarity(up.name, up.getvalue()))
-    except ValueError as e:   # CheckpointError, or a state dict no ViTConfig can describe
-        st.error(f"{up.name}: {e}")
-        return None
-    res["filename"] = up.name
-    return res
+# ----------------------------------------------------------------------------- bring your own ViT
+def model_import_form(page: str) -> str | None:
+    """Upload and import a pretrained ViT into this session (see `cache.import_upload`); the
+    name it got, or None. Errors and the importer's notes are shown on the page."""
+    from vitpe_core.importers import FAMILIES
+
+    gone = st.session_state.pop("_vitpe_models_gone", None)
+    if gone:
+        st.warning(f"Removed from your list to make room on the server: {', '.join(gone)}. Upload again to use them.")
+    with st.expander("Import your own ViT (timm, DeiT, DINOv2, Hugging Face, RoPE-ViT)", expanded=False):
+        st.caption(f"Weights as .safetensors, .npz or a weights-only .pth/.bin, up to {cache.MAX_MODEL_UPLOAD_MB} MB; "
+                   "read without running code. The model joins every page's checkpoint list for this browser "
+                   f"session only (at most {cache.MAX_SESSION_MODELS}); it is not written to disk. From a shell, "
+                   "`python -m vitpe_core import FILE --out checkpoints/NAME.safetensors` keeps it for good.")
+        up = st.file_uploader("Weights file", type=[s[1:] for s in cache.TIMM_SUFFIXES], key=f"{page}_model_upload",
+                              max_upload_size=cache.MAX_MODEL_UPLOAD_MB)
+        cols = st.columns(3)
+        family = cols[0].selectbox("Family", ["auto", *FAMILIES], key=f"{page}_model_family")
+        size = cols[1].text_input("Image size (H or HxW)", key=f"{page}_model_size",
+                                  help="Only for a non-square table, or to run the model at another size")
+        heads = cols[2].number_input("Heads (0 = width / 64)", min_value=0, max_value=64, step=1, value=0,
+                                     key=f"{page}_model_heads")
+        licence = st.text_input("Licence of these weights (recorded with the model)", key=f"{page}_model_licence")
+        if up is None or not st.button("Import", key=f"{page}_model_import", type="primary"):
+            return None
+        try:
+            with st.spinner(f"Importing {up.name}…"):
+                name, notes = cache.import_upload(up.name, up.getvalue(), family=family, img_size=size.strip() or None,
+                                                  heads=int(heads) or None, licence=licence)
+        except ValueError as e:   # CheckpointError: what is wrong with the file, and what to do
+            st.error(f"{up.name} was not imported: {e}")
+            return None
+        st.success(f"Imported as `{name}`: it is now in every page's checkpoint list.")
+        show_notes(notes)
+        return name
 
 
 def epoch_control(page: str, name: str) -> int | None:
