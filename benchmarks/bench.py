@@ -39,7 +39,7 @@ The server, browser, memory and process helpers are `benchmarks.harness`'s (shar
 load test and the browser tests).
 
 Deliberate limits:
-* this module uses `vitpe_core.inputs.model_input` and `vitpe_core.views`, the exact
+* this module uses `vitpe_core.inputs.checkpoint_input` and `vitpe_core.views`, the exact
   preprocessing and view functions the pages use; no Streamlit runtime is started in this
   process;
 * click compute excludes Streamlit's own costs (the cache's copy of cached results,
@@ -331,8 +331,7 @@ def checkpoint_set(source: Path) -> Iterator[CheckpointSet]:
 # ----------------------------------------------------------------------------- 3. click compute
 def cold_trace(ckpt: Checkpoint, image_id: str) -> analysis.Trace:
     """pages.common.cache._trace without the cache: gallery image -> model input -> trace."""
-    x = inputs.model_input(gallery_image(image_id), ckpt.config.img_size, inputs.dataset_of(ckpt))
-    return analysis.trace_image(ckpt.model, x)
+    return analysis.trace_image(ckpt.model, inputs.checkpoint_input(gallery_image(image_id), ckpt))
 
 
 def bias_page_compute(ckpt: Checkpoint, tr: analysis.Trace, patch: tuple[int, int], layer: int = 0,
@@ -345,29 +344,32 @@ def bias_page_compute(ckpt: Checkpoint, tr: analysis.Trace, patch: tuple[int, in
     if parts:
         views.bias_view(tr, maps, ckpt.config.encoding, layer, head, parts[0])
     views.attention_view(maps, layer, head)
+    views.prefix_share(tr, patch, layer, head)
 
 
 def compare_page_compute(ckpts: dict[str, Checkpoint], traces: dict[str, analysis.Trace],
                          stats: dict[str, dict[str, np.ndarray]], patch: tuple[int, int], layer: int = 0,
-                         head: int | None = None) -> None:
+                         head: int | None = None, ref_grid: tuple[int, int] | None = None) -> None:
     """The calls pages/compare.py makes per checkpoint for a new patch (`summary_row` from the
     attention statistics cached per image, see `compare_cold`; `panel` with the positional
-    component, which the page caches per patch)."""
+    component, which the page caches per patch); `patch` is on `ref_grid`, the grid of the
+    page's reference checkpoint."""
     for name, ckpt in ckpts.items():
         _, lay, hd = views.clamp_view(ckpt.config, (0, 0), layer, head)
         views.pick_stat(stats[name], "mean_distance", lay, hd)
         views.pick_stat(stats[name], "entropy", lay, hd)
-        p, lay, hd = views.clamp_view(ckpt.config, patch, layer, head)
+        p, lay, hd = views.clamp_view(ckpt.config, patch, layer, head, ref_grid)
         views.panel_view(traces[name], analysis.positional_component(ckpt.model, traces[name], p), p, lay, hd)
 
 
-def compare_cold(ckpts: dict[str, Checkpoint], image_id: str, patch: tuple[int, int]
+def compare_cold(ckpts: dict[str, Checkpoint], image_id: str, patch: tuple[int, int],
+                 ref_grid: tuple[int, int] | None = None
                  ) -> tuple[dict[str, analysis.Trace], dict[str, dict[str, np.ndarray]]]:
     """A new image on the compare page: per checkpoint its trace and attention statistics,
     then the per-patch work."""
     traces = {name: cold_trace(ckpt, image_id) for name, ckpt in ckpts.items()}
     stats = {name: analysis.attention_stats(tr) for name, tr in traces.items()}
-    compare_page_compute(ckpts, traces, stats, patch)
+    compare_page_compute(ckpts, traces, stats, patch, ref_grid=ref_grid)
     return traces, stats
 
 
@@ -391,12 +393,13 @@ def bench_clicks(plan: Plan, cs: CheckpointSet) -> dict:
     for image_id in images:                           # warm-up: imports, photo decoding (cached, as in the app)
         gallery_image(image_id)
     trace_one = cold_trace(one, images[0])
-    traces_all, stats_all = compare_cold(ckpts, images[0], (0, 0))  # also warms every model's first call
+    ref = ckpts[app_default(cs)].config.grid            # the compare page's reference grid (its default view)
+    traces_all, stats_all = compare_cold(ckpts, images[0], (0, 0), ref)  # also warms every model's first call
     clicks: dict[str, Callable[[int, tuple[int, int]], object]] = {
         "bias_patch": lambda i, patch: bias_page_compute(one, trace_one, patch),
         "bias_image": lambda i, patch: bias_page_compute(one, cold_trace(one, images[i]), patch),
-        "compare_patch": lambda i, patch: compare_page_compute(ckpts, traces_all, stats_all, patch),
-        "compare_image": lambda i, patch: compare_cold(ckpts, images[i], patch)}
+        "compare_patch": lambda i, patch: compare_page_compute(ckpts, traces_all, stats_all, patch, ref_grid=ref),
+        "compare_image": lambda i, patch: compare_cold(ckpts, images[i], patch, ref)}
     wall: dict[str, list[float]] = {k: [] for k in clicks}
     cpu: dict[str, list[float]] = {k: [] for k in clicks}
     for i, patch in enumerate(click_patches(one.config.grid, plan.clicks)):   # the four kinds interleaved
@@ -829,7 +832,7 @@ def _md_clicks(res: dict) -> list[str]:
             "`compare_page_compute`, `cold_trace`, calling `vitpe_core.views` as pages/bias.py and "
             "pages/compare.py do): a new patch = per-patch maps from a cached trace and the page's views "
             "(compare: plus each checkpoint's positional component); a new image = gallery image → "
-            "`inputs.model_input` → `analysis.trace_image` (compare: plus `attention_stats`) → the same views. "
+            "`inputs.checkpoint_input` → `analysis.trace_image` (compare: plus `attention_stats`) → the same views. "
             f"All layers and heads, layer 0 / mean of heads shown. Images cycle through the {len(c['images'])} "
             "gallery images. Not included: Streamlit's cache copy, widgets, Plotly figures, transport (see "
             "section 4's browser numbers). p50 / p95 / max are wall-clock latency (what the targets judge); the "

@@ -242,14 +242,14 @@ def test_click_patches_change_every_click():
 # ----------------------------------------------------------------------------- what is timed
 def test_click_compute_calls_the_pages_views(app_checkpoint_dir, monkeypatch):
     """The click compute runs `vitpe_core.views` as the pages do: bias_view where the
-    encoding has a bias, attention_view, top_class; panel_view and pick_stat per checkpoint,
-    with the view clamped to each model."""
+    encoding has a bias, attention_view, prefix_share, top_class; panel_view and pick_stat per
+    checkpoint, with the view clamped to each model (and moved from the reference grid)."""
     from vitpe_core import views
     from vitpe_core.checkpoint import list_checkpoints, load_checkpoint, resolve_checkpoint
     from vitpe_core.gallery import gallery_ids
 
     called: dict[str, list] = {}
-    for name in ("bias_view", "attention_view", "top_class", "panel_view", "pick_stat", "clamp_view"):
+    for name in ("bias_view", "attention_view", "prefix_share", "top_class", "panel_view", "pick_stat", "clamp_view"):
         real = getattr(views, name)
         monkeypatch.setattr(views, name, lambda *a, _real=real, _name=name, **k: (
             called.setdefault(_name, []).append(a), _real(*a, **k))[1])
@@ -261,13 +261,16 @@ def test_click_compute_calls_the_pages_views(app_checkpoint_dir, monkeypatch):
     called.clear()
     bench.compare_page_compute(ckpts, traces, stats, (9, 9), layer=5, head=7)   # beyond every model: clamped
     assert [a[2:] for a in called["panel_view"]] == [((7, 7), 1, 1)] * len(ckpts)
+    called.clear()
+    bench.compare_page_compute(ckpts, traces, stats, (1, 2), ref_grid=(4, 4))    # chosen on a coarser grid
+    assert [a[2] for a in called["panel_view"]] == [(3, 5)] * len(ckpts)        # the same point of the image
 
     called.clear()
     for ckpt in ckpts.values():
         bench.bias_page_compute(ckpt, traces[ckpt.name], (2, 5), layer=1, head=None)
     assert [a[2] for a in called["bias_view"]] == ["rpb", "sape2+ape"]             # the encodings with a bias
     assert [a[5] for a in called["bias_view"]] == ["row", "sum"]                   # the page's default part
-    assert len(called["attention_view"]) == len(called["top_class"]) == len(ckpts)
+    assert len(called["attention_view"]) == len(called["prefix_share"]) == len(called["top_class"]) == len(ckpts)
 
 
 def test_checkpoint_set_fills_the_shipped_set_with_random_compact_models(app_checkpoint_dir, tmp_path, monkeypatch):
