@@ -3,7 +3,6 @@ one layer/head control for all; a table of accuracy, 2D structure and attention 
 accuracy at other input resolutions where it was measured."""
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 import streamlit as st
 
@@ -65,13 +64,7 @@ def training_curves(names, ckpts) -> None:
     """Test top-1 and the table's 2D-structure score per epoch, every shown checkpoint on one chart each."""
     st.subheader("Training, epoch by epoch")
     accuracy = views.accuracy_runs({n: ckpts[n].metrics for n in names})
-    structure = {}
-    for name in names:
-        if "table" in ckpts[name].model.pos_enc.hooks:
-            hist = cache.structure_history(name)
-            if hist:
-                hist_epochs = sorted(hist)
-                structure[name] = (hist_epochs, [hist[e]["spearman"] for e in hist_epochs])
+    structure = cache.structure_runs([n for n in names if "table" in ckpts[n].model.pos_enc.hooks])
     left, right = st.columns(2)
     with left:
         if accuracy:
@@ -126,8 +119,7 @@ def panel(name, ckpt, key, img, patch, layer, head, ref_grid) -> None:
     ui.chart(fig, base, key=f"{PAGE}_fig_{name}")
     if pv.label == "none":
         st.caption("`none`: no position information at all (the model is permutation-equivariant over patches).")
-    ui.downloads(base + "_positional", pv.positional, key=f"{PAGE}_dl_{name}",
-                 full=np.stack([pv.positional, pv.attention]))
+    ui.downloads(base + "_positional", pv.positional, key=f"{PAGE}_dl_{name}", full=pv.stacked)
 
 
 main()

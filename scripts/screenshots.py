@@ -2,6 +2,7 @@
 
     python scripts/screenshots.py                    # checkpoints/ -> docs/screenshot_{bias,similarity,compare}.png
     python scripts/screenshots.py --checkpoints DIR --out docs
+    python scripts/screenshots.py --own FOLDER/vit_tiny.safetensors   # -> docs/screenshot_own_model.png
 
 * docs/screenshot_bias.png: the bias explorer on a photo with a clicked patch (`sape2+ape` if
   the folder has it, else its first checkpoint), the bias row over the image and the full
@@ -9,6 +10,8 @@
 * docs/screenshot_similarity.png: the similarity page for `ape` (else the first checkpoint
   with a position table) with the ViT paper's Figure-7 grid.
 * docs/screenshot_compare.png: the compare page, every checkpoint on one photo and query patch.
+* docs/screenshot_own_model.png (`--own`): the bias explorer on an imported pretrained ViT
+  (`python -m vitpe_core import`), at its own resolution and grid, on the astronaut photo.
 
 1400 px wide, whole page (Streamlit scrolls inside its main block: the viewport is grown to
 the content), quantised to a 256-colour palette when that keeps a PNG under 400 KB. If the
@@ -92,9 +95,22 @@ def shoot_compare(page, base: str, ckpt: str, grid: tuple[int, int], out: Path) 
     harness.full_page_screenshot(page, out)
 
 
+def shoot_own(page, base: str, ckpt: str, grid: tuple[int, int], out: Path) -> None:
+    H, W = grid
+    page.goto(harness.share_url(base, ckpt=ckpt, image="photo-astronaut", patch=(H // 2, W // 2), layer=0,
+                                head="mean"))
+    wait_ready(page, (H // 2, W // 2))
+    target = (3, W // 2 - 2)                                             # the astronaut's face
+    image = page.frame_locator(harness.IMAGE_FRAME).locator("#image")
+    image.click(position=harness.click_point(image.bounding_box(), target, grid))
+    wait_ready(page, target)
+    harness.full_page_screenshot(page, out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoints", default="checkpoints", help="checkpoint folder (relative to the repository)")
+    ap.add_argument("--own", help="an imported checkpoint (python -m vitpe_core import): shoot only its bias explorer")
     ap.add_argument("--out", default=str(REPO / "docs"))
     ap.add_argument("--port", type=int, default=None)
     args = ap.parse_args(argv)
@@ -109,6 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="vitpe-shots-") as tmp:
         folder = Path(args.checkpoints)
+        if args.own:
+            own = Path(args.own).resolve()
+            folder = Path(tmp) / "own"
+            folder.mkdir()
+            for suffix in (".safetensors", ".json"):
+                if own.with_suffix(suffix).exists():
+                    shutil.copy(own.with_suffix(suffix), folder / own.with_suffix(suffix).name)
         names = list_checkpoints(REPO / folder) if (REPO / folder).is_dir() else []
         if not names:
             print(f"no checkpoints in {folder}: using tiny random-weight ones (re-run after training)", file=sys.stderr)
@@ -124,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
             page = browser.new_page(viewport={"width": WIDTH, "height": 1000})
             shots = {"screenshot_bias.png": (shoot_bias, bias_ckpt), "screenshot_similarity.png": (shoot_similarity, table[0]),
                      "screenshot_compare.png": (shoot_compare, bias_ckpt)}
+            if args.own:
+                shots = {"screenshot_own_model.png": (shoot_own, names[0])}
             for name, (shoot, ckpt) in shots.items():
                 shoot(page, base, ckpt, grids[ckpt], out / name)
                 size = save_small(out / name)

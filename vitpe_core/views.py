@@ -96,6 +96,11 @@ class PanelView:
     attention: np.ndarray    # (H, W)
     normalised: bool
 
+    @property
+    def stacked(self) -> np.ndarray:
+        """`(2, H, W)`: the positional component and the attention row (the panel's download)."""
+        return np.stack([self.positional, self.attention])
+
 
 NORMALISED_COMPONENTS = ("bias row",)   # raw bias values differ in scale between models
 

@@ -252,3 +252,13 @@ def _structure_history(path: str, mtime_ns: int) -> dict[int, dict[str, float]]:
 def structure_history(name: str) -> dict[int, dict[str, float]]:
     """epoch -> structure score of the table recorded at that epoch."""
     return _structure_history(*_file(name))
+
+
+def structure_runs(names: list[str]) -> dict[str, tuple[list[int], list[float]]]:
+    """name -> (recorded epochs, Spearman structure score at each), for names with a history."""
+    runs = {}
+    for name in names:
+        hist = structure_history(name)
+        if hist:
+            runs[name] = (sorted(hist), [hist[e]["spearman"] for e in sorted(hist)])
+    return runs

@@ -1,0 +1,60 @@
+"""The house rules a newcomer relies on: the library runs without Streamlit, pages only lay out."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PAGE_MAX_LINES = 130
+
+BLOCK_APP_PACKAGES = r"""
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("streamlit", "playwright", "plotly_express"):
+            raise ImportError(f"{name} is blocked: vitpe_core must work without it")
+sys.meta_path.insert(0, Block())
+import pkgutil, vitpe_core
+for m in pkgutil.walk_packages(vitpe_core.__path__, "vitpe_core."):
+    if m.name != "vitpe_core.bench":          # the forwarding shim of the benchmark command
+        __import__(m.name)
+print("ok", len(sys.modules))
+"""
+
+
+def test_every_library_module_imports_without_streamlit():
+    res = subprocess.run([sys.executable, "-c", BLOCK_APP_PACKAGES], cwd=REPO, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0 and res.stdout.startswith("ok"), res.stderr[-2000:]
+
+
+def test_the_blocker_would_catch_a_streamlit_import(tmp_path):
+    """The check above can fail: the same blocker stops a module that imports Streamlit."""
+    bad = tmp_path / "uses_streamlit.py"
+    bad.write_text("import streamlit\n")
+    code = BLOCK_APP_PACKAGES.split("import pkgutil")[0] + "import uses_streamlit\n"
+    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0 and "blocked" in res.stderr
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_pages_only_lay_out():
+    """No page does array maths (no numpy or torch: that lives in vitpe_core.views / analysis)
+    and none is longer than a screenful or two."""
+    pages = sorted((REPO / "pages").glob("*.py"))
+    assert {p.stem for p in pages} >= {"bias", "similarity", "compare", "checkpoints"}
+    for page in pages:
+        assert not _imports(page) & {"numpy", "torch"}, page.name
+        assert len(page.read_text().splitlines()) <= PAGE_MAX_LINES, page.name
