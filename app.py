@@ -9,17 +9,10 @@ A link `/?page=similarity&ckpt=ape&patch=3,4` opens that page with its query par
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import streamlit as st   # `streamlit run app.py` puts this folder on sys.path: pages/ and vitpe_core import
 
-ROOT = Path(__file__).resolve().parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-import streamlit as st  # noqa: E402
-
-from pages.common import cache  # noqa: E402
-from vitpe_core.viewstate import DEFAULT_PAGE, PAGES as PAGE_NAMES  # noqa: E402
+from pages.common import cache
+from vitpe_core.viewstate import DEFAULT_PAGE, PAGES as PAGE_NAMES
 
 st.set_page_config(page_title="vitpe — position encodings in ViTs", page_icon="🧭", layout="wide")
 

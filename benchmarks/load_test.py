@@ -297,17 +297,20 @@ def run_load(server: Server, specs: list[Spec], seconds: float, *, click_timeout
                         "machine_busy_cores is chromium, this script and any background job; "
                         "server_ms_per_click: server CPU time in the clicking phase / clicks"},
         "clicks": clicks, "clicks_per_s": round(clicks / seconds, 2),
-        "latency_s": _stats(lat), "settled_s": _stats(settled), "page_load_s": _stats([r.load_s for r in results if r.load_s]),
+        "latency_s": _stats(lat), "settled_s": _stats(settled),
+        "page_load_s": _stats([r.load_s for r in results if r.load_s]),
         "errors": [f"session {i}: {e}" for i, r in enumerate(results) for e in r.errors],
         "crosstalk": [f"session {i}: {c}" for i, r in enumerate(results) for c in r.crosstalk],
         "page_errors": [f"session {i}: {e}" for i, r in enumerate(results) for e in r.page_errors],
         "reloads": sum(r.reloads for r in results),
         "sessions_without_answers": [i for i, r in enumerate(results) if r.clicks == 0],
-        "memory_mb": {"rss_before": round(start_mem["rss"], 1), "peak_rss_sampled": round(max(peak_rss, end_mem["rss"]), 1),
+        "memory_mb": {"rss_before": round(start_mem["rss"], 1),
+                      "peak_rss_sampled": round(max(peak_rss, end_mem["rss"]), 1),
                       "hwm": round(end_mem["hwm"], 1), "rss_after": round(end_mem["rss"], 1)},
         "healthy_after": health_ok(server.url),
         "per_session": [{"ckpt": r.spec["ckpt"], "image": r.spec["image"], "clicks": r.clicks,
-                         "p50_s": _stats(r.latencies)["p50"], "errors": len(r.errors), "reloads": r.reloads} for r in results],
+                         "p50_s": _stats(r.latencies)["p50"], "errors": len(r.errors), "reloads": r.reloads}
+                        for r in results],
     }
 
 
@@ -363,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
             folder = write_random_checkpoints(Path(tmp) / "checkpoints")
         if args.memory_only:
             with streamlit_server(folder, port=args.port) as server:
-                report = {"checkpoints": str(folder), "names": list_checkpoints(folder), "memory_mb": page_memory(server)}
+                report = {"checkpoints": str(folder), "names": list_checkpoints(folder),
+                          "memory_mb": page_memory(server)}
             out.write_text(json.dumps(report, indent=2))
             print(json.dumps(report, indent=2))
             return 0
@@ -378,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     summary["errors"], summary["crosstalk"] = report["errors"][:10], report["crosstalk"][:10]
     print(json.dumps(summary, indent=2))
     print(f"written to {out}")
-    ok = not report["errors"] and not report["crosstalk"] and report["healthy_after"] and not report["sessions_without_answers"]
+    ok = (not report["errors"] and not report["crosstalk"] and report["healthy_after"]
+          and not report["sessions_without_answers"])
     return 0 if ok else 1
 
 

@@ -56,7 +56,8 @@ def save_small(png: Path, max_bytes: int = MAX_BYTES) -> int:
     img.save(buf, "PNG", optimize=True)
     if buf.tell() > max_bytes:
         buf = io.BytesIO()
-        img.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(buf, "PNG", optimize=True)
+        palette = img.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+        palette.save(buf, "PNG", optimize=True)
     png.write_bytes(buf.getvalue())
     return buf.tell()
 
@@ -90,7 +91,8 @@ def shoot_similarity(page, base: str, ckpt: str, grid: tuple[int, int], out: Pat
 def shoot_compare(page, base: str, ckpt: str, grid: tuple[int, int], out: Path) -> None:
     H, W = grid
     patch = (max(0, H // 2 - 2), min(W - 1, W // 2 + 1))
-    page.goto(harness.share_url(base, page="compare", ckpt=ckpt, image="photo-chelsea", patch=patch, layer=0, head="mean"))
+    page.goto(harness.share_url(base, page="compare", ckpt=ckpt, image="photo-chelsea", patch=patch, layer=0,
+                                head="mean"))
     wait_ready(page, patch)
     harness.full_page_screenshot(page, out)
 
@@ -145,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
             base = server.url.replace("127.0.0.1", "localhost")            # the link the sidebar shows
             browser = harness.launch_chromium(p)
             page = browser.new_page(viewport={"width": WIDTH, "height": 1000})
-            shots = {"screenshot_bias.png": (shoot_bias, bias_ckpt), "screenshot_similarity.png": (shoot_similarity, table[0]),
+            shots = {"screenshot_bias.png": (shoot_bias, bias_ckpt),
+                     "screenshot_similarity.png": (shoot_similarity, table[0]),
                      "screenshot_compare.png": (shoot_compare, bias_ckpt)}
             if args.own:
                 shots = {"screenshot_own_model.png": (shoot_own, names[0])}

@@ -51,7 +51,8 @@ def fake_results(*, mode: str = "full", skip_app: bool = False) -> dict:
                                   **_ratio_cols("vs_none", vs_none, noisy=noisy),
                                   **_ratio_cols("vs_rpb", vs_rpb, best=1.4 if enc == "sape2" else None),
                                   "samples_ms": [2.0 * vs_none]})
-    training = [{"variant": name, "images_per_s": 1000 * t_ape, "median_step_ms": 128 / t_ape, "min_step_ms": 120 / t_ape,
+    training = [{"variant": name, "images_per_s": 1000 * t_ape, "median_step_ms": 128 / t_ape,
+                 "min_step_ms": 120 / t_ape,
                  **_ratio_cols("throughput_vs_none", t_none), **_ratio_cols("throughput_vs_ape", t_ape),
                  "samples_ms": [128 / t_ape]}
                 for name, t_none, t_ape in (("none", 1.0, 1.05), ("ape", 0.95, 1.0), ("sape2", 0.85, 0.9),
@@ -253,7 +254,8 @@ def test_click_compute_calls_the_pages_views(app_checkpoint_dir, monkeypatch):
         real = getattr(views, name)
         monkeypatch.setattr(views, name, lambda *a, _real=real, _name=name, **k: (
             called.setdefault(_name, []).append(a), _real(*a, **k))[1])
-    ckpts = {n: load_checkpoint(resolve_checkpoint(n, app_checkpoint_dir)) for n in list_checkpoints(app_checkpoint_dir)}
+    names = list_checkpoints(app_checkpoint_dir)
+    ckpts = {n: load_checkpoint(resolve_checkpoint(n, app_checkpoint_dir)) for n in names}
     traces, stats = bench.compare_cold(ckpts, gallery_ids()[0], (3, 4))
     assert set(traces) == set(stats) == set(ckpts)
     assert len(called["panel_view"]) == len(ckpts) and len(called["pick_stat"]) == 2 * len(ckpts)

@@ -6,7 +6,6 @@ import os
 import pickle
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file

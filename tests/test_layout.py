@@ -58,3 +58,15 @@ def test_pages_only_lay_out():
     for page in pages:
         assert not _imports(page) & {"numpy", "torch"}, page.name
         assert len(page.read_text().splitlines()) <= PAGE_MAX_LINES, page.name
+
+
+def test_ruff_is_clean():
+    """pyproject.toml's [tool.ruff] rules hold on the whole tree (ruff is a test dependency)."""
+    import shutil
+    import pytest
+    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
+    if ruff is None:
+        pytest.skip("ruff is not installed (pip install -r requirements-dev.txt)")
+    res = subprocess.run([ruff, "check", "--output-format", "concise", "."], cwd=REPO, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:]

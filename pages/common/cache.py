@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 import streamlit as st
-import torch
 from PIL import Image
 
 from vitpe_core import analysis
