@@ -1,8 +1,12 @@
 """The app in a real browser: `streamlit run app.py` on loopback driven by Debian's chromium
 through playwright (no browser download). What AppTest cannot do: click the image component
 and see the patch text and the Plotly heatmap's data change; open share links as a user
-does; load every page without an exception box. Checkpoints: conftest's `app_checkpoint_dir`
-(tiny random-weight models). Full-page screenshots go to pytest's temporary folder
+does; load every page without an exception box; upload a real pretrained ViT (../shared,
+22.9 MB: more than the old 20 MB server limit) through the Checkpoints page and use it on the
+other pages of the same session; see what a file over the uploader's limit shows.
+Checkpoints: conftest's `app_checkpoint_dir` (tiny random-weight models). The server is
+`python -m streamlit run app.py` from the repository root, so `.streamlit/config.toml` (its
+200 MB `server.maxUploadSize`) applies as it does for users. Full-page screenshots go to pytest's temporary folder
 (`screenshots0/` under its basetemp), never into the repository.
 
 Skips with a reason where chromium or playwright is missing (`.ci/run` installs chromium).
@@ -11,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -177,3 +182,113 @@ def test_page_loads_without_exception(page, app_url, name):
         expect(page.locator(".js-plotly-plot").first).to_be_attached()
     assert lt.url_params(page.url).get("page") == name
     shot(page, f"page_{name}")
+
+
+# ----------------------------------------------------------------------------- D: bring your own ViT
+VIT_TINY = "vit_tiny_patch16_224_tinyimagenet_ft.npz"   # timm ViT-Ti/16, 22.9 MB, 14x14 grid at 224 px
+OLD_SERVER_LIMIT_MB = 20                                 # server.maxUploadSize before it became 200
+IMPORT_TIMEOUT_MS = 240_000    # read + import 22.9 MB, then a 224 px ViT's first trace, on a loaded 2-core machine
+
+
+def open_import_form(page, app_url: str):
+    """The Checkpoints page with its "Import your own ViT" expander open; the model uploader."""
+    page.goto(f"{app_url}/?page=checkpoints")
+    expect(page.get_by_role("heading", name="Checkpoints", level=1)).to_be_visible()
+    settle(page)
+    page.locator("[data-testid='stExpander'] summary", has_text="Import your own ViT").click()
+    uploader = page.locator(".st-key-checkpoints_model_upload")
+    expect(uploader).to_be_visible()
+    return uploader
+
+
+def sidebar_link(page, title: str) -> None:
+    """Switch page through the app's own sidebar menu (the browser session, and with it the
+    imported model, is kept; a new URL would open a new session)."""
+    page.locator("[data-testid='stSidebarNav'] a", has_text=title).click()
+
+
+@pytest.mark.shared
+def test_import_real_vit_tiny_then_similarity_and_bias_pages(page, app_url, shared_dir):
+    """The 22.9 MB ViT-Ti/16 (over the old 20 MB server limit) through the Checkpoints page's
+    uploader in chromium, imported; in the same session the similarity page scores its table
+    0.573 and the bias explorer runs it on its 14x14 grid."""
+    src = shared_dir / "data" / VIT_TINY
+    assert src.stat().st_size > OLD_SERVER_LIMIT_MB * 2**20
+    uploader = open_import_form(page, app_url)
+    uploader.locator("input[type=file]").set_input_files(str(src))
+    chip = uploader.locator("[data-testid='stFileChip']")
+    expect(chip).to_have_attribute("aria-label", re.compile(re.escape(VIT_TINY)))   # the shown name is shortened
+    button = page.locator(".st-key-checkpoints_model_import button")   # drawn once the upload reached the script
+    expect(button).to_be_visible(timeout=IMPORT_TIMEOUT_MS)
+    expect(uploader.locator("[data-testid='stFileChipIconError']")).to_have_count(0)   # no HTTP 413
+    settle(page)
+    button.click()
+    success = page.locator("[data-testid='stAlertContentSuccess']")
+    expect(success).to_contain_text("Imported as", timeout=IMPORT_TIMEOUT_MS)
+    page.wait_for_function(lt.IDLE_JS, timeout=IMPORT_TIMEOUT_MS)
+    name = success.locator("code").first.inner_text()
+    assert name.startswith("vit_tiny_patch16_224_tinyimagenet_ft")
+    expect(success).to_contain_text("it is now in every page's checkpoint list")
+    expect(page.get_by_role("heading", name=name, level=2)).to_be_visible()          # its details below the table
+    no_exception(page)
+    expect(page.locator("[data-testid='stAlertContentError']")).to_have_count(0)
+    shot(page, "import_1_checkpoints")
+
+    sidebar_link(page, "Embedding similarity")
+    expect(page.get_by_role("heading", name="Position-embedding similarity", level=1)).to_be_visible()
+    page.wait_for_function(lt.IDLE_JS, timeout=IMPORT_TIMEOUT_MS)
+    expect(page.locator(".st-key-similarity_ckpt input")).to_have_value(name)
+    metric = page.locator("[data-testid='stMetric']").filter(has_text="2D structure (Spearman)")
+    expect(metric.locator("[data-testid='stMetricValue']")).to_have_text("0.573")
+    _, z = heatmap(page, "similarity_patch_map")
+    assert z.shape == (14, 14)
+    no_exception(page)
+    shot(page, "import_2_similarity")
+
+    sidebar_link(page, "Bias explorer")
+    expect(page.get_by_role("heading", name="Bias explorer", level=1)).to_be_visible()
+    expect(page.locator(".st-key-bias_ckpt input")).to_have_value(name, timeout=IMPORT_TIMEOUT_MS)
+    expect(page.get_by_text("of 14×14")).to_be_visible(timeout=IMPORT_TIMEOUT_MS)         # the patch text
+    page.wait_for_function(lt.IDLE_JS, timeout=IMPORT_TIMEOUT_MS)
+    expect(page.get_by_text("adds no attention bias")).to_be_visible()                     # ape: no bias, attention only
+    _, z = heatmap(page, "bias_attn_map")
+    assert z.shape == (14, 14)
+    no_exception(page)
+    assert lt.url_params(page.url).get("ckpt") == name
+    shot(page, "import_3_bias")
+
+
+def test_model_file_over_the_uploaders_limit_is_refused_in_the_browser(page, app_url, tmp_path):
+    """A weights file over the model uploader's own 200 MB limit (sparse: no disk used).
+    What Streamlit 1.67 shows, pinned so that a change is noticed: it refuses the file in the
+    browser before any byte is sent, with a red chip (name, size, error icon) and no message
+    in the page: the text "File must be 200.0MB or smaller." is only a tooltip of the chip's
+    error icon and a visually hidden alert for screen readers. The script never sees the
+    file, so the app cannot add a message of its own (no Import button, no st.error); the
+    limit is stated beforehand in the expander's caption."""
+    from pages.common.cache import MAX_MODEL_UPLOAD_MB
+
+    big = tmp_path / "too_big.safetensors"
+    with open(big, "wb") as f:
+        f.truncate((MAX_MODEL_UPLOAD_MB + 1) * 2**20)
+    uploader = open_import_form(page, app_url)
+    expect(page.get_by_text(f"up to {MAX_MODEL_UPLOAD_MB} MB", exact=False)).to_be_visible()   # the limit, stated
+    uploader.locator("input[type=file]").set_input_files(str(big))
+    chip = uploader.locator("[data-testid='stFileChip']")
+    expect(chip).to_have_attribute("aria-label", re.compile(re.escape(big.name)))
+    expect(chip).to_have_attribute("aria-invalid", "true")
+    icon = chip.locator("[data-testid='stFileChipIconError']")
+    expect(icon).to_be_visible()
+    message = f"File must be {MAX_MODEL_UPLOAD_MB:.1f}MB or smaller."
+    alert = chip.locator("[role=alert]")
+    expect(alert).to_have_text(f"Error: {message}")
+    box = alert.bounding_box()
+    assert box is not None and box["width"] <= 1 and box["height"] <= 1      # for screen readers only
+    settle(page)
+    expect(page.locator(".st-key-checkpoints_model_import")).to_have_count(0)   # nothing reached the script
+    expect(page.locator("[data-testid='stAlertContentError']")).to_have_count(0)
+    expect(page.get_by_text(message, exact=True)).to_have_count(0)             # not on the page ...
+    icon.hover()
+    expect(page.get_by_text(message, exact=True)).to_be_visible()              # ... until the icon is hovered
+    no_exception(page)
+    shot(page, "import_too_big")
