@@ -82,3 +82,26 @@ def test_history_snapshot_changes_the_table():
     params = {"pos_embed": torch.zeros_like(model.pos_enc.pos_embed)}
     assert A.position_table(model, params=params).abs().max() == 0
     assert A.position_table(model).abs().max() > 0
+
+
+def test_encoding_scale_measures_the_bias_against_the_logits():
+    torch.manual_seed(0)
+    model = build_model(ViTConfig(img_size=(16, 16), patch_size=4, dim=32, depth=2, heads=2, mlp_dim=32,
+                                  encoding="sape2")).eval()
+    x = torch.randn(3, 3, 16, 16)
+    base = A.encoding_scale(model, x)
+    assert set(base) == {f"enc_{k}_L{i}" for k in ("bias_ratio", "ex_norm", "ey_norm") for i in (0, 1)}
+    with torch.no_grad():
+        model.pos_enc.sape_x.mul_(3)
+        model.pos_enc.sape_y.mul_(3)
+    louder = A.encoding_scale(model, x)
+    assert louder["enc_ex_norm_L0"] == pytest.approx(3 * base["enc_ex_norm_L0"], rel=1e-4)
+    # layer 0 sees the same q, k: its bias scales exactly with the read-out tables
+    assert louder["enc_bias_ratio_L0"] == pytest.approx(3 * base["enc_bias_ratio_L0"], rel=1e-3)
+    rpb = build_model(ViTConfig(img_size=(16, 16), patch_size=4, dim=32, depth=1, heads=2, mlp_dim=32, encoding="rpb"))
+    with torch.no_grad():
+        for p in rpb.pos_enc.parameters():
+            p.zero_()
+    assert A.encoding_scale(rpb, x) == {"enc_bias_ratio_L0": 0.0}
+    assert A.encoding_scale(build_model(ViTConfig(img_size=(16, 16), patch_size=4, dim=32, depth=1, heads=2,
+                                                  mlp_dim=32, encoding="ape")), x) == {}

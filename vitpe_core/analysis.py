@@ -212,3 +212,36 @@ def sape2_part_names(parts: dict) -> tuple[str, str] | None:
 def reduce_head(m: np.ndarray, head: int | None) -> np.ndarray:
     """`(h, H, W)` -> `(H, W)`: one head, or the mean over heads (`head=None`)."""
     return m.mean(0) if head is None else m[head]
+
+
+# ----------------------------------------------------------------------------- how loud is the bias
+@torch.no_grad()
+def encoding_scale(model: ViT, images: Tensor) -> dict[str, float]:
+    """Per layer `l`, how large the encoding's attention bias is next to the content logits,
+    on `images (B, 3, H, W)` (normalised): `enc_bias_ratio_L{l}` = std of the bias / std of
+    `q·k/sqrt d` over the patch block (mean over images and heads; 0 = the bias cannot move
+    attention). For SaPE² also `enc_ex_norm_L{l}`, `enc_ey_norm_L{l}`: Frobenius norms of its
+    read-out tables E_x, E_y. Empty for encodings without a bias. Training records these per
+    epoch (`curves`)."""
+    was_training = model.training
+    model.eval()
+    rec: list[dict] = []
+    model(images.float(), trace=rec)
+    model.train(was_training)
+    out: dict[str, float] = {}
+    if rec[0]["bias"] is None:
+        return out
+    P = model.num_prefix
+    for layer, t in enumerate(rec):
+        q, k = t["q"][:, :, P:].float(), t["k"][:, :, P:].float()
+        logits = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)                    # (B, h, N, N)
+        bias = t["bias"][..., P:, P:].float().expand_as(logits)
+        ratio = bias.std(dim=(-2, -1)) / logits.std(dim=(-2, -1)).clamp_min(1e-12)  # (B, h)
+        out[f"enc_bias_ratio_L{layer}"] = round(float(ratio.mean()), 5)
+    parts = getattr(model.pos_enc, "parts", [model.pos_enc])
+    for part in parts:
+        if hasattr(part, "sape_x"):
+            for layer in range(part.sape_x.shape[0]):
+                out[f"enc_ex_norm_L{layer}"] = round(float(part.sape_x[layer].norm()), 5)
+                out[f"enc_ey_norm_L{layer}"] = round(float(part.sape_y[layer].norm()), 5)
+    return out

@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from . import data as D
 from .checkpoint import atomic_write_bytes, clean_state_dict, history_params, save_checkpoint
 from .config import PRESETS, ViTConfig, preset_config
+from .analysis import encoding_scale
 from .evaluate import accuracy, full_report, predict, summarize_table
 from .model import ViT
 from .randaugment import rand_augment
@@ -362,6 +363,21 @@ def _step(run: _Run, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tenso
     return logits, loss
 
 
+SCALE_IMAGES = 64   # first test images on which each epoch measures the bias against the logits
+
+
+def _record_encoding_scale(run: _Run) -> None:
+    """Append `analysis.encoding_scale` on a fixed batch of test images to the curves (one value
+    per epoch; a series that starts mid-run, after a resume from older code, is padded with None)."""
+    n = min(SCALE_IMAGES, len(run.test_ds))
+    x = D.normalize(run.test_ds.images[:n].to(run.device), run.cfg.dataset)
+    epochs = len(run.curves["epoch"])
+    for key, value in encoding_scale(run.model, x).items():
+        series = run.curves.setdefault(key, [])
+        series.extend([None] * (epochs - 1 - len(series)))
+        series.append(value)
+
+
 def _end_of_epoch(run: _Run, epoch: int, *, progress: bool) -> None:
     """Evaluate, record the epoch's curves and the encoding's parameters, save."""
     cfg, running = run.cfg, run.running
@@ -378,6 +394,7 @@ def _end_of_epoch(run: _Run, epoch: int, *, progress: bool) -> None:
                        ("images_per_s", round(seen / max(1e-9, time.perf_counter() - run.epoch_start), 1))):
         run.curves[key].append(value)
     run.history[epoch + 1] = history_params(run.model)
+    _record_encoding_scale(run)
     run.running = _zero_running()
     log.info("epoch %d: %s", epoch + 1, acc)
     if progress and run.rank == 0:
