@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageFile
 
-from vitpe_core.images import ImageError, _to_rgb, load_image, prepare_for_model
+from vitpe_core.images import ImageError, ImageInfo, _to_rgb, load_image, load_image_info, prepare_for_model
 
 RED, GREEN, BLUE, WHITE, BLACK = (255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 255), (0, 0, 0)
 
@@ -190,6 +190,18 @@ def test_bomb_above_pillows_own_limit_is_refused_fast(side: int, decode_calls: l
     assert decode_calls == []
 
 
+@pytest.mark.parametrize("side", [10_000, 100_000])
+def test_pillows_own_guard_is_reported_as_our_limit_not_pillows_words(side: int) -> None:
+    """Over Pillow's own limit the refusal names the image's pixel count, the app's limit and what
+    to do, not Pillow's "could be decompression bomb DOS attack"."""
+    with pytest.raises(ImageError) as e:
+        load_image(png_bomb(side, side, rows=4))
+    text = str(e.value)
+    assert f"{side * side:,} pixels" in text and "the limit is 40,000,000 pixels" in text
+    assert "Downscale it" in text
+    assert "bomb" not in text.lower() and "DOS" not in text
+
+
 def test_max_pixels_is_respected_and_inclusive() -> None:
     with pytest.raises(ImageError, match="3,072 pixels; the limit is 3,071"):
         load_image(GOOD["PNG"], max_pixels=64 * 48 - 1)
@@ -315,6 +327,22 @@ def test_animations_give_their_first_frame(fmt: str) -> None:
     img = load_image(data)
     assert_rgb(img, (12, 8))
     assert_close(pixel(img, (6, 4)), RED, tol=12)
+
+
+@pytest.mark.parametrize("fmt", ["GIF", "PNG", "WEBP"])
+def test_animations_report_their_frame_count(fmt: str) -> None:
+    frames = [Image.new("RGB", (12, 8), c) for c in (RED, BLUE, GREEN)]
+    data = encode(frames[0], fmt, save_all=True, append_images=frames[1:], duration=100, loop=0)
+    img, info = load_image_info(data)
+    assert info == ImageInfo(fmt, (12, 8), 3)
+    assert info.notes() == [f"This is an animated {fmt} image: only its first frame (of 3) is used."]
+    assert_close(pixel(img, (6, 4)), RED, tol=12)
+
+
+def test_still_images_have_no_notes() -> None:
+    img, info = load_image_info(encode(Image.new("RGB", (1, 1), RED), "PNG"))
+    assert info == ImageInfo("PNG", (1, 1), 1) and info.notes() == []
+    assert load_image_info(GOOD["GIF"])[1].frames == 1
 
 
 def test_exif_orientation_is_applied() -> None:

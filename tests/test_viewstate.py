@@ -12,7 +12,7 @@ from vitpe_core.viewstate import KEYS, MAX_VALUE_CHARS, PAGES, ViewState, defaul
 
 CKPTS = ["ape", "none", "rope_mixed", "rpb", "sape2+ape"]
 IMAGES = ["cifar10-test-0000", "cifar10-test-0007", "photo-astronaut"]
-DIMS = dict(grid=(8, 6), depth=3, heads=4)
+DIMS = dict(grid=(8, 6), depth=3, heads=4, epochs=(0, 1, 2, 5))
 
 
 def parse(params, **kw):
@@ -40,6 +40,8 @@ def test_valid_query_is_restored():
     ViewState("bias", "sape2+ape", "cifar10-test-0007", (3, 4), 1, None),
     ViewState("compare", "rope_mixed", "photo-astronaut", (0, 5), 2, 0),
     ViewState("checkpoints", "ape", "cifar10-test-0000", (7, 0), 0, 3),
+    ViewState("similarity", "ape", "cifar10-test-0000", (2, 1), 0, None, epoch=5),
+    ViewState("similarity", "ape", "cifar10-test-0000", (2, 1), 0, None, epoch=0),
 ])
 def test_round_trip_through_a_url(view):
     url = "http://localhost:8501/?" + urlencode(to_query(view))
@@ -67,11 +69,24 @@ def test_round_trip_through_a_url(view):
     ("head", "abc", "'mean' or an integer"),
     ("head", "4", "valid heads are 0-3"),
     ("head", "9" * 100, f"longer than {MAX_VALUE_CHARS}"),
+    ("epoch", "3", "not a recorded epoch (recorded: 0-2, 5)"),
+    ("epoch", "-1", "not a recorded epoch"),
+    ("epoch", "last", "'final' or an integer"),
 ])
 def test_invalid_values_fall_back_with_a_note(key, value, words):
     view, notes = parse({key: value})
     assert view == parse({})[0]
     assert len(notes) == 1 and words in notes[0] and key in notes[0], notes
+
+
+def test_epoch_is_optional_in_links_and_checked_against_the_history():
+    assert "epoch" not in to_query(parse({})[0])                        # the final weights: a clean link
+    assert parse({"epoch": "final"}) == (parse({})[0], [])
+    assert parse({"epoch": "2"})[0].epoch == 2
+    view, notes = parse({"epoch": "2"}, epochs=())                      # a checkpoint without history
+    assert view.epoch is None and "recorded no training history" in notes[0]
+    assert parse({"epoch": "1"}, epochs=[True, "1", 1.0, -3, 1])[0].epoch == 1   # odd epoch lists are filtered
+    assert "using epoch='final'" in parse({"epoch": "9"})[1][0]
 
 
 def test_notes_do_not_echo_long_values():
@@ -103,28 +118,32 @@ def test_no_checkpoints_and_no_images():
     assert "ckpt" not in to_query(view) and "image" not in to_query(view)
 
 
-def _valid(view: ViewState, grid, depth, heads) -> bool:
+def _valid(view: ViewState, grid, depth, heads, epochs) -> bool:
     return (view.page in PAGES and view.ckpt in CKPTS and view.image in IMAGES
             and 0 <= view.patch[0] < grid[0] and 0 <= view.patch[1] < grid[1]
-            and 0 <= view.layer < depth and (view.head is None or 0 <= view.head < heads))
+            and 0 <= view.layer < depth and (view.head is None or 0 <= view.head < heads)
+            and (view.epoch is None or view.epoch in epochs))
 
 
 values = st.one_of(st.text(max_size=80), st.lists(st.text(max_size=20), max_size=3), st.integers(), st.none(),
-                   st.sampled_from(["3,4", "0,0", "-1,2", "mean", "sape2+ape", "7", " 2", "1e3", "0x1"]))
+                   st.sampled_from(["3,4", "0,0", "-1,2", "mean", "sape2+ape", "7", " 2", "1e3", "0x1", "final",
+                                    "FINAL", "0", "5", "60"]))
 
 
 @settings(max_examples=300, deadline=None)
 @given(params=st.dictionaries(st.one_of(st.sampled_from(KEYS), st.text(max_size=8)), values, max_size=8),
-       grid=st.tuples(st.integers(1, 16), st.integers(1, 16)), depth=st.integers(1, 12), heads=st.integers(1, 8))
-def test_any_query_gives_a_valid_view(params, grid, depth, heads):
-    view, notes = parse_view(params, checkpoints=CKPTS, images=IMAGES, grid=grid, depth=depth, heads=heads)
-    assert _valid(view, grid, depth, heads)
+       grid=st.tuples(st.integers(1, 16), st.integers(1, 16)), depth=st.integers(1, 12), heads=st.integers(1, 8),
+       epochs=st.lists(st.integers(0, 60), max_size=20))
+def test_any_query_gives_a_valid_view(params, grid, depth, heads, epochs):
+    dims = dict(grid=grid, depth=depth, heads=heads, epochs=epochs)
+    view, notes = parse_view(params, checkpoints=CKPTS, images=IMAGES, **dims)
+    assert _valid(view, grid, depth, heads, epochs)
     assert all(isinstance(n, str) and len(n) < 400 for n in notes)
     assert len(notes) <= len(KEYS)
-    again, more = parse_view(to_query(view), checkpoints=CKPTS, images=IMAGES, grid=grid, depth=depth, heads=heads)
+    again, more = parse_view(to_query(view), checkpoints=CKPTS, images=IMAGES, **dims)
     assert (again, more) == (view, [])
 
 
 def test_every_view_field_is_a_query_key():
     from dataclasses import fields
-    assert KEYS == tuple(f.name for f in fields(ViewState)) == tuple(to_query(ViewState(ckpt="a", image="b")))
+    assert KEYS == tuple(f.name for f in fields(ViewState)) == tuple(to_query(ViewState(ckpt="a", image="b", epoch=0)))

@@ -31,13 +31,15 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-__all__ = ["ALLOWED_FORMATS", "ImageError", "load_image", "prepare_for_model"]
+__all__ = ["ALLOWED_FORMATS", "ImageError", "ImageInfo", "load_image", "load_image_info", "prepare_for_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +53,25 @@ class ImageError(ValueError):
     """An uploaded file was refused; the message says why and what to do next."""
 
 
+@dataclass(frozen=True)
+class ImageInfo:
+    """What decoding found out about a file, for notes to the person who uploaded it."""
+
+    format: str                 # Pillow's format name, e.g. "GIF"
+    size: tuple[int, int]       # (width, height) as decoded, after EXIF orientation
+    frames: int                 # 1 for a still image; 0 = animated, frame count unreadable
+
+    def notes(self) -> list[str]:
+        """Plain-language notes on what was done to the file (none for an ordinary still image)."""
+        if self.frames == 1:
+            return []
+        count = f"of {self.frames}" if self.frames else "of several"
+        return [f"This is an animated {self.format} image: only its first frame ({count}) is used."]
+
+
+_PILLOW_PIXELS = re.compile(r"\((\d+) pixels\)")
+
+
 def load_image(
     data: bytes, *, max_bytes: int = 20 * 2**20, max_pixels: int = 40_000_000
 ) -> Image.Image:
@@ -58,6 +79,13 @@ def load_image(
 
     Raises `ImageError` for anything refused, `ValueError` for non-positive limits.
     """
+    return load_image_info(data, max_bytes=max_bytes, max_pixels=max_pixels)[0]
+
+
+def load_image_info(
+    data: bytes, *, max_bytes: int = 20 * 2**20, max_pixels: int = 40_000_000
+) -> tuple[Image.Image, ImageInfo]:
+    """`load_image`, and what decoding found out (`ImageInfo`: format, size, frame count)."""
     if max_bytes <= 0 or max_pixels <= 0:
         raise ValueError(f"max_bytes and max_pixels must be positive, got {max_bytes}, {max_pixels}")
     if not isinstance(data, (bytes, bytearray, memoryview)):
@@ -83,10 +111,10 @@ def load_image(
             f"This file is not an image Pillow can read ({_FORMATS_TEXT}). Upload one of those."
         ) from e
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-        logger.info("refused upload: %s", e)
-        raise ImageError(
-            f"The image has too many pixels to decode safely ({e}). Upload a smaller image."
-        ) from e
+        logger.info("refused upload: %s", e)  # Pillow's own guard (its limit is above ours)
+        found = _PILLOW_PIXELS.search(str(e))
+        pixels = f"{int(found.group(1)):,} pixels" if found else "more pixels than that"
+        raise ImageError(_too_many_pixels(f"The image has {pixels}", max_pixels)) from e
     except MemoryError as e:
         logger.warning("out of memory decoding an upload")
         raise ImageError("Ran out of memory decoding the image. Upload a smaller image.") from e
@@ -98,7 +126,7 @@ def load_image(
         ) from e
 
 
-def _decode(data: bytes, max_pixels: int) -> Image.Image:
+def _decode(data: bytes, max_pixels: int) -> tuple[Image.Image, ImageInfo]:
     """Open (allow-listed formats only), check the header size, decode, normalise colour.
 
     Pillow's warnings about malformed files go to the log instead of stderr.
@@ -110,10 +138,25 @@ def _decode(data: bytes, max_pixels: int) -> Image.Image:
             with Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS) as img:
                 _check_size(img.size, max_pixels)  # header only: nothing decoded yet
                 img.load()  # decode the first frame in full: truncation fails here
-                return _to_rgb(_apply_orientation(img))
+                rgb = _to_rgb(_apply_orientation(img))
+                return rgb, ImageInfo(img.format or "?", rgb.size, _frames(img))
         finally:
             for warning in caught:
                 logger.info("Pillow warning while decoding an upload: %s", warning.message)
+
+
+def _frames(img: Image.Image) -> int:
+    """The number of frames (1 for a still image, 0 when an animation's count cannot be read).
+    Called after the first frame is decoded and converted: seeking does not touch the result."""
+    try:
+        if not getattr(img, "is_animated", False):
+            return 1
+    except Exception:  # a damaged second frame: the first one was fine
+        return 1
+    try:
+        return max(2, int(img.n_frames))
+    except Exception:
+        return 0
 
 
 def _check_size(size: tuple[int, int], max_pixels: int) -> None:
@@ -122,15 +165,21 @@ def _check_size(size: tuple[int, int], max_pixels: int) -> None:
     if width < 1 or height < 1:
         raise ImageError(f"The image has no pixels ({width}x{height}). Upload a non-empty image.")
     if width * height > max_pixels:
-        raise ImageError(
-            f"The image is {width}x{height} = {width * height:,} pixels; the limit is "
-            f"{max_pixels:,} pixels. Downscale it and upload it again."
-        )
+        raise ImageError(_too_many_pixels(f"The image is {width}x{height} = {width * height:,} pixels", max_pixels))
     if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
         raise ImageError(
             f"The image is {width}x{height}, more elongated than 1:{MAX_ASPECT_RATIO}. "
             "Crop it to a less extreme aspect ratio and upload it again."
         )
+
+
+def _too_many_pixels(what: str, max_pixels: int) -> str:
+    """The refusal of an image over the pixel limit: its size, the limit, what to do."""
+    side = int(max_pixels**0.5)
+    return (
+        f"{what}; the limit is {max_pixels:,} pixels (about {side:,} x {side:,}), which keeps decoding fast "
+        f"and memory bounded. Downscale it (the model sees at most a few hundred pixels a side) and upload it again."
+    )
 
 
 def _apply_orientation(img: Image.Image) -> Image.Image:

@@ -1,8 +1,9 @@
 """The app's view state and its URL form, without Streamlit.
 
 A view is what a shared link reopens: the page, the checkpoint, the image (a gallery id),
-the query patch `(r, c)` (row-major, docs/encodings.md), the layer and the head (`None` = mean
-over heads). `parse_view` turns a query string (as `st.query_params` or
+the query patch `(r, c)` (row-major, docs/encodings.md), the layer, the head (`None` = mean
+over heads) and the training epoch whose recorded table the similarity page shows (`None` =
+the final weights; left out of links). `parse_view` turns a query string (as `st.query_params` or
 `urllib.parse.parse_qs` give it) into a valid `ViewState` plus one human-readable note for
 every value it had to replace by its default; `to_query` is its inverse:
 
@@ -28,6 +29,7 @@ DEFAULT_PAGE = "bias"
 PREFERRED_CKPT = "sape2+ape"   # the paper's best model, shown first when it is shipped
 MAX_VALUE_CHARS = 64
 MEAN_HEAD = "mean"
+FINAL_EPOCH = "final"
 _INT = re.compile(r"[+-]?[0-9]{1,6}")
 
 Grid = tuple[int, int]
@@ -41,6 +43,7 @@ class ViewState:
     patch: tuple[int, int] = (0, 0)     # (r, c) on the model's grid
     layer: int = 0
     head: int | None = None             # None = mean over heads
+    epoch: int | None = None            # recorded training epoch, None = final weights
 
     @property
     def head_label(self) -> str:
@@ -56,20 +59,23 @@ def default_view(*, checkpoints: Sequence[str], images: Sequence[str], grid: Gri
 
 
 def parse_view(params: Mapping[str, Any], *, checkpoints: Sequence[str], images: Sequence[str],
-               grid: Grid = (8, 8), depth: int = 6, heads: int = 4) -> tuple[ViewState, list[str]]:
+               grid: Grid = (8, 8), depth: int = 6, heads: int = 4,
+               epochs: Sequence[int] = ()) -> tuple[ViewState, list[str]]:
     """Validate a query string. Returns the view (defaults where a value is missing or
-    invalid) and a note for each invalid value. Never raises."""
+    invalid) and a note for each invalid value. Never raises. `epochs`: the training epochs
+    the checkpoint recorded (an `epoch` must be one of them, or `final`)."""
     try:
-        return _parse(params, checkpoints, images, grid, depth, heads)
+        return _parse(params, checkpoints, images, grid, depth, heads, epochs)
     except Exception as e:  # a last guard: a malformed Mapping must not take the app down
         return default_view(checkpoints=_strings(checkpoints), images=_strings(images), grid=grid), [
             f"The link's parameters could not be read ({type(e).__name__}); showing the default view."]
 
 
 def to_query(view: ViewState) -> dict[str, str]:
-    """The query-string form of `view` (empty checkpoint / image are left out)."""
+    """The query-string form of `view` (empty checkpoint / image and the final epoch are left out)."""
     q = {"page": view.page, "ckpt": view.ckpt, "image": view.image,
-         "patch": f"{view.patch[0]},{view.patch[1]}", "layer": str(view.layer), "head": view.head_label}
+         "patch": f"{view.patch[0]},{view.patch[1]}", "layer": str(view.layer), "head": view.head_label,
+         "epoch": "" if view.epoch is None else str(view.epoch)}
     return {k: v for k, v in q.items() if v != ""}
 
 
@@ -82,6 +88,7 @@ class _Limits:
     grid: Grid
     depth: int
     heads: int
+    epochs: tuple[int, ...] = ()
 
 
 class _Invalid(ValueError):
@@ -136,6 +143,33 @@ def _index(value: str, n: int, noun: str, not_int: str) -> int:
     return i
 
 
+def _epoch(value: str, lim: _Limits) -> int | None:
+    if value.strip().lower() == FINAL_EPOCH:
+        return None
+    i = _parse_int(value)
+    if i is None:
+        raise _Invalid(f"expected '{FINAL_EPOCH}' or an integer")
+    if i not in lim.epochs:
+        if not lim.epochs:
+            raise _Invalid("this checkpoint recorded no training history")
+        raise _Invalid(f"not a recorded epoch (recorded: {_ranges(lim.epochs)})")
+    return i
+
+
+def _ranges(values: Sequence[int]) -> str:
+    """`0-5, 7` for [0, 1, 2, 3, 4, 5, 7] (short, whatever the history's length)."""
+    out, run = [], [values[0]]
+    for v in values[1:]:
+        if v == run[-1] + 1:
+            run.append(v)
+        else:
+            out.append(run)
+            run = [v]
+    out.append(run)
+    text = ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in out[:4])
+    return text + (", ..." if len(out) > 4 else "")
+
+
 @dataclass(frozen=True)
 class _Key:
     parse: Callable[[str, _Limits], Any]    # the value a text stands for, or _Invalid
@@ -152,6 +186,7 @@ _KEYS: dict[str, _Key] = {
     "patch": _Key(_patch, lambda lim: (lim.grid[0] // 2, lim.grid[1] // 2)),
     "layer": _Key(_layer, lambda lim: 0),
     "head": _Key(_head, lambda lim: None),
+    "epoch": _Key(_epoch, lambda lim: None, blank_is_none=True),
 }
 KEYS: tuple[str, ...] = tuple(_KEYS)
 
@@ -160,8 +195,9 @@ def _defaults(lim: _Limits) -> ViewState:
     return ViewState(**{key: spec.default(lim) for key, spec in _KEYS.items()})
 
 
-def _parse(params, checkpoints, images, grid, depth, heads) -> tuple[ViewState, list[str]]:
-    lim = _Limits(_strings(checkpoints), _strings(images), _safe_grid(grid), _positive(depth), _positive(heads))
+def _parse(params, checkpoints, images, grid, depth, heads, epochs) -> tuple[ViewState, list[str]]:
+    lim = _Limits(_strings(checkpoints), _strings(images), _safe_grid(grid), _positive(depth), _positive(heads),
+                  _epochs(epochs))
     base = _defaults(lim)
     raw = {k: _last(params, k) for k in KEYS}
     values: dict[str, Any] = {}
@@ -226,6 +262,13 @@ def _positive(n: Any) -> int:
         return 1
 
 
+def _epochs(items: Any) -> tuple[int, ...]:
+    try:
+        return tuple(sorted({int(e) for e in items if isinstance(e, int) and not isinstance(e, bool) and e >= 0}))
+    except Exception:
+        return ()
+
+
 def _strings(items: Any) -> list[str]:
     try:
         return [s for s in items if isinstance(s, str)]
@@ -239,4 +282,4 @@ def _show(value: str) -> str:
 
 
 def _default_text(view: ViewState, key: str) -> str:
-    return to_query(view).get(key, "(none)")
+    return to_query(view).get(key, FINAL_EPOCH if key == "epoch" else "(none)")
