@@ -5,6 +5,7 @@
   table      the README results table from checkpoints/*.json (or rewrite it in README.md)
   structure  2D-structure score of a checkpoint's (or timm ViT weights') position table, as one JSON line
   import     a pretrained timm / DeiT / DINOv2 / Hugging Face / RoPE-ViT model -> a vitpe checkpoint
+  analyze    how a checkpoint encodes position: position-only kernels, relative score, attention by depth
 """
 from __future__ import annotations
 
@@ -64,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m vitpe_core", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    for add in (_add_train, _add_evaluate, _add_table, _add_structure, _add_import):
+    for add in (_add_train, _add_evaluate, _add_table, _add_structure, _add_import,
+                _add_analyze):
         add(sub)
     return p
 
@@ -272,6 +274,32 @@ def _import(args: argparse.Namespace) -> int:
                       "img_size": list(cfg.img_size), "prefix_tokens": imp.model.prefix_names(),
                       "classes": cfg.num_classes, "parameters": sum(p.numel() for p in imp.model.parameters()),
                       "notes": imp.notes}))
+    return 0
+
+
+# ----------------------------------------------------------------------------- analyze
+def _add_analyze(sub) -> None:
+    a = sub.add_parser("analyze", help="position-only kernels, relative score, attention distance, as one JSON line")
+    a.set_defaults(run=_analyze)
+    a.add_argument("checkpoint", nargs="+", help="vitpe checkpoints (e.g. checkpoints/*.safetensors)")
+    a.add_argument("--record", action="store_true", help="also store the summary in the checkpoint's metrics "
+                                                         "(`position`), for the README table")
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    """`positional.analyze` on the gallery image set; arrays cached beside the checkpoint."""
+    from .checkpoint import load_checkpoint, update_metrics
+    from .positional import analyze, cache_path, write_cache
+    for path in map(Path, args.checkpoint):
+        if not path.is_file():
+            raise ValueError(f"no file at {path}")
+        ckpt = load_checkpoint(path)
+        summary, arrays = analyze(ckpt, progress=True)
+        if args.record:                      # first: rewriting the file changes the cache's stamp
+            update_metrics(path, {"position": summary})
+        write_cache(path, arrays)
+        print(json.dumps({"checkpoint": path.stem, "cache": str(cache_path(path)),
+                          **{k: summary[k] for k in ("kind", "images", "relative_score")}}))
     return 0
 
 

@@ -125,7 +125,7 @@ def results_table(folder: str | Path = "checkpoints") -> str:
     metrics = load_metrics(folder)
     names = [n for n in ORDER if n in metrics] + sorted(set(metrics) - set(ORDER))
     head = ("| encoding | top-1 | top-5 | 24 px | 40 px | 48 px | agree ½-patch | agree 1-patch | bias shift err "
-            "| 2D score | params | epochs | train min | img/s |")
+            "| 2D score | rel. score | params | epochs | train min | img/s |")
     lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
     for n in names:
         m = metrics[n]
@@ -137,11 +137,13 @@ def results_table(folder: str | Path = "checkpoints") -> str:
         whole = [v for v in (agree("whole_x"), agree("whole_y")) if v is not None]
         err = tr.get("whole_x", {}).get("bias_shift_error")
         score = m.get("structure", {}).get("spearman")
+        rel = (m.get("position") or {}).get("relative_score")
         lines.append(
             f"| `{n}` | {_fmt(m.get('test', {}).get('top1'), 2)} | {_fmt(m.get('test', {}).get('top5'), 2)} "
             f"| {_fmt(top1('24'))} | {_fmt(top1('40'))} | {_fmt(top1('48'))} "
             f"| {_fmt(sum(half) / len(half) if half else None)} | {_fmt(sum(whole) / len(whole) if whole else None)} "
-            f"| {_fmt(err, 3)} | {_fmt(score, 2)} | {m.get('parameters', 0) / 1e6:.3f} M | {m.get('epochs', '—')} "
+            f"| {_fmt(err, 3)} | {_fmt(score, 2)} | {_fmt(rel, 2)} | {m.get('parameters', 0) / 1e6:.3f} M "
+            f"| {m.get('epochs', '—')} "
             f"| {_fmt(m.get('wall_time_s', 0) / 60, 0)} | {_fmt(m.get('images_per_s'), 0)} |")
     if not names:
         lines.append("| (no checkpoints yet) |" + " |" * (head.count("|") - 2))

@@ -1,0 +1,125 @@
+"""vitpe_core.positional on cases with known answers."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from vitpe_core import ViTConfig, build_model
+from vitpe_core import positional as Pos
+from vitpe_core.encodings.grid import grid_coords
+
+GRID = (4, 5)
+
+
+def _model(encoding: str, depth: int = 2) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_model(ViTConfig(img_size=(16, 20), patch_size=4, dim=32, depth=depth, heads=2, mlp_dim=32,
+                                 encoding=encoding)).eval()
+
+
+def _images(n: int = 3) -> torch.Tensor:
+    return torch.randn(n, 3, 16, 20, generator=torch.Generator().manual_seed(1))
+
+
+def test_rpb_kernel_is_its_table_and_purely_relative():
+    model = _model("rpb")
+    k = Pos.position_kernels(model, _images())
+    assert k.kind == "bias" and k.kernel.shape == (2, 2, 20, 20) and np.allclose(k.spread, 0)
+    np.testing.assert_allclose(Pos.offset_map(k.kernel, GRID), model.pos_enc.rel_tables.detach().numpy(), atol=1e-6)
+    np.testing.assert_allclose(Pos.relative_score(k.kernel, GRID), 1.0, atol=1e-6)
+
+
+def test_rope_kernel_depends_only_on_the_offset():
+    for enc in ("rope_axial", "rope_mixed"):
+        k = Pos.position_kernels(_model(enc), _images())
+        assert k.kind == "rotation"
+        np.testing.assert_allclose(Pos.relative_score(k.kernel, GRID), 1.0, atol=1e-5)
+
+
+def test_rope_kernel_is_the_rotated_mean_logit():
+    """Against a direct computation: rotate the mean q and k to two patches and take q.k/sqrt d."""
+    model = _model("rope_axial", depth=1)
+    x = _images()
+    rec = []
+    with torch.no_grad():
+        model(x, trace=rec)
+    ang = model.pos_enc.angles(GRID, 0)                                          # (1, N, d/2)
+    q = Pos._unrotate(rec[0]["q"][:, :, 1:], ang).mean((0, 2))                    # (h, d)
+    k = Pos._unrotate(rec[0]["k"][:, :, 1:], ang).mean((0, 2))
+    from vitpe_core.encodings.base import rotate_patches
+    N = 20
+    qr = rotate_patches(q[None, :, None].expand(1, 2, N, -1).clone(), ang, 0)[0]    # (h, N, d) the mean q at every patch
+    kr = rotate_patches(k[None, :, None].expand(1, 2, N, -1).clone(), ang, 0)[0]
+    direct = (qr @ kr.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    np.testing.assert_allclose(Pos.position_kernels(model, x).kernel[0], direct.numpy(), atol=1e-5)
+
+
+def test_a_random_table_scores_near_zero_and_a_2d_table_higher():
+    model = _model("ape", depth=1)
+    with torch.no_grad():
+        model.pos_enc.pos_embed.normal_(0, 1.0)
+    k = Pos.position_kernels(model, _images())
+    assert k.kind == "table" and k.kernel.shape == (1, 2, 20, 20)
+    assert Pos.relative_score(k.kernel, GRID).max() < 0.35       # 39 offsets for 400 pairs: chance is ~0.1
+    sin = _model("sincos2d", depth=1)
+    assert Pos.relative_score(Pos.position_kernels(sin, _images()).kernel, GRID).mean() > \
+        Pos.relative_score(k.kernel, GRID).mean()
+
+
+def test_content_biases_are_averaged_with_their_spread():
+    k = Pos.position_kernels(_model("sape2"), _images(4))
+    assert k.kind == "bias" and k.spread is not None and k.spread.max() > 0
+    assert k.kernel.shape == (2, 2, 20, 20) and (k.kernel >= 0).all()
+
+
+def test_mean_attention_distance_of_uniform_attention_is_the_mean_pairwise_distance():
+    T, P = 21, 1
+    uniform = np.full((T, T), 1.0 / T)
+    r, c = (x.numpy() for x in grid_coords(GRID))
+    pairwise = np.sqrt((r[:, None] - r[None]) ** 2 + (c[:, None] - c[None]) ** 2).mean()
+    assert Pos.mean_attention_distance(uniform, GRID, P) == pytest.approx(pairwise)
+    local = np.eye(T)                                                             # every patch attends to itself
+    assert Pos.mean_attention_distance(local, GRID, P) == pytest.approx(0.0)
+
+
+def test_rollout_is_the_product_formula_on_a_two_layer_toy():
+    rng = np.random.default_rng(0)
+    a = rng.random((2, 3, 4, 4))
+    a /= a.sum(-1, keepdims=True)
+    step = lambda m: (0.5 * m + 0.5 * np.eye(4)) / (0.5 * m + 0.5 * np.eye(4)).sum(-1, keepdims=True)
+    expected = step(a[1].mean(0)) @ step(a[0].mean(0))
+    np.testing.assert_allclose(Pos.rollout(a, "mean"), expected)
+    np.testing.assert_allclose(Pos.rollout(a, "max"), step(a[1].max(0)) @ step(a[0].max(0)))
+    np.testing.assert_allclose(Pos.rollout(a).sum(-1), 1.0)
+    with pytest.raises(ValueError, match="fusion"):
+        Pos.rollout(a, "min")
+
+
+def test_a_whole_patch_cyclic_shift_moves_an_rpb_bias_exactly():
+    model = _model("rpb", depth=1)
+    k = Pos.position_kernels(model, _images()).kernel[0, 0].reshape(*GRID, *GRID)    # (H, W, H, W)
+    query, shift = (1, 1), (1, 2)
+    moved = k[query[0] + shift[0], query[1] + shift[1]]
+    rolled = np.roll(k[query], shift, axis=(0, 1))
+    # inside the region the shift does not wrap, the map moved with the query
+    np.testing.assert_allclose(moved[shift[0]:, shift[1]:], rolled[shift[0]:, shift[1]:], atol=1e-6)
+
+
+def test_analyze_cli_records_caches_and_invalidates(tmp_path, capsys):
+    import json
+    import os
+    from vitpe_core.__main__ import main
+    from vitpe_core.checkpoint import load_checkpoint, save_checkpoint
+    path = tmp_path / "rpb.safetensors"
+    save_checkpoint(path, build_model(ViTConfig(img_size=(32, 32), patch_size=8, dim=32, depth=1, heads=2, mlp_dim=32,
+                                                encoding="rpb")))
+    assert main(["analyze", str(path), "--record"]) == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert line["kind"] == "bias" and line["relative_score"] == pytest.approx(1.0) and line["images"] >= 12
+    assert load_checkpoint(path).metrics["position"]["relative_score"] == pytest.approx(1.0)
+    cached = Pos.read_cache(path)
+    assert cached is not None and cached["kernel"].shape == (1, 2, 16, 16) and cached["offset_kernel"].shape == (1, 2, 7, 7)
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))             # the checkpoint changed
+    assert Pos.read_cache(path) is None

@@ -1,0 +1,240 @@
+"""How a ViT encodes position: position-only kernels, a relative-vs-absolute score, attention
+distance by depth and attention rollout (docs/encodings.md, "Position-only kernels").
+
+A *position-only kernel* is the part of the attention logit (or of the bias) that depends on
+the positions of query and key alone: `K[l, h, i, n]` over patch pairs `(N, N)`, per layer
+and head. Per kind of encoding:
+
+* relative position bias (`rpb`): its bias, a function of the offset by construction;
+* a rotation (`rope_*`): `q̄ᵀ R(φ_i − φ_n) k̄ / sqrt d`, the logit of the mean query and mean key
+  (over the image set's patches, per layer and head) rotated to the two positions: what
+  RoPE adds to attention when content is held at its average;
+* an absolute table (learned or fixed): layer 0's logit between `LN(μ + p_i)` and
+  `LN(μ + p_n)`, with `μ` the image set's mean patch embedding and `p` the table rows
+  (later layers mix content in, so only layer 0 is defined);
+* content-dependent biases (`cope`, `sape2`): the bias averaged over the image set, with its
+  standard deviation across images as the spread.
+
+`relative_score` is the share of a kernel's variance that the offset `(Δr, Δc)` alone
+explains: 1 for a purely relative kernel, near 0 for one that ignores offsets.
+"""
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .encodings.base import Grid
+from .encodings.grid import grid_coords, relative_index
+from .model import ViT
+
+
+@dataclass
+class Kernels:
+    """Position-only kernels of one model on one image set."""
+
+    kind: str                       # "bias", "rotation", "table", "none"
+    grid: Grid
+    kernel: np.ndarray              # (L', h, N, N); L' = L, or 1 for a table (layer 0 only)
+    spread: np.ndarray | None = None  # (L', h, N, N) std across images (content-dependent biases)
+    layers: list[int] = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------- offsets
+def offset_map(kernel: np.ndarray, grid: Grid) -> np.ndarray:
+    """`(..., N, N)` -> `(..., 2H-1, 2W-1)`: the mean over patch pairs `(i, n)` of each offset
+    `(r_i - r_n, c_i - c_n)`, centred (index `(H-1, W-1)` is offset 0)."""
+    H, W = grid
+    idx = relative_index(grid).numpy().ravel()                                  # (N*N,)
+    size = (2 * H - 1) * (2 * W - 1)
+    counts = np.bincount(idx, minlength=size)                                    # every offset occurs
+    rows = kernel.reshape(-1, idx.size)
+    sums = np.stack([np.bincount(idx, weights=row, minlength=size) for row in rows])
+    return (sums / counts).reshape(*kernel.shape[:-2], 2 * H - 1, 2 * W - 1)
+
+
+def relative_score(kernel: np.ndarray, grid: Grid) -> np.ndarray:
+    """Share of the variance of `(..., N, N)` kernels explained by the offset alone, `(...)`:
+    `1 - Σ (K - K̄[offset])² / Σ (K - K̄)²` over all patch pairs (1 = purely relative; a
+    constant kernel counts as relative)."""
+    H, W = grid
+    idx = relative_index(grid).numpy()                                           # (N, N)
+    by_offset = offset_map(kernel, grid).reshape(*kernel.shape[:-2], -1)         # (..., size)
+    fitted = by_offset[..., idx]                                                 # (..., N, N)
+    resid = ((kernel - fitted) ** 2).sum(axis=(-2, -1))
+    total = ((kernel - kernel.mean(axis=(-2, -1), keepdims=True)) ** 2).sum(axis=(-2, -1))
+    return np.where(total > 1e-20, 1.0 - resid / np.maximum(total, 1e-30), 1.0)
+
+
+# ----------------------------------------------------------------------------- kernels per kind
+@torch.no_grad()
+def _traces(model: ViT, images: Tensor) -> list[dict]:
+    model.eval()
+    rec: list[dict] = []
+    model(images.float(), trace=rec)
+    return rec
+
+
+@torch.no_grad()
+def position_kernels(model: ViT, images: Tensor) -> Kernels:
+    """The position-only kernels of `model` on `images (B, 3, H, W)` (normalised, all the same
+    size), by the encoding's kind (module doc). A composite with a bias (`sape2+ape`) is
+    described by its bias; one with a rotation and no bias by its rotation."""
+    enc = model.pos_enc
+    grid = model.grid_for(images.shape[-2:])
+    P = model.num_prefix
+    rec = _traces(model, images)
+    if rec[0]["bias"] is not None:
+        bias = torch.stack([t["bias"][..., P:, P:].expand(images.shape[0], -1, -1, -1) for t in rec])  # (L, B, h, N, N)
+        return Kernels("bias", grid, bias.mean(1).numpy(), bias.std(1, unbiased=False).numpy(),
+                       list(range(len(rec))))
+    if "rotation" in enc.hooks:
+        return Kernels("rotation", grid, rotation_kernels(model, rec, grid), None, list(range(len(rec))))
+    if "table" in enc.hooks:
+        return Kernels("table", grid, table_kernel(model, images)[None], None, [0])
+    return Kernels("none", grid, np.zeros((len(rec), model.cfg.heads, grid[0] * grid[1], grid[0] * grid[1])),
+                   None, list(range(len(rec))))
+
+
+def rotation_kernels(model: ViT, rec: list[dict], grid: Grid) -> np.ndarray:
+    """`(L, h, N, N)`: `Re Σ_j z̄q_j conj(z̄k_j) e^{i(φ_ij − φ_nj)} / sqrt d`, with `z̄q, z̄k` the mean
+    query and key of the patches (before rotation, as complex pairs) and `φ` the encoding's angles."""
+    P, out = model.num_prefix, []
+    for layer, t in enumerate(rec):
+        # the trace keeps q, k after rotation: undo it per patch to get the content's mean
+        ang = model.pos_enc.angles(grid, layer).float()                          # (h|1, N, d/2)
+        q = _unrotate(t["q"][:, :, P:].float(), ang).mean((0, 2))                # (h, d)
+        k = _unrotate(t["k"][:, :, P:].float(), ang).mean((0, 2))
+        zq = torch.complex(q[..., 0::2], q[..., 1::2])                          # (h, d/2)
+        zk = torch.complex(k[..., 0::2], k[..., 1::2])
+        phase = ang[:, :, None, :] - ang[:, None, :, :]                          # (h|1, N, N, d/2)
+        rot = torch.polar(torch.ones_like(phase), phase)
+        kern = ((zq * zk.conj())[:, None, None, :] * rot).real.sum(-1)          # (h, N, N)
+        out.append((kern * q.shape[-1] ** -0.5).numpy())
+    return np.stack(out)
+
+
+def _unrotate(x: Tensor, ang: Tensor) -> Tensor:
+    """Inverse of `encodings.base.rotate_patches` on patch tokens `(B, h, N, d)`."""
+    cos, sin = ang.cos(), ang.sin()
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x1 * cos + x2 * sin, -x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+
+@torch.no_grad()
+def table_kernel(model: ViT, images: Tensor) -> np.ndarray:
+    """`(h, N, N)`: layer 0's logits between the table's rows with content held at the image
+    set's mean patch embedding: `q_i = W_q LN(μ + p_i)`, `k_n = W_k LN(μ + p_n)`."""
+    grid = model.grid_for(images.shape[-2:])
+    N = grid[0] * grid[1]
+    patches = model.patch_embed.proj(images.float()).flatten(2).transpose(1, 2)  # (B, N, D)
+    mu = patches.mean((0, 1))                                                    # (D,)
+    table = model.pos_enc.table(grid)                                            # (P'+N, D)
+    x = model.blocks[0].norm1(mu + table[table.shape[0] - N:])                   # (N, D)
+    attn = model.blocks[0].attn
+    q, k, _ = attn.qkv(x).reshape(N, 3, attn.heads, -1).permute(1, 2, 0, 3)      # (h, N, d) each
+    return ((q * attn.scale) @ k.transpose(-1, -2)).numpy()                      # (h, N, N)
+
+
+# ----------------------------------------------------------------------------- attention by depth
+def mean_attention_distance(attn: np.ndarray, grid: Grid, num_prefix: int) -> np.ndarray:
+    """`attn (..., T, T)` -> `(...)`: the expected distance in patches from each patch query to
+    the patches it attends to (weights renormalised over patch keys), averaged over queries
+    (the ViT paper's Figure 7, right)."""
+    r, c = (x.numpy() for x in grid_coords(grid))
+    dist = np.sqrt((r[:, None] - r[None]) ** 2 + (c[:, None] - c[None]) ** 2)   # (N, N)
+    a = attn[..., num_prefix:, num_prefix:]
+    a = a / np.clip(a.sum(-1, keepdims=True), 1e-12, None)
+    return (a * dist).sum(-1).mean(-1)
+
+
+def rollout(attn: np.ndarray, fusion: str = "mean") -> np.ndarray:
+    """Attention rollout (Abnar & Zuidema 2020): `attn (L, h, T, T)` -> `(T, T)`, the product
+    over layers of `0.5 A_l + 0.5 I` (rows renormalised), `A_l` the heads fused by their mean
+    or max; row `i` is how much each input token flows into token `i` at the output."""
+    if fusion not in ("mean", "max"):
+        raise ValueError(f"unknown head fusion {fusion!r}; valid: mean, max")
+    T = attn.shape[-1]
+    out = np.eye(T)
+    for a in attn:
+        fused = a.mean(0) if fusion == "mean" else a.max(0)                      # (T, T)
+        step = 0.5 * fused + 0.5 * np.eye(T)
+        step = step / step.sum(-1, keepdims=True)
+        out = step @ out
+    return out
+
+
+# ----------------------------------------------------------------------------- one checkpoint, one image set
+def image_set(ckpt) -> Tensor:
+    """The fixed image set the statistics are taken on: every gallery image (the CIFAR-10 test
+    images, then the photos) as `ckpt`'s model takes it, `(B, 3, H, W)`."""
+    from .gallery import gallery_ids, gallery_image
+    from .inputs import checkpoint_input
+    return torch.stack([checkpoint_input(gallery_image(i), ckpt) for i in gallery_ids()])
+
+
+@torch.no_grad()
+def analyze(ckpt, progress: bool = False) -> tuple[dict, dict[str, np.ndarray]]:
+    """Summary (JSON-able: the relative score per layer and head and its mean, mean attention
+    distance and entropy per layer and head, on `image_set`) and the arrays behind it
+    (`kernel`, `spread`, `offset_kernel`, `mean_distance`, `entropy`)."""
+    from tqdm.auto import tqdm
+
+    model, images = ckpt.model.eval(), image_set(ckpt)
+    kern = position_kernels(model, images)
+    rec, distances, entropies = [], [], []
+    for x in tqdm(images.split(8), desc=f"{ckpt.name}: attention over {len(images)} images", disable=not progress):
+        rec = _traces(model, x)
+        attn = np.stack([t["attn"].float().numpy() for t in rec], 1)              # (b, L, h, T, T)
+        distances.append(mean_attention_distance(attn, kern.grid, model.num_prefix))  # (b, L, h)
+        rows = np.clip(attn[..., model.num_prefix:, :], 1e-12, None)
+        entropies.append(-(rows * np.log(rows)).sum(-1).mean(-1))                # (b, L, h)
+    dist, ent = np.concatenate(distances).mean(0), np.concatenate(entropies).mean(0)   # (L, h)
+    score = relative_score(kern.kernel, kern.grid)                               # (L', h)
+    summary = {"kind": kern.kind, "layers": kern.layers, "images": int(len(images)),
+               "relative_score": None if kern.kind == "none" else round(float(score.mean()), 4),
+               "relative_score_by_layer_head": np.round(score, 4).tolist(),
+               "mean_distance": np.round(dist, 4).tolist(), "entropy": np.round(ent, 4).tolist()}
+    arrays = {"kernel": kern.kernel.astype(np.float32), "offset_kernel": offset_map(kern.kernel, kern.grid)
+              .astype(np.float32), "mean_distance": dist, "entropy": ent, "relative_score": score}
+    if kern.spread is not None:
+        arrays["spread"] = kern.spread.astype(np.float32)
+    return summary, arrays
+
+
+def cache_path(checkpoint: str | Path) -> Path:
+    """`NAME.analysis.npz` beside `NAME.safetensors`."""
+    checkpoint = Path(checkpoint)
+    return checkpoint.with_name(checkpoint.stem + ".analysis.npz")
+
+
+def _fingerprint(checkpoint: Path) -> str:
+    st = checkpoint.stat()
+    return f"{st.st_size}-{st.st_mtime_ns}-v1"
+
+
+def write_cache(checkpoint: str | Path, arrays: dict[str, np.ndarray]) -> Path:
+    """Store `analyze`'s arrays beside the checkpoint, stamped with its size and mtime."""
+    from .checkpoint import atomic_write_bytes
+    buf = io.BytesIO()
+    np.savez_compressed(buf, fingerprint=np.array(_fingerprint(Path(checkpoint))), **arrays)
+    path = cache_path(checkpoint)
+    atomic_write_bytes(path, buf.getvalue())
+    return path
+
+
+def read_cache(checkpoint: str | Path) -> dict[str, np.ndarray] | None:
+    """The cached arrays, or None when missing, unreadable or written for another version of
+    the checkpoint (a retrained file invalidates its cache)."""
+    path = cache_path(checkpoint)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if str(z["fingerprint"]) != _fingerprint(Path(checkpoint)):
+                return None
+            return {k: z[k] for k in z.files if k != "fingerprint"}
+    except (OSError, ValueError, KeyError):
+        return None
