@@ -49,7 +49,7 @@ def test_rope_kernel_is_the_rotated_mean_logit():
     k = Pos._unrotate(rec[0]["k"][:, :, 1:], ang).mean((0, 2))
     from vitpe_core.encodings.base import rotate_patches
     N = 20
-    qr = rotate_patches(q[None, :, None].expand(1, 2, N, -1).clone(), ang, 0)[0]    # (h, N, d) the mean q at every patch
+    qr = rotate_patches(q[None, :, None].expand(1, 2, N, -1).clone(), ang, 0)[0]    # (h, N, d): mean q everywhere
     kr = rotate_patches(k[None, :, None].expand(1, 2, N, -1).clone(), ang, 0)[0]
     direct = (qr @ kr.transpose(-1, -2)) * q.shape[-1] ** -0.5
     np.testing.assert_allclose(Pos.position_kernels(model, x).kernel[0], direct.numpy(), atol=1e-5)
@@ -119,7 +119,8 @@ def test_analyze_cli_records_caches_and_invalidates(tmp_path, capsys):
     assert line["kind"] == "bias" and line["relative_score"] == pytest.approx(1.0) and line["images"] >= 12
     assert load_checkpoint(path).metrics["position"]["relative_score"] == pytest.approx(1.0)
     cached = Pos.read_cache(path)
-    assert cached is not None and cached["kernel"].shape == (1, 2, 16, 16) and cached["offset_kernel"].shape == (1, 2, 7, 7)
+    assert cached is not None and cached["kernel"].shape == (1, 2, 16, 16)
+    assert cached["offset_kernel"].shape == (1, 2, 7, 7)
     st = path.stat()
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))             # the checkpoint changed
     assert Pos.read_cache(path) is None
