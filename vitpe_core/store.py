@@ -1,4 +1,7 @@
-"""A bounded, thread-safe least-recently-used store for imported models held in memory.
+"""Bounded stores for what visitors upload: imported models in memory (`LRUStore`) and images
+on disk, shareable by link (`ImageStore`).
+
+`LRUStore` is a thread-safe least-recently-used store for imported models held in memory.
 
 The app keeps visitors' uploaded models here (one store per server process): at most
 `max_models` and `max_bytes` of parameters in total; adding one past either limit evicts
@@ -8,8 +11,13 @@ No Streamlit: the store is plain Python and tested on its own.
 """
 from __future__ import annotations
 
+import hashlib
+import io
+import os
+import re
 import threading
 from collections import OrderedDict
+from pathlib import Path
 from typing import Generic, TypeVar
 
 import torch
@@ -69,3 +77,86 @@ class LRUStore(Generic[T]):
     def bytes(self) -> int:
         with self._lock:
             return self.bytes_locked()
+
+
+# ----------------------------------------------------------------------------- shareable uploads
+UPLOAD_DIR_VAR = "VITPE_UPLOAD_DIR"
+HASH_RE = re.compile(r"[0-9a-f]{64}")
+
+
+def default_upload_dir() -> Path:
+    """`$VITPE_UPLOAD_DIR`, else the user's cache folder (`$XDG_CACHE_HOME/vitpe/uploads`,
+    default `~/.cache/vitpe/uploads`): never the repository."""
+    value = os.environ.get(UPLOAD_DIR_VAR, "").strip()
+    if value:
+        return Path(value).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME", "").strip() or str(Path.home() / ".cache")
+    return Path(cache) / "vitpe" / "uploads"
+
+
+class ImageStore:
+    """Accepted uploads, normalised to PNG, on disk under their SHA-256, so that a link carrying
+    `image=upload:<hash>` opens the same image for anyone on this server, after restarts too.
+    Bounded: past `max_bytes` the least recently used files go (reading one refreshes it).
+    Only a validated 64-hex-digit hash ever reaches the filesystem."""
+
+    def __init__(self, folder: str | Path | None = None, max_bytes: int = 500 * 2**20) -> None:
+        self.folder = Path(folder) if folder is not None else default_upload_dir()
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+
+    def _path(self, digest: str) -> Path:
+        if not isinstance(digest, str) or not HASH_RE.fullmatch(digest):
+            raise ValueError("not an upload id: expected 64 hexadecimal digits")
+        return self.folder / f"{digest}.png"
+
+    def put(self, png: bytes) -> str:
+        """Store PNG bytes; returns their SHA-256 (the upload id). Evicts old files past the cap."""
+        digest = hashlib.sha256(png).hexdigest()
+        path = self._path(digest)
+        with self._lock:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            if not path.exists():
+                tmp = path.with_suffix(".tmp")
+                tmp.write_bytes(png)
+                os.replace(tmp, path)
+            else:
+                path.touch()
+            self._evict(keep=path)
+        return digest
+
+    def get(self, digest: str) -> bytes | None:
+        """The stored PNG bytes, or None if unknown or evicted (also for a malformed id)."""
+        try:
+            path = self._path(digest)
+        except ValueError:
+            return None
+        with self._lock:
+            try:
+                data = path.read_bytes()
+            except OSError:
+                return None
+            path.touch()
+        return data
+
+    def size(self) -> tuple[int, int]:
+        """(files, bytes) in the store."""
+        files = list(self.folder.glob("*.png")) if self.folder.is_dir() else []
+        return len(files), sum(f.stat().st_size for f in files)
+
+    def _evict(self, keep: Path) -> None:
+        files = sorted(self.folder.glob("*.png"), key=lambda f: f.stat().st_mtime_ns)
+        total = sum(f.stat().st_size for f in files)
+        for f in files:
+            if total <= self.max_bytes:
+                break
+            if f != keep:
+                total -= f.stat().st_size
+                f.unlink(missing_ok=True)
+
+
+def png_bytes(img) -> bytes:
+    """A PIL image as the PNG the store keeps (RGB)."""
+    buf = io.BytesIO()
+    img.convert("RGB").save(buf, "PNG")
+    return buf.getvalue()
