@@ -1,4 +1,5 @@
-"""Benchmarks: `python -m benchmarks.bench [--quick] [--skip-app] [--out DIR] [--threads N] [--checkpoints DIR]`.
+"""Benchmarks: `python -m benchmarks.bench [--quick] [--skip-app] [--only vit-b] [--out DIR] [--threads N]
+[--checkpoints DIR]`.
 
 One run measures, as ratios between variants timed in the same run (absolute times only
 beside their ratio; these machines are noisy), and writes `BENCHMARKS.md` and
@@ -18,7 +19,13 @@ beside their ratio; these machines are noisy), and writes `BENCHMARKS.md` and
    and in headless Debian chromium (playwright) to the first element and to the end of the
    first script run; a patch change end to end in the browser (informational);
 5. peak memory (VmHWM) of a training subprocess and of the app server with every checkpoint
-   loaded (after the compare page ran in the browser).
+   loaded (after the compare page ran in the browser);
+6. a ViT-B/16-sized model (D 768, 12 layers, 12 heads, 224 px, random weights, held as the app
+   holds an imported timm model): a new image and a click on the pages' calls, p50 / p95;
+   the size of its trace and Streamlit's per-rerun copy of it; the resident memory of a
+   subprocess with the model and one cached trace; `sape2+ape` at that size where an image
+   takes under 10 s. `--only vit-b` runs this section alone and writes it (and the targets
+   table) into an existing report, leaving the other sections as they are.
 
 Method: the variants of one comparison are run round-robin, the starting variant rotating
 every round, so load changes hit all of them alike; a variant's time is the median over
@@ -56,6 +63,7 @@ import gc
 import json
 import logging
 import os
+import pickle
 import platform
 import re
 import shlex
@@ -77,7 +85,7 @@ from torch import nn
 from benchmarks.harness import (REPO, Server, background_jobs, chromium_or_reason, launch_chromium, patch_label,
                                 proc_memory, streamlit_server, wait_script_run, write_random_checkpoints)
 from vitpe_core import analysis, inputs, views
-from vitpe_core.checkpoint import Checkpoint, list_checkpoints, load_checkpoint, resolve_checkpoint
+from vitpe_core.checkpoint import Checkpoint, list_checkpoints, load_checkpoint, resolve_checkpoint, sanitize_metrics
 from vitpe_core.config import ViTConfig, preset_config
 from vitpe_core.encodings import EncodingContext, available_encodings, build_encoding
 from vitpe_core.gallery import gallery_ids, gallery_image
@@ -111,12 +119,15 @@ class Plan:
     e2e_clicks: int           # patch changes in the browser, per page
     memory_steps: int         # optimiser steps of the training-memory subprocess
     memory_encodings: tuple[str, ...] = ("ape", "sape2+ape", "cope+ape")
+    vit_b_images: int = 0     # new images timed on the ViT-B/16-sized model (after one untimed); 0: no section 6
+    vit_b_clicks: int = 0     # clicks per click kind on it
+    vit_b_sape2_images: int = 0   # new images timed with `sape2+ape` at that size (while one takes < 10 s)
 
 
 FULL = Plan(attn_rounds=7, attn_min_sample_s=0.1, train_rounds=8, warmup=1, clicks=50, app_runs=3, e2e_clicks=6,
-            memory_steps=3)
+            memory_steps=3, vit_b_images=20, vit_b_clicks=50, vit_b_sape2_images=5)
 QUICK = Plan(attn_rounds=2, attn_min_sample_s=0.0, train_rounds=1, warmup=0, clicks=8, app_runs=1, e2e_clicks=2,
-             memory_steps=1, memory_encodings=("sape2+ape",))
+             memory_steps=1, memory_encodings=("sape2+ape",), vit_b_images=2, vit_b_clicks=4, vit_b_sape2_images=1)
 
 
 # ----------------------------------------------------------------------------- timing
@@ -469,6 +480,228 @@ def bench_train_memory(plan: Plan) -> list[dict]:
     return rows
 
 
+# ----------------------------------------------------------------------------- 6. ViT-B/16 at real size
+VIT_B = {"img_size": (224, 224), "patch_size": 16, "dim": 768, "depth": 12, "heads": 12, "mlp_dim": 3072,
+         "num_classes": 1000}
+VIT_B_SAPE2_LIMIT_S = 10.0     # sape2+ape at ViT-B size is timed beyond one image only if that image takes less
+VIT_B_STEPS = ("input", "trace", "stats", "views")   # the parts of a new image, in order
+
+
+def vit_b_checkpoint(encoding: str = "ape", seed: int = 0) -> Checkpoint:
+    """A ViT-B/16-sized model (`VIT_B`) with random weights, held as the app holds an imported
+    timm model: its metrics are `importers.Imported.metrics` with timm's eval transform
+    (ImageNet mean / std, crop_pct 0.875, bicubic), checked by `sanitize_metrics` as
+    `pages.common.cache.import_upload` does."""
+    from vitpe_core.importers import DEFAULT_PREPROCESS, Imported
+
+    torch.manual_seed(seed)
+    cfg = ViTConfig(**VIT_B, encoding=encoding)
+    model = build_model(cfg).eval()
+    imp = Imported(model, "timm", preprocess=dict(DEFAULT_PREPROCESS["timm"]))
+    metrics, _ = sanitize_metrics(imp.metrics(f"random ViT-B/16 ({encoding}), benchmarks/bench.py"))
+    return Checkpoint(model, cfg, metrics, {}, f"vit-b16-{encoding}")
+
+
+def vit_b_click(ckpt: Checkpoint, tr: analysis.Trace, stats: dict[str, np.ndarray], patch: tuple[int, int],
+                page: str) -> None:
+    """A click on a new patch with the trace cached: the bias explorer's calls
+    (`bias_page_compute`: `patch_maps`, `top_class`, `bias_parts`, `bias_view` when there is a
+    bias, `attention_view`, `prefix_share`) or this model's panel and row on the compare page
+    (`compare_page_compute`: `clamp_view`, `pick_stat`, `positional_component`, `panel_view`)."""
+    if page == "bias":
+        bias_page_compute(ckpt, tr, patch)
+    else:
+        compare_page_compute({ckpt.name: ckpt}, {ckpt.name: tr}, {ckpt.name: stats}, patch,
+                             ref_grid=ckpt.config.grid)
+
+
+def vit_b_new_image(ckpt: Checkpoint, image_id: str, patch: tuple[int, int]
+                    ) -> tuple[analysis.Trace, dict[str, np.ndarray], dict[str, float]]:
+    """A new image on the pages, step by step: `inputs.checkpoint_input` (the model's eval
+    transform), `analysis.trace_image`, `analysis.attention_stats`, then the first patch's
+    views on both pages; returns the trace, its statistics and wall ms per step (+ `total`),
+    and this process's CPU ms per step as `cpu_<step>` (all threads)."""
+    marks = [(time.perf_counter(), time.process_time())]
+    x = inputs.checkpoint_input(gallery_image(image_id), ckpt)
+    marks.append((time.perf_counter(), time.process_time()))
+    tr = analysis.trace_image(ckpt.model, x)
+    marks.append((time.perf_counter(), time.process_time()))
+    stats = analysis.attention_stats(tr)
+    marks.append((time.perf_counter(), time.process_time()))
+    vit_b_click(ckpt, tr, stats, patch, "bias")
+    vit_b_click(ckpt, tr, stats, patch, "compare")
+    marks.append((time.perf_counter(), time.process_time()))
+    ms: dict[str, float] = {}
+    for step, (a, b) in zip([*VIT_B_STEPS, "total"], [*zip(marks, marks[1:]), (marks[0], marks[-1])]):
+        ms[step], ms[f"cpu_{step}"] = 1e3 * (b[0] - a[0]), 1e3 * (b[1] - a[1])
+    return tr, stats, ms
+
+
+def trace_nbytes(tr: analysis.Trace) -> dict[str, int]:
+    """Bytes of a trace's arrays: `attn` (L, h, T, T), `bias` (same, or 0), `parts` (each
+    (L, h, N, N)), their `total`, and `pickled`: what `st.cache_data` stores for it."""
+    out = {"attn": tr.attn.nbytes, "bias": 0 if tr.bias is None else tr.bias.nbytes,
+           "parts": sum(a.nbytes for a in tr.parts.values())}
+    out["total"] = sum(out.values()) + tr.logits.nbytes
+    out["pickled"] = len(pickle.dumps(tr))
+    return out
+
+
+def _steps_summary(samples: list[dict[str, float]]) -> dict[str, dict]:
+    keys = [*VIT_B_STEPS, "total"]
+    return {k: {"n": len(samples), **percentiles([s[k] for s in samples]),
+                **percentiles([s[f"cpu_{k}"] for s in samples], "cpu_"), "samples_ms": [s[k] for s in samples]}
+            for k in keys}
+
+
+def bench_vit_b_encoding(plan: Plan, encoding: str, images: list[str], n_images: int, n_clicks: int,
+                         limit_s: float | None = None) -> dict:
+    """New images and clicks on the ViT-B/16-sized `encoding` model; with `limit_s`, stops
+    after the first timed image when it took longer than that."""
+    ckpt = vit_b_checkpoint(encoding)
+    grid = ckpt.config.grid
+    centre = (grid[0] // 2, grid[1] // 2)
+    out: dict[str, Any] = {"encoding": encoding, "name": ckpt.name, "grid": list(grid),
+                           "tokens": ckpt.model.num_prefix + grid[0] * grid[1],
+                           "parameters": sum(p.numel() for p in ckpt.model.parameters())}
+    tr, stats, first = vit_b_new_image(ckpt, images[0], centre)       # untimed: first calls, allocations
+    out["first_image_ms"] = first
+    samples = []
+    for i in range(n_images):
+        tr, stats, ms = vit_b_new_image(ckpt, images[(i + 1) % len(images)], centre)
+        samples.append(ms)
+        if limit_s is not None and ms["total"] > 1e3 * limit_s:
+            out["over_limit"] = True
+            break
+    out["image"] = _steps_summary(samples)
+    out["trace_bytes"] = trace_nbytes(tr)
+    blob = pickle.dumps(tr)                                           # the cached trace, as st.cache_data holds it
+    kinds = {"bias": lambda p: vit_b_click(ckpt, tr, stats, p, "bias"),
+             "compare": lambda p: vit_b_click(ckpt, tr, stats, p, "compare"),
+             "cache_copy": lambda p: pickle.loads(blob)}
+    wall: dict[str, list[float]] = {k: [] for k in kinds}
+    cpu: dict[str, list[float]] = {k: [] for k in kinds}
+    for patch in click_patches(grid, n_clicks if not out.get("over_limit") else 0):
+        for kind, fn in kinds.items():                                # the kinds interleaved
+            w0, c0 = time.perf_counter(), time.process_time()
+            fn(patch)
+            wall[kind].append(1e3 * (time.perf_counter() - w0))
+            cpu[kind].append(1e3 * (time.process_time() - c0))
+    out["clicks"] = {k: {"n": len(wall[k]), **percentiles(wall[k]), **percentiles(cpu[k], "cpu_"),
+                         "samples_ms": wall[k]} for k in kinds if wall[k]}
+    return out
+
+
+_VIT_B_CHILD = r"""
+import gc, pickle, sys
+from benchmarks.bench import vit_b_checkpoint, vit_b_new_image
+from vitpe_core.gallery import gallery_ids
+
+def stage(name):
+    gc.collect()
+    print(name, flush=True)
+    sys.stdin.readline()
+
+stage("imported")
+ckpt = vit_b_checkpoint(sys.argv[1])
+stage("model")
+tr, stats, _ = vit_b_new_image(ckpt, gallery_ids()[0], (7, 7))
+stage("trace")
+blob = pickle.dumps(tr)                   # st.cache_data keeps these bytes; a rerun unpickles its own copy
+del tr
+copy = pickle.loads(blob)
+stage("cached")
+"""
+VIT_B_MEMORY_STAGES = {
+    "imported": "python + torch + vitpe_core imported, no model",
+    "model": "+ the ViT-B/16 model (float32, eval)",
+    "trace": "+ one image's trace and attention statistics (the page's objects)",
+    "cached": "trace as `st.cache_data` holds it during a rerun: pickled bytes + the run's unpickled copy",
+}
+
+
+def vit_b_memory(encoding: str, threads: int) -> list[dict]:
+    """Resident memory (VmRSS, and VmHWM: the peak so far) of a subprocess at each stage of
+    `_VIT_B_CHILD`: imports, the model built, one trace kept, the trace as the cache holds it."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": str(threads)}
+    proc = subprocess.Popen([sys.executable, "-c", _VIT_B_CHILD, encoding], cwd=REPO, env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rows = []
+    try:
+        for stage in VIT_B_MEMORY_STAGES:
+            line = proc.stdout.readline().strip()
+            if line != stage:
+                raise RuntimeError(f"ViT-B memory subprocess failed at {stage!r}: {proc.stderr.read()[-2000:]}")
+            mem = proc_memory(proc.pid)
+            rows.append({"encoding": encoding, "stage": stage, "what": VIT_B_MEMORY_STAGES[stage],
+                         "vmrss_mib": mem["VmRSS"], "vmhwm_mib": mem["VmHWM"]})
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            proc.stdin.close()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return rows
+
+
+def vit_b_section(plan: Plan, argv: list[str], mode: str) -> dict:
+    """`bench_vit_b` with its own record of the machine (CPU, load, background jobs), its
+    mode and wall time: the section can be run alone (`--only vit-b`) on another day."""
+    t0 = time.perf_counter()
+    env = environment(argv, torch.get_num_threads())
+    busy0, own0 = _busy_cpu_s(), _own_cpu_s()
+    out = bench_vit_b(plan)
+    wall = time.perf_counter() - t0
+    env["loadavg_end"] = list(os.getloadavg())
+    env["background_end"] = background_jobs()
+    if busy0 is not None:
+        others = (_busy_cpu_s() - busy0) - (_own_cpu_s() - own0)
+        env["others_cpu_share"] = max(0.0, others) / (wall * len(os.sched_getaffinity(0)))
+    return {**out, "environment": env, "mode": mode, "plan": asdict(plan), "wall_time_s": wall}
+
+
+def _busy_cpu_s() -> float | None:
+    """Seconds all CPUs spent busy since boot (/proc/stat: all but idle and iowait), None without it."""
+    try:
+        f = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (sum(f[:8]) - f[3] - f[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_s() -> float:
+    """CPU seconds of this process and its finished children (the memory subprocess)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def bench_vit_b(plan: Plan) -> dict:
+    """Section 6: the ViT-B/16-sized `ape` model (new images, clicks, trace size, memory), and
+    `sape2+ape` at that size where one image takes under VIT_B_SAPE2_LIMIT_S."""
+    images = gallery_ids()
+    for image_id in images:                           # warm-up: photo decoding (cached, as in the app)
+        gallery_image(image_id)
+    threads = torch.get_num_threads()
+    log.info("ViT-B/16 ape: %d images, %d clicks per kind", plan.vit_b_images, plan.vit_b_clicks)
+    out: dict[str, Any] = {"config": {**VIT_B, "img_size": list(VIT_B["img_size"])}, "images": images,
+                           "threads": threads}
+    out["ape"] = bench_vit_b_encoding(plan, "ape", images, plan.vit_b_images, plan.vit_b_clicks)
+    gc.collect()
+    log.info("ViT-B/16 ape: memory subprocess")
+    out["memory"] = vit_b_memory("ape", threads)
+    log.info("ViT-B/16 sape2+ape: up to %d images (stops after one over %.0f s)", plan.vit_b_sape2_images,
+             VIT_B_SAPE2_LIMIT_S)
+    out["sape2+ape"] = bench_vit_b_encoding(plan, "sape2+ape", images, plan.vit_b_sape2_images,
+                                            max(plan.vit_b_clicks // 2, 1), limit_s=VIT_B_SAPE2_LIMIT_S)
+    gc.collect()
+    return out
+
+
 # ----------------------------------------------------------------------------- 4./5. the app
 def e2e_patch_changes(page, n: int, grid: tuple[int, int], start: tuple[int, int]) -> list[float]:
     """Type a new row into the patch's row input and press Enter; time until the page shows
@@ -560,6 +793,18 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
+def cpu_id(cpuinfo: str) -> str:
+    """Vendor, family / model / stepping numbers, vector extensions and hypervisor of the first
+    CPU of /proc/cpuinfo (the model name alone can be generic under a hypervisor)."""
+    if not cpuinfo:
+        return platform.machine() or "unknown"
+    field = {k: _first(rf"^{k}\s*:\s*(.*)$", cpuinfo) for k in ("vendor_id", "cpu family", "model", "stepping")}
+    flags = _first(r"^flags\s*:\s*(.*)$", cpuinfo, "").split()
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
+    return (f"{field['vendor_id']}, family {field['cpu family']} model {field['model']} stepping {field['stepping']}"
+            + (f"; {' '.join(isa)}" if isa else "") + ("; under a hypervisor" if "hypervisor" in flags else ""))
+
+
 def environment(argv: list[str], threads: int) -> dict:
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
     chromium = shutil.which("chromium")
@@ -573,6 +818,7 @@ def environment(argv: list[str], threads: int) -> dict:
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": "python -m benchmarks.bench" + "".join(" " + shlex.quote(a) for a in argv),
         "cpu": _first(r"^model name\s*:\s*(.*)$", cpuinfo, platform.processor() or "unknown"),
+        "cpu_id": cpu_id(cpuinfo),
         "cores": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0)), "torch_threads": threads,
         "platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
         "numpy": np.__version__, "streamlit": _version("streamlit"), "playwright": _version("playwright"),
@@ -676,7 +922,23 @@ def targets(res: dict) -> list[Target]:
         Target("app_memory_rss", "app server resident (VmRSS) after the compare page", mib_1gb, "max", "MiB",
                after.get("VmRSS"), no_browser),
     ]
-    return out
+    return out + vit_b_targets(res)
+
+
+def vit_b_targets(res: dict) -> list[Target]:
+    """Section 6's targets, where the run (or a `--only vit-b` run merged into it) has it."""
+    vb = res.get("vit_b")
+    if not vb:
+        return []
+    ape = vb["ape"]
+    return [
+        Target("vit_b_click_bias_p95", "ViT-B/16 (`ape`, 14×14), bias explorer click, new patch (trace cached), "
+               "p95 compute", 100, "max", "ms", ape["clicks"]["bias"]["p95_ms"]),
+        Target("vit_b_click_compare_p95", "ViT-B/16 (`ape`, 14×14), compare page click, its panel (trace cached), "
+               "p95 compute", 100, "max", "ms", ape["clicks"]["compare"]["p95_ms"]),
+        Target("vit_b_image_p95", "ViT-B/16 (`ape`, 224 px), new image: input + trace + attention stats + views, "
+               "p95", 2, "max", "s", ape["image"]["total"]["p95_ms"] / 1e3),
+    ]
 
 
 # ----------------------------------------------------------------------------- report
@@ -720,7 +982,7 @@ GENERATOR = "`python -m benchmarks.bench` (benchmarks/bench.py)"
 def render_markdown(res: dict, tgts: list[Target], whys: dict[str, str] | None = None) -> str:
     """BENCHMARKS.md from a run's results (`run`'s dict), its targets and the kept **Why** texts."""
     sections = (_md_header(res), _md_machine(res), _md_targets(tgts, whys or {}), _md_attention(res),
-                _md_training(res), _md_clicks(res), _md_app(res), _md_memory(res))
+                _md_training(res), _md_clicks(res), _md_app(res), _md_memory(res), _md_vit_b(res))
     return "\n".join(line for section in sections for line in section)
 
 
@@ -900,6 +1162,142 @@ def _md_memory(res: dict) -> list[str]:
     return out
 
 
+VIT_B_HEADING = "## 6. ViT-B/16 at real size"
+_MIB = 2 ** 20
+
+
+def _mib(b: float) -> str:
+    return f"{b / _MIB:.1f}"
+
+
+def _steps_rows(steps: dict, label: str) -> list[list[Any]]:
+    names = {"input": "`inputs.checkpoint_input` (crop, resize, normalise)", "trace": "`analysis.trace_image`",
+             "stats": "`analysis.attention_stats`", "views": "first patch's views (bias page + compare panel)",
+             "total": f"**{label}, total**"}
+    return [[names[k], steps[k]["n"], f"{steps[k]['p50_ms']:.0f}", f"{steps[k]['p95_ms']:.0f}",
+             f"{steps[k]['max_ms']:.0f}", f"{steps[k]['cpu_p50_ms']:.0f}" if "cpu_p50_ms" in steps[k] else "—"]
+            for k in names if k in steps]
+
+
+STEP_HEADERS = ["step", "n", "p50 ms", "p95 ms", "max ms", "CPU p50 ms"]
+
+
+def _md_vit_b(res: dict) -> list[str]:
+    vb = res.get("vit_b")
+    if not vb:
+        return []
+    env, ape, sape = vb["environment"], vb["ape"], vb.get("sape2+ape")
+    cfg, grid, T = vb["config"], ape["grid"], ape["tokens"]
+    L, h = cfg["depth"], cfg["heads"]
+    tb = ape["trace_bytes"]
+    out = [f"{VIT_B_HEADING} (imported-model scale)", "",
+           f"A ViT-B/16-sized model — D {cfg['dim']}, {L} layers, {h} heads, MLP {cfg['mlp_dim']}, patch "
+           f"{cfg['patch_size']}, {cfg['img_size'][0]}×{cfg['img_size'][1]} px ({grid[0]}×{grid[1]} grid, T = {T} "
+           f"tokens), {cfg['num_classes']} classes, {ape['parameters'] / 1e6:.1f} M parameters — with random weights "
+           "(`ViTConfig` / `build_model`, `encoding=\"ape\"`), held as the app holds an imported timm model "
+           "(metrics from `vitpe_core.importers.Imported.metrics`: timm's eval transform, crop_pct 0.875, "
+           "ImageNet mean / std). Timed on the calls the pages make, in one process, without Streamlit "
+           "(benchmarks/bench.py `bench_vit_b`): a **new image** = `inputs.checkpoint_input` → "
+           "`analysis.trace_image` → `analysis.attention_stats` → the first patch's views; a **click** on a new "
+           "patch with the trace cached = the bias explorer's calls (`analysis.patch_maps`, `views.top_class`, "
+           "`bias_parts`, `bias_view` when there is a bias, `attention_view`, `prefix_share`) or the compare "
+           "page's panel for this model (`clamp_view`, `pick_stat`, `analysis.positional_component`, "
+           "`views.panel_view`). Layer 0, mean of heads shown; all layers and heads computed. Images cycle "
+           f"through the {len(vb['images'])} gallery images; patches are pseudo-random. Compute per click does "
+           "not depend on the weights' values.", "",
+           f"Run: `{env['command']}` at {env['date']} (mode {vb['mode']}, {vb['wall_time_s']:.0f} s), commit "
+           f"{env['git_commit']}. **CPU: {env['cpu']}** ({env.get('cpu_id', 'vendor not recorded')}), "
+           f"{env['cores']} logical / {env['usable_cores']} usable cores, torch {env['torch']} with "
+           f"{vb['threads']} threads. Background `vitpe_core train` at start: {_jobs_text(env['background_start'])}; "
+           f"at end: {_jobs_text(env['background_end'])}. Load average start → end: "
+           f"{_load(env['loadavg_start'])} → {_load(env['loadavg_end'])}"
+           + (f"; other processes kept {100 * env['others_cpu_share']:.0f} % of the usable CPU time busy during "
+              "the section" if "others_cpu_share" in env else "") + ". CPU columns: this process's CPU time over "
+           "all its threads (up to threads × wall time): wall time well above CPU time / threads means waiting "
+           "for CPUs others held.", "",
+           "**New image** (`ape`; ms; the first image, untimed, took "
+           f"{ape['first_image_ms']['total']:.0f} ms):", "",
+           md_table(STEP_HEADERS, _steps_rows(ape["image"], "new image")), "",
+           f"Fastest new image: {min(ape['image']['total']['samples_ms']):.0f} ms. A spread far above it comes "
+           "from other processes holding a CPU (see the share above), not from the image: the work per image "
+           "is the same for every image.", "",
+           "**Click on a new patch, trace cached** (`ape`; wall-clock ms; CPU = this process's CPU time):", "",
+           md_table(["click", "n", "p50 ms", "p95 ms", "max ms", "CPU p50 ms"], [
+               [what, c[k]["n"], f"{c[k]['p50_ms']:.1f}", f"{c[k]['p95_ms']:.1f}", f"{c[k]['max_ms']:.1f}",
+                f"{c[k]['cpu_p50_ms']:.1f}"]
+               for c in [ape["clicks"]] for k, what in (
+                   ("bias", "bias explorer (no bias for `ape`: attention row, prefix share)"),
+                   ("compare", "compare page, this model's panel and row"),
+                   ("cache_copy", "not in the targets: Streamlit's copy of the cached trace on every rerun "
+                                  f"(`pickle.loads` of {_mib(tb['pickled'])} MiB)"))]), "",
+           ]
+    # the trace's size and what the app would keep
+    per = tb["pickled"]
+    out += ["**Trace size.** One image's trace keeps every layer's and head's attention, "
+            f"(L, h, T, T) = ({L}, {h}, {T}, {T}) float32 = {_mib(tb['attn'])} MiB for `ape` "
+            f"({_mib(per)} MiB pickled)"
+            + (f"; `sape2+ape` adds its bias (same shape) and SaPE²'s x and y parts ((L, h, N, N) each): "
+               f"{_mib(sape['trace_bytes']['total'])} MiB ({_mib(sape['trace_bytes']['pickled'])} MiB pickled)"
+               if sape else "")
+            + f". The app caches traces with `st.cache_data(max_entries=64)` (pages/common/cache.py `_trace`): "
+            f"up to 64 images × {_mib(per)} MiB = {64 * per / 2**30:.2f} GiB of pickled traces for one such model"
+            + (f" ({64 * sape['trace_bytes']['pickled'] / 2**30:.1f} GiB for `sape2+ape`)" if sape else "")
+            + ", beside the 954 MiB (1 GB) memory target of section 5; and every rerun (each click) unpickles "
+            f"its own copy: {ape['clicks']['cache_copy']['p50_ms']:.0f} ms p50 / "
+            f"{ape['clicks']['cache_copy']['p95_ms']:.0f} ms p95 here, on top of the click compute above, and "
+            f"{_mib(per)} MiB more while the run lasts.", "",
+            "**What to keep (proposal, not implemented in the pages).** One trace is affordable (the model's "
+            f"float32 weights alone are {_mib(4 * ape['parameters'])} MiB); 64 of them are not, and each rerun "
+            "copies a whole one for a click that reads a few rows of it. The full (L, h, T, T) array is still needed while any patch can be clicked next (a click "
+            "reads the query's row in every layer and head, `patch_maps`; the per-image statistics are cached "
+            "apart, (L, h) each), so the proposal bounds and shares it rather than cutting it: "
+            "(1) bound the trace cache by bytes, not entries: `st.cache_data(max_size=\"512MiB\")` (Streamlit "
+            f"1.67), about {int(512 * _MIB // per)} ViT-B `ape` traces"
+            + (f" or {int(512 * _MIB // sape['trace_bytes']['pickled'])} `sape2+ape` ones" if sape else "")
+            + ", instead of 64 of any size; "
+            "(2) hold traces in a byte-bounded server-wide LRU (`st.cache_resource` over "
+            "`vitpe_core.store.LRUStore`, as imported models are, arrays made read-only) so that a click slices "
+            "the stored arrays instead of unpickling a copy (the cache-copy row above); "
+            "(3) optionally store attn / bias / parts as float16 after `attention_stats` has read the float32 "
+            f"arrays: {_mib(per / 2)} MiB per `ape` trace, rounding each value by at most 0.05 % (float16's 11-bit "
+            "significand; under 6·10⁻⁵, by at most 3·10⁻⁸), invisible in the maps. "
+            "Recomputing the trace on each click instead would cost the `trace_image` row above per click, "
+            "over the 100 ms click target.", ""]
+    mem = vb.get("memory") or []
+    if mem:
+        out += ["**Resident memory** of a subprocess (`_VIT_B_CHILD`: the same model, one gallery image) at each "
+                "stage, read from `/proc/<pid>/status` (VmHWM: the peak so far):", "",
+                md_table(["stage", "VmRSS MiB", "VmHWM MiB"],
+                         [[r["what"], f"{r['vmrss_mib']:.0f}", f"{r['vmhwm_mib']:.0f}"] for r in mem]), ""]
+        by = {r["stage"]: r for r in mem}
+        if "trace" in by and "model" in by:
+            grow = by["trace"]["vmrss_mib"] - by["model"]["vmrss_mib"]
+            out += [f"A process with the ViT-B/16 model and one cached trace is resident at "
+                    f"**{by['trace']['vmrss_mib']:.0f} MiB** ({by['model']['vmrss_mib']:.0f} MiB with the model "
+                    f"alone, {by['imported']['vmrss_mib']:.0f} MiB before it; peak {by['trace']['vmhwm_mib']:.0f} "
+                    f"MiB during the forward pass). Of the {grow:.0f} MiB the trace stage added, "
+                    f"{_mib(tb['total'])} MiB are the trace's arrays; the rest is memory the allocator kept from "
+                    "the forward pass, which later allocations (the cache's pickled bytes and copy) reuse. The "
+                    "app server adds Streamlit and its other caches (section 5).", ""]
+    if sape is None:
+        return out
+    out += [f"**`sape2+ape` at the same size** (new images stop after one over {VIT_B_SAPE2_LIMIT_S:.0f} s):", ""]
+    if sape.get("over_limit"):
+        out += [f"One image took {sape['image']['total']['max_ms'] / 1e3:.1f} s (over {VIT_B_SAPE2_LIMIT_S:.0f} s): "
+                "not timed further.", ""]
+    out += [md_table(STEP_HEADERS, _steps_rows(sape["image"], "new image")), ""]
+    if sape.get("clicks"):
+        c = sape["clicks"]
+        out += [md_table(["click (`sape2+ape`)", "n", "p50 ms", "p95 ms", "max ms"], [
+            [what, c[k]["n"], f"{c[k]['p50_ms']:.1f}", f"{c[k]['p95_ms']:.1f}", f"{c[k]['max_ms']:.1f}"]
+            for k, what in (("bias", "bias explorer (SaPE² x + y bias row: `bias_view`)"),
+                            ("compare", "compare page, this model's panel (bias row)"),
+                            ("cache_copy", f"Streamlit's copy of the cached trace "
+                                           f"({_mib(sape['trace_bytes']['pickled'])} MiB), not in the targets"))
+            if k in c]), ""]
+    return out
+
+
 NOISY_NOTE = (f"† the paired median and the best-of-N ratio differ by more than {NOISY:.0%}: the machine's load "
               "disturbed this comparison; read both (samples in benchmarks.json).")
 
@@ -948,6 +1346,8 @@ def run(plan: Plan, *, out: Path, skip_app: bool, argv: list[str], checkpoints: 
     with checkpoint_set(checkpoints) as cs, tempfile.TemporaryDirectory(prefix="vitpe-bench-") as work:
         res["clicks"] = section("clicks", lambda: bench_clicks(plan, cs))
         res["app"] = {"skipped": True} if skip_app else section("app", lambda: bench_app(plan, cs, Path(work)))
+    if plan.vit_b_images > 0:
+        res["vit_b"] = section("vit_b", lambda: vit_b_section(plan, argv, mode))
     env["loadavg_end"] = list(os.getloadavg())
     env["background_end"] = background_jobs()
     res["wall_time_s"] = time.perf_counter() - t_start
@@ -961,11 +1361,48 @@ def run(plan: Plan, *, out: Path, skip_app: bool, argv: list[str], checkpoints: 
     return res
 
 
+def replace_section(md: str, heading: str, lines: list[str]) -> str:
+    """`md` with its section that starts with the line `heading...` (up to the next `## `
+    heading) replaced by `lines`; appended at the end when it has none."""
+    text = "\n".join(lines).rstrip("\n") + "\n"
+    m = re.search(rf"^{re.escape(heading)}.*$", md, re.M)
+    if m is None:
+        return md.rstrip("\n") + "\n\n" + text
+    nxt = re.search(r"^## ", md[m.end():], re.M)
+    end = m.end() + nxt.start() if nxt else len(md)
+    return md[:m.start()] + text + ("\n" if nxt else "") + md[end:]
+
+
+def run_vit_b_only(plan: Plan, *, out: Path, argv: list[str], mode: str) -> dict:
+    """`--only vit-b`: section 6 alone, merged into the report in `out` (an earlier run's
+    benchmarks.json): its `vit_b` and `targets` are replaced, and in BENCHMARKS.md only the
+    Targets table and section 6; the other sections and their numbers are left as they are."""
+    if plan.vit_b_images < 1:
+        raise ValueError("this plan times no ViT-B images (vit_b_images = 0)")
+    json_path, md_path = out / "benchmarks.json", out / "BENCHMARKS.md"
+    if not json_path.is_file() or not md_path.is_file():
+        raise FileNotFoundError(f"--only vit-b adds its section to an earlier report: {json_path} and {md_path} "
+                                "are needed (run `python -m benchmarks.bench` once)")
+    res = json.loads(json_path.read_text())
+    res["vit_b"] = vit_b_section(plan, argv, mode)
+    tgts = targets(res)
+    res["targets"] = [{**asdict(t), "status": t.status, "miss_by": t.miss_by, "borderline": t.borderline}
+                      for t in tgts]
+    json_path.write_text(json.dumps(_jsonable(res), indent=1) + "\n")
+    md = md_path.read_text()
+    md = replace_section(md, "## Targets", _md_targets(tgts, written_whys(md_path)))
+    md_path.write_text(replace_section(md, VIT_B_HEADING, _md_vit_b(res)))
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="smoke run: few repetitions (numbers not comparable)")
     p.add_argument("--skip-app", action="store_true", help="skip the app parts (cold start, browser, app memory)")
+    p.add_argument("--only", choices=["vit-b"], help="run one section alone and write it into the existing "
+                   "report in --out (vit-b: section 6, the ViT-B/16-sized model; the targets table is rewritten, "
+                   "the other sections are kept)")
     p.add_argument("--out", type=Path, default=REPO, help="folder for BENCHMARKS.md and benchmarks.json "
                    "(default: the repository root)")
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's default)")
@@ -977,8 +1414,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.threads < 1:
             p.error("--threads must be >= 1")
         torch.set_num_threads(args.threads)
-    res = run(QUICK if args.quick else FULL, out=args.out, skip_app=args.skip_app, argv=argv,
-              checkpoints=args.checkpoints, mode="quick" if args.quick else "full")
+    plan, mode = (QUICK, "quick") if args.quick else (FULL, "full")
+    if args.only == "vit-b":
+        try:
+            res = run_vit_b_only(plan, out=args.out, argv=argv, mode=mode)
+        except FileNotFoundError as e:
+            p.error(str(e))
+        for t in vit_b_targets(res):
+            print(f"{t.status:>12}  {_fmt(t.measured, t.unit):>10}  {t.text}")
+        print(f"wrote section 6 and the targets into {args.out / 'BENCHMARKS.md'} and benchmarks.json in "
+              f"{res['vit_b']['wall_time_s']:.0f} s")
+        return 0
+    res = run(plan, out=args.out, skip_app=args.skip_app, argv=argv, checkpoints=args.checkpoints, mode=mode)
     for t in res["targets"]:
         print(f"{t['status']:>12}  {_fmt(t['measured'], t['unit']):>10}  {t['text']}")
     print(f"wrote {args.out / 'BENCHMARKS.md'} and benchmarks.json in {res['wall_time_s']:.0f} s")
