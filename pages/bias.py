@@ -8,23 +8,14 @@ import streamlit as st
 from vitpe_core import analysis, figures, views
 from pages.common import cache, ui
 from vitpe_core.gallery import gallery_label
-from vitpe_core.report import SAPE2_READOUTS
 from vitpe_core.views import head_text
 
 PAGE = "bias"
 
 
-def readout_text(encoding_options: dict) -> str:
-    readout = encoding_options.get("readout", "query")
-    name, top1 = SAPE2_READOUTS[readout]
-    best = " the paper's best setting" if readout == "query" else ""
-    return (f"**{name}** — read-out with the {readout}, `readout=\"{readout}\"`:{best} ({top1:.2f} % top-1 on "
-            "CIFAR-10 with +APE in the paper). The paper's prose and code name the two variants the other way "
-            "round; this app follows its table.")
-
-
 def main() -> None:
     st.title("Bias explorer")
+    ui.explain(PAGE)
     names = cache.checkpoint_names()
     view = ui.current_view(PAGE, names)
     if not names:
@@ -41,8 +32,10 @@ def main() -> None:
         img, key, caption, is_upload = ui.image_source(PAGE)
         layer, head = ui.layer_head_controls(PAGE, cfg.depth, cfg.heads)
     ui.render_share(view, upload_active=is_upload)
+    ui.narrow_screen_controls(PAGE, cfg.depth, cfg.heads)
+    img, key, custom = ui.fit_image(PAGE, img, key, ckpt, is_upload)
 
-    tr = cache.trace(view.ckpt, key, img if is_upload else None)
+    tr = cache.trace(view.ckpt, key, custom)
     left, right = st.columns([2, 3])
     with left:
         display = ui.patch_picker(PAGE, img, ckpt, view.patch,
@@ -56,29 +49,29 @@ def main() -> None:
 
 def show_prediction(ckpt, tr: analysis.Trace, key: str) -> None:
     names = cache.class_names(ckpt)
-    probs = tr.probs
     top, p = views.top_class(tr)
     truth = gallery_label(key)
-    st.markdown(f"Prediction: **{names[top]}** ({p * 100:.1f} %)"
-                + (f" — true class: {truth}" if truth else ""))
-    ui.chart(figures.topk_fig(probs, names), f"{ckpt.name}_top5", key=f"{PAGE}_top5")
-    ui.downloads(f"{ckpt.name}_probabilities", probs[None], key=f"{PAGE}_probs_dl")
+    st.markdown(f"Prediction: **{names[top]}** ({p * 100:.1f} %)" + (f" — true class: {truth}" if truth else ""))
+    ui.chart(figures.topk_fig(tr.probs, names), f"{ckpt.name}_top5", key=f"{PAGE}_top5")
+    ui.downloads(f"{ckpt.name}_probabilities", tr.probs[None], key=f"{PAGE}_probs_dl",
+                 shown_what="class probabilities")
 
 
 def show_bias(ckpt, tr, maps, display, view, layer, head) -> None:
     cfg, grid = ckpt.config, ckpt.config.grid
     parts = views.bias_parts(tr, ckpt.model.pos_enc)
     if not parts:
-        st.info(f"`{cfg.encoding}` adds no attention bias (hooks: {', '.join(ckpt.model.pos_enc.hooks) or 'none'}). "
+        st.info(f"`{cfg.encoding}` adds no attention bias (it {views.hooks_text(ckpt.model.pos_enc.hooks)}). "
                 "Its positional component is on the Compare page (table similarity or RoPE kernel); "
                 "the attention row is below.")
         return
     if parts != ["row"]:
-        st.markdown(readout_text(cfg.encoding_options))
+        st.markdown(views.readout_text(cfg.encoding_options))
     part = parts[0] if len(parts) == 1 else st.radio("Bias component", parts, key=f"{PAGE}_part", horizontal=True,
                                                      format_func=views.PART_LABELS.__getitem__)
     bv = views.bias_view(tr, maps, cfg.encoding, layer, head, part)
-    title = f"{bv.what}, layer {layer}, {head_text(head)} ({bv.scale_note})"
+    short, title = views.bias_short(bv), f"{views.bias_short(bv)}, layer {layer}, {head_text(head)}"
+    st.caption(views.bias_caption(bv))
     base = f"{ckpt.name}_bias_{bv.part}_p{view.patch[0]}-{view.patch[1]}_l{layer}_{head_text(head)}"
     cbar = "bias<br>(0-1)"
     tab_overlay, tab_map, tab_layers, tab_heads = st.tabs(["On the image", "Heatmap", "All layers", "All heads"])
@@ -88,12 +81,13 @@ def show_bias(ckpt, tr, maps, display, view, layer, head) -> None:
     with tab_map:
         ui.chart(figures.patch_map_fig(bv.shown, title=title, colorbar_title=cbar, patch=view.patch, zmin=0, zmax=1),
                  base, key=f"{PAGE}_bias_map")
-        ui.downloads(base, bv.shown, key=f"{PAGE}_bias_dl", full=bv.full)
+        ui.downloads(base, bv.shown, key=f"{PAGE}_bias_dl", full=bv.full, shown_what="shown map, normalised 0–1",
+                     full_what="raw bias, all layers × heads")
     with tab_layers:
-        ui.chart(figures.layers_fig(bv.per_layer, title=f"{bv.what}, every layer, {head_text(head)} ({bv.scale_note})",
+        ui.chart(figures.layers_fig(bv.per_layer, title=f"{short}, every layer, {head_text(head)}",
                                     colorbar_title=cbar, patch=view.patch), base + "_layers", key=f"{PAGE}_bias_layers")
     with tab_heads:
-        ui.chart(figures.layers_fig(bv.per_head, title=f"{bv.what}, layer {layer}, every head ({bv.scale_note})",
+        ui.chart(figures.layers_fig(bv.per_head, title=f"{short}, layer {layer}, every head",
                                     colorbar_title=cbar, patch=view.patch,
                                     labels=[f"head {i}" for i in range(bv.per_head.shape[0])]),
                  base + "_heads", key=f"{PAGE}_bias_heads")
@@ -102,7 +96,7 @@ def show_bias(ckpt, tr, maps, display, view, layer, head) -> None:
 def show_attention(tr, maps, display, view, layer, head, grid) -> None:
     st.subheader("Attention row of the full model")
     attn = views.attention_view(maps, layer, head)                           # (H, W)
-    title = f"Attention row, layer {layer}, {head_text(head)}"
+    title = f"Attention, layer {layer}, {head_text(head)}"
     shares = views.prefix_share(tr, view.patch, layer, head)
     prefix = ", ".join(f"{k} {100 * v:.0f} %" for k, v in shares.items())
     st.caption(f"Softmax weights from the query patch (r={view.patch[0]}, c={view.patch[1]}) to every patch; the "
@@ -117,7 +111,8 @@ def show_attention(tr, maps, display, view, layer, head, grid) -> None:
         ui.chart(figures.patch_map_fig(attn, title=title, colorbar_title="attention", patch=view.patch,
                                        colorscale=figures.ATTENTION_SCALE, zmin=0),
                  base, key=f"{PAGE}_attn_map")
-        ui.downloads(base, attn, key=f"{PAGE}_attn_dl", full=maps["attn"])
+        ui.downloads(base, attn, key=f"{PAGE}_attn_dl", full=maps["attn"], shown_what="shown attention row",
+                     full_what="attention rows, all layers × heads")
 
 
 main()

@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import streamlit as st
 
-from vitpe_core import figures
+from vitpe_core import figures, views
 from pages.common import cache, ui
 
 PAGE = "checkpoints"
@@ -15,6 +15,7 @@ PAGE = "checkpoints"
 
 def main() -> None:
     st.title("Checkpoints")
+    ui.explain(PAGE)
     imported = ui.model_import_form(PAGE)
     names = cache.checkpoint_names()
     if imported:
@@ -42,7 +43,7 @@ def main() -> None:
                      "test top-1 %": test.get("top1"), "test top-5 %": test.get("top5"),
                      "2D structure (Spearman)": structure.get("spearman"),
                      "history epochs": len(ckpt.history)})
-    table = pd.DataFrame(rows).set_index("checkpoint")
+    table = pd.DataFrame(views.without_same_encoding(rows)).set_index("checkpoint")
     st.dataframe(table, key=f"{PAGE}_table", placeholder="—")
     st.download_button("Table (CSV)", data=table.to_csv().encode(), file_name="checkpoints.csv", mime="text/csv",
                        key=f"{PAGE}_table_csv", on_click="ignore")

@@ -15,66 +15,70 @@ COLUMNS = 2
 
 def main() -> None:
     st.title("Compare encodings")
+    ui.explain(PAGE)
     names = cache.checkpoint_names()
     if not names:
         view = ui.current_view(PAGE, names)
         ui.no_checkpoints_info()
         ui.render_share(view)
         return
+    with st.sidebar:
+        shown = st.multiselect("Checkpoints to show", names, default=names, key=f"{PAGE}_show")
     ckpts = ui.load_checkpoints(names)
     if not ckpts:
         return
-    depth = max(c.config.depth for c in ckpts.values())
-    heads = max(c.config.heads for c in ckpts.values())
+    shown = [n for n in shown if n in ckpts]
+    depth, heads = (max(getattr(c.config, dim) for c in ckpts.values()) for dim in ("depth", "heads"))
     view = ui.current_view(PAGE, list(ckpts), dims_for=lambda n: (ckpts[n].config.grid, depth, heads))
-    ref = ckpts[view.ckpt]
-    grid = ref.config.grid
+    ref, grid = ckpts[view.ckpt], ckpts[view.ckpt].config.grid
     with st.sidebar:
-        shown = st.multiselect("Checkpoints to show", list(ckpts), default=list(ckpts), key=f"{PAGE}_show")
         img, key, caption, is_upload = ui.image_source(PAGE)
         layer, head = ui.layer_head_controls(PAGE, depth, heads)
     ui.render_share(view, upload_active=is_upload)
+    ui.narrow_screen_controls(PAGE, depth, heads)
+    img, key, custom = ui.fit_image(PAGE, img, key, ref, is_upload)
 
     left, right = st.columns([1, 2])
     with left:
         ui.patch_picker(PAGE, img, ref, view.patch, f"{caption} — click a patch", max_side=256)
-        st.caption(f"Layer {layer}, {'mean over heads' if head is None else f'head {head}'} for every "
-                   "checkpoint (clamped to a checkpoint's own depth / heads where it has fewer; on another grid, the patch "
-                   "under the same point of the image).")
-    rows = [summary_row(name, ckpts[name], key, img if is_upload else None, layer, head) for name in shown]
+        st.caption(f"Layer {layer}, {views.head_text(head)} for every checkpoint (clamped to a checkpoint's own "
+                   "depth / heads where it has fewer; on another grid, the patch under the same point of the image).")
+    rows = views.without_same_encoding([summary_row(n, ckpts[n], key, custom, layer, head) for n in shown])
     with right:
         st.subheader("Per checkpoint")
         table = pd.DataFrame(rows).set_index("checkpoint") if rows else pd.DataFrame()
         st.dataframe(table, key=f"{PAGE}_table", placeholder="—", on_select="ignore")
+        st.caption(f"2D score: Spearman correlation of the table's similarity with closeness (learned tables); "
+                   f"attn dist / entropy: mean distance in patches and entropy (nats) of the attention, layer {layer}.")
         if rows:
             st.download_button("Table (CSV)", data=table.to_csv().encode(), file_name="compare_encodings.csv",
                                mime="text/csv", key=f"{PAGE}_table_csv", on_click="ignore")
         resolution_table(shown, ckpts)
 
-    st.subheader(f"Positional component and attention row of the query patch r={view.patch[0]}, c={view.patch[1]}")
+    st.subheader(f"Positional component and attention row of patch r={view.patch[0]}, c={view.patch[1]}")
     for start in range(0, len(shown), COLUMNS):
-        cols = st.columns(COLUMNS)
-        for col, name in zip(cols, shown[start:start + COLUMNS]):
+        for col, name in zip(st.columns(COLUMNS), shown[start:start + COLUMNS]):
             with col:
-                panel(name, ckpts[name], key, img if is_upload else None, view.patch, layer, head, grid)
+                panel(name, ckpts[name], key, custom, view.patch, layer, head, grid)
     training_curves(shown, ckpts)
 
 
 def training_curves(names, ckpts) -> None:
     """Test top-1 and the table's 2D-structure score per epoch, every shown checkpoint on one chart each."""
     st.subheader("Training, epoch by epoch")
+    colors = figures.checkpoint_colors(list(ckpts))                  # one colour per checkpoint, in both charts
     accuracy = views.accuracy_runs({n: ckpts[n].metrics for n in names})
     structure = cache.structure_runs([n for n in names if "table" in ckpts[n].model.pos_enc.hooks])
     left, right = st.columns(2)
     with left:
         if accuracy:
             ui.chart(figures.runs_fig(accuracy, title="Test top-1 % after each epoch", x_title="epoch",
-                                      y_title="top-1 %"), "compare_test_top1", key=f"{PAGE}_curves")
+                                      y_title="top-1 %", colors=colors), "compare_test_top1", key=f"{PAGE}_curves")
         else:
             st.caption("No accuracy curves recorded for these checkpoints.")
     with right:
         if structure:
-            ui.chart(figures.runs_fig(structure, title="2D structure of the table (Spearman) by epoch",
+            ui.chart(figures.runs_fig(structure, title="Table's 2D structure by epoch", colors=colors,
                                       x_title="epoch (0 = initialisation)", y_title="Spearman"),
                      "compare_structure", key=f"{PAGE}_structure_curves")
             st.caption("Learned tables only (a fixed sin-cos table does not change with training); the "
@@ -88,19 +92,17 @@ def summary_row(name, ckpt, key, img, layer, head) -> dict:
     stats = cache.attention_stats(name, key, img)                  # name -> (L, h)
     test = ckpt.metrics.get("test") or {}
     sim = cache.similarity(name) if "table" in ckpt.model.pos_enc.hooks else None
-    return {"checkpoint": name, "encoding": ckpt.config.encoding,
-            "test top-1 %": test.get("top1"), "test top-5 %": test.get("top5"),
-            "2D structure (Spearman)": None if sim is None else round(sim["score"]["spearman"], 3),
-            f"attn distance (patches), L{layer}": round(views.pick_stat(stats, "mean_distance", layer, head), 3),
-            f"attn entropy (nats), L{layer}": round(views.pick_stat(stats, "entropy", layer, head), 3)}
+    return {"checkpoint": name, "encoding": ckpt.config.encoding, "top-1 %": test.get("top1"),
+            "top-5 %": test.get("top5"), "2D score": None if sim is None else round(sim["score"]["spearman"], 3),
+            f"attn dist L{layer}": round(views.pick_stat(stats, "mean_distance", layer, head), 3),
+            f"attn entropy L{layer}": round(views.pick_stat(stats, "entropy", layer, head), 3)}
 
 
 def resolution_table(names, ckpts) -> None:
     rows = views.resolution_rows({n: ckpts[n].metrics for n in names})
     st.markdown("**Top-1 % at other input resolutions**")
     if rows:
-        df = pd.DataFrame.from_dict(rows, orient="index")
-        st.dataframe(df, key=f"{PAGE}_resolution", placeholder="—")
+        st.dataframe(pd.DataFrame.from_dict(rows, orient="index"), key=f"{PAGE}_resolution", placeholder="—")
     else:
         st.caption("Not measured for these checkpoints: run `python -m vitpe_core evaluate "
                    "checkpoints/NAME.safetensors --sizes 24,32,40,48 --record`.")
@@ -108,18 +110,21 @@ def resolution_table(names, ckpts) -> None:
 
 def panel(name, ckpt, key, img, patch, layer, head, ref_grid) -> None:
     patch, layer, head = views.clamp_view(ckpt.config, patch, layer, head, ref_grid)
-    head_txt = "mean of heads" if head is None else f"head {head}"
-    st.markdown(f"**{name}** · `{ckpt.config.encoding}` · hooks: {', '.join(ckpt.model.pos_enc.hooks) or 'none'}")
+    enc = "" if ckpt.config.encoding == name else f" · `{ckpt.config.encoding}`"
+    st.markdown(f"**{name}**{enc} · {views.hooks_text(ckpt.model.pos_enc.hooks)}")
     pv = views.panel_view(cache.trace(name, key, img), cache.positional(name, key, patch, img), patch, layer, head)
     scale, rng, cbar = figures.component_style(pv.label)
     fig = figures.pair_fig(pv.positional, pv.attention, titles=(pv.label, "attention row"),
                            colorbar_titles=(cbar, "attention"), colorscales=(scale, figures.ATTENTION_SCALE),
-                           ranges=(rng, (0, None)), patch=patch, title=f"{name}: layer {layer}, {head_txt}")
-    base = f"{name}_compare_p{patch[0]}-{patch[1]}_l{layer}_{head_txt}"
+                           ranges=(rng, (0, None)), patch=patch,
+                           title=f"{name}: layer {layer}, {views.head_text(head)}")
+    base = f"{name}_compare_p{patch[0]}-{patch[1]}_l{layer}_{views.head_text(head)}"
     ui.chart(fig, base, key=f"{PAGE}_fig_{name}")
     if pv.label == "none":
         st.caption("`none`: no position information at all (the model is permutation-equivariant over patches).")
-    ui.downloads(base + "_positional", pv.positional, key=f"{PAGE}_dl_{name}", full=pv.stacked)
+    ui.downloads(base + "_positional", pv.positional, key=f"{PAGE}_dl_{name}", full=pv.stacked,
+                 shown_what=pv.label + (", normalised 0–1" if pv.normalised else ""),
+                 full_what=f"{pv.label} + attention row")
 
 
 main()

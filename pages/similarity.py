@@ -18,6 +18,7 @@ SCORE_HELP = ("Spearman rank correlation of similarity with minus the spatial di
 
 def main() -> None:
     st.title("Position-embedding similarity")
+    ui.explain(PAGE)
     names = cache.checkpoint_names()
     table_names = [n for n, c in ui.load_checkpoints(names).items() if "table" in c.model.pos_enc.hooks]
     view = ui.current_view(PAGE, names)
@@ -33,13 +34,13 @@ def main() -> None:
     with st.sidebar:
         if table_names:
             ui.checkpoint_select(PAGE, table_names)
-            epoch = ui.epoch_control(PAGE, view.ckpt)
+            view = ui.epoch_control(PAGE, view)
     ui.render_share(view)
     if not table_names:
         return
     st.caption("Your own pretrained ViT (timm, DeiT, DINOv2, Hugging Face) can be imported on the Checkpoints page.")
-    res = cache.similarity(view.ckpt, epoch)
-    show(res, view.ckpt + ("" if epoch is None else f", epoch {epoch}"), view.ckpt)
+    res = cache.similarity(view.ckpt, view.epoch)
+    show(res, view.ckpt + ("" if view.epoch is None else f", epoch {view.epoch}"), view.ckpt)
 
 
 def with_ckpt(view: ViewState, name: str) -> ViewState:
@@ -68,24 +69,25 @@ def show(res: dict, label: str, source: str) -> None:
         st.caption(f"Figure 7 for {label}: tile (r, c) is patch (r, c)'s similarity to every patch — click a tile")
         ui.clickable(figures.figure7_image(sim_grid, patch=patch), f"{PAGE}_click",
                      lambda x, y, w, h: figures.figure7_pixel_to_patch(x, y, w, h, grid))
-        ui.downloads(f"{source}_figure7", figures.figure7_canvas(sim_grid), key=f"{PAGE}_figure7_dl", full=sim_grid)
+        ui.downloads(f"{source}_figure7", figures.figure7_canvas(sim_grid), key=f"{PAGE}_figure7_dl", full=sim_grid,
+                     shown_what="Figure 7 as drawn (NaN gaps)", full_what="similarity, (H, W, H, W)")
     with right:
         ui.patch_controls(PAGE, grid)
         ui.patch_text(patch, grid)
         m = sim_grid[patch]                                          # (H, W)
         base = f"{source}_similarity_p{patch[0]}-{patch[1]}"
-        title = f"Similarity of the embedding of patch r={patch[0]}, c={patch[1]} to every patch ({label})"
+        title = f"Patch ({patch[0]}, {patch[1]}) vs every position<br>{label}"
         ui.chart(figures.patch_map_fig(m, title=title,
                                        colorbar_title="cosine<br>similarity", patch=patch,
                                        colorscale=figures.SIMILARITY_SCALE, zmin=-1, zmax=1),
                  base, key=f"{PAGE}_patch_map")
-        ui.downloads(base, m, key=f"{PAGE}_patch_dl")
+        ui.downloads(base, m, key=f"{PAGE}_patch_dl", shown_what="cosine similarity map")
     tabs = st.tabs(["N×N matrix", "Across checkpoints", "During training"])
     with tabs[0]:
         ui.chart(figures.similarity_matrix_fig(sim, grid, patch=patch,
-                                               title=f"Cosine similarity of all {H * W} position embeddings ({label})"),
+                                               title=f"All {H * W} position embeddings, cosine<br>{label}"),
                  f"{source}_similarity_matrix", key=f"{PAGE}_matrix")
-        ui.downloads(f"{source}_similarity_matrix", sim, key=f"{PAGE}_matrix_dl")
+        ui.downloads(f"{source}_similarity_matrix", sim, key=f"{PAGE}_matrix_dl", shown_what="N×N cosine similarity")
     with tabs[1]:
         across_checkpoints(source, res)
     with tabs[2]:
@@ -110,7 +112,7 @@ def during_training(source: str) -> None:
         return
     epochs = sorted(hist)
     series = {k: [hist[e][k] for e in epochs] for k in ("spearman", "same_row", "same_col", "other")}
-    ui.chart(figures.line_fig(epochs, series, title=f"2D structure of {source}'s table during training",
+    ui.chart(figures.line_fig(epochs, series, title=f"Table's 2D structure in training<br>{source}",
                               x_title="epoch", y_title="score / mean similarity"),
              f"{source}_structure_history", key=f"{PAGE}_history")
     st.caption("Move the epoch slider in the sidebar to see the table of any recorded epoch above.")

@@ -231,7 +231,8 @@ def test_import_a_vit_on_the_checkpoints_page_and_use_it_on_every_page(without_c
     model = build_model(ViTConfig(img_size=(40, 40), patch_size=4, dim=64, depth=1, heads=1, mlp_dim=64,
                                   num_classes=3))
     at = ok(run({"page": "checkpoints"}))
-    at.file_uploader(key="checkpoints_model_upload").set_value(("vit.npz", _timm_npz(model), "application/octet-stream"))
+    at.file_uploader(key="checkpoints_model_upload").set_value(("vit.npz", _timm_npz(model),
+                                                                 "application/octet-stream"))
     ok(at.run())
     at.button(key="checkpoints_model_import").click()
     ok(at.run())

@@ -5,13 +5,18 @@ the patch grid with row 0 at the top (row-major patches, docs/encodings.md), and
 patch is outlined. `export_config(name)` is the `config=` for `st.plotly_chart` that makes
 the modebar's camera button save a PNG named after the figure.
 
+Titles fit a phone: `wrap_title` breaks them into lines of at most `TITLE_MAX_CHARS`
+characters (a chart `NARROW_CHART_PX` wide at `TITLE_FONT_PX`), and they sit below a band
+left free for Plotly's modebar, so neither is cut off nor covered. Lines of several
+checkpoints take one colour per checkpoint name everywhere (`checkpoint_colors`).
+
 * `similarity_matrix_fig`: the full `(N, N)` cosine similarity of a position table.
 * `figure7_grid_fig`: the ViT paper's Figure 7 — `H x W` small multiples, tile `(r, c)` is
   patch (r, c)'s similarity to every patch; drawn as one heatmap of an
   `(H(H+1)-1, W(W+1)-1)` array with NaN separators (one trace instead of `N` subplots).
 * `patch_map_fig`: one `(H, W)` map, large.
 * `overlay_fig`: an `(H, W)` map over the image, with the patch grid.
-* `layers_fig`: one `(H, W)` map per layer, side by side.
+* `layers_fig`: one `(H, W)` map per layer (or head), square tiles with ticks, in rows of at most 3.
 * `pair_fig`: two maps side by side with their own colour scales.
 * `curves_fig`, `topk_fig`, `line_fig`: training curves, top-k probabilities, a score per epoch.
 * Raster helpers for clicking (PIL images, not Plotly): `display_image`, `grid_image`,
@@ -21,6 +26,8 @@ from __future__ import annotations
 
 import base64
 import io
+import math
+import re
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -49,12 +56,70 @@ def component_style(label: str) -> tuple[str, tuple[float | None, float | None],
 
 _MARGIN = dict(l=10, r=10, t=60, b=10)
 
+TITLE_FONT_PX = 15
+SUBPLOT_FONT_PX = 13
+NARROW_CHART_PX = 340      # a chart's width on a 390 px wide phone (the page's padding taken off)
+CHAR_EM = 0.6              # a generous mean glyph width of the sans-serif font, in font sizes
+TITLE_MAX_CHARS = int(NARROW_CHART_PX / (CHAR_EM * TITLE_FONT_PX))   # 37
+TITLE_LINE_PX = 20
+MODEBAR_PX = 34            # the band at a chart's top where Plotly's modebar appears: no title there
+SUBPLOT_TITLES_PX = 22
+MIN_TILE_PX = 160          # the smallest side of a small-multiple tile (layers_fig)
+# One colour per checkpoint (`checkpoint_colors`): qualitative, dark enough on white, no greys.
+CHECKPOINT_PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+                      "#393b79", "#637939", "#a55194", "#b8860b")
+
 
 def export_config(filename: str) -> dict:
-    """Plotly config: the modebar camera saves `filename`.png at twice the screen size."""
+    """Plotly config: the modebar camera saves `filename`.png at twice the screen size; the
+    modebar keeps only the buttons a heatmap or a line chart uses (it is narrower on a phone)."""
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in filename)[:100] or "figure"
     return {"toImageButtonOptions": {"format": "png", "filename": safe, "scale": 2},
-            "displaylogo": False}
+            "displaylogo": False,
+            "modeBarButtonsToRemove": ["select2d", "lasso2d", "autoScale2d", "toggleSpikelines",
+                                       "hoverClosestCartesian", "hoverCompareCartesian"]}
+
+
+def wrap_title(text: str, max_chars: int = TITLE_MAX_CHARS) -> list[str]:
+    """`text` as lines of at most `max_chars` characters, broken at spaces (and at `<br>`); a
+    word longer than a line (a long checkpoint name) is broken inside."""
+    lines: list[str] = []
+    for para in re.split(r"<br\s*/?>", text or ""):
+        line = ""
+        for word in para.split():
+            while len(word) > max_chars:
+                if line:
+                    lines.append(line)
+                    line = ""
+                lines.append(word[:max_chars])
+                word = word[max_chars:]
+            if line and len(line) + 1 + len(word) > max_chars:
+                lines.append(line)
+                line = ""
+            line = f"{line} {word}" if line else word
+        if line:
+            lines.append(line)
+    return lines
+
+
+def _title(fig: go.Figure, title: str, *, subplot_titles: bool = False, **margin) -> None:
+    """`title` wrapped to fit a phone (`wrap_title`), left-aligned above the plot and below the
+    modebar's band; the top margin grows with the number of lines."""
+    lines = wrap_title(title)
+    below = SUBPLOT_TITLES_PX if subplot_titles else 0
+    fig.update_layout(
+        title=dict(text="<br>".join(lines), x=0, xref="paper", xanchor="left", y=1, yref="paper",
+                   yanchor="bottom", pad=dict(b=6 + below), font=dict(size=TITLE_FONT_PX)),
+        margin={**_MARGIN, **margin, "t": MODEBAR_PX + TITLE_LINE_PX * len(lines) + below + 8})
+    if subplot_titles:
+        fig.update_annotations(font_size=SUBPLOT_FONT_PX)
+
+
+def checkpoint_colors(names: Sequence[str]) -> dict[str, str]:
+    """name -> colour: the names sorted, one palette colour each (`CHECKPOINT_PALETTE`, repeated
+    after 12). Pass every checkpoint on offer, not the ones a chart shows, and a checkpoint
+    keeps its colour in every chart."""
+    return {n: CHECKPOINT_PALETTE[i % len(CHECKPOINT_PALETTE)] for i, n in enumerate(sorted(set(names)))}
 
 
 def _grid_axes(fig: go.Figure, *, row=None, col=None, reversed_y: bool = True) -> None:
@@ -98,8 +163,8 @@ def similarity_matrix_fig(sim: np.ndarray, grid: Grid, *, title: str = "Cosine s
     if patch is not None:
         i = patch[0] * W + patch[1]
         _outline(fig, -0.5, i - 0.5, N - 0.5, i + 0.5)
-    fig.update_layout(title=title, margin=_MARGIN, xaxis_title="patch n = r·W + c",
-                      yaxis_title="patch n = r·W + c")
+    _title(fig, title)
+    fig.update_layout(xaxis_title="patch n = r·W + c", yaxis_title="patch n = r·W + c")
     _grid_axes(fig)
     _square(fig)
     return fig
@@ -130,7 +195,8 @@ def figure7_grid_fig(sim_grid: np.ndarray, *, patch: tuple[int, int] | None = No
     if patch is not None:
         r, c = patch
         _outline(fig, c * (W + 1) - 0.5, r * (H + 1) - 0.5, c * (W + 1) + W - 0.5, r * (H + 1) + H - 0.5)
-    fig.update_layout(title=title, margin=_MARGIN, plot_bgcolor="white")
+    _title(fig, title)
+    fig.update_layout(plot_bgcolor="white")
     fig.update_xaxes(showticklabels=False, title="tile column c")
     fig.update_yaxes(showticklabels=False, title="tile row r")
     _grid_axes(fig)
@@ -162,7 +228,8 @@ def patch_map_fig(m: np.ndarray, *, title: str, colorbar_title: str, patch: tupl
         hovertemplate="patch (%{y}, %{x})<br>value %{z:.4g}<extra></extra>"))
     if patch is not None:
         _outline(fig, patch[1] - 0.5, patch[0] - 0.5, patch[1] + 0.5, patch[0] + 0.5)
-    fig.update_layout(title=title, margin=_MARGIN, xaxis_title="column c", yaxis_title="row r")
+    _title(fig, title)
+    fig.update_layout(xaxis_title="column c", yaxis_title="row r")
     _grid_axes(fig)
     _square(fig)
     return fig
@@ -196,33 +263,52 @@ def overlay_fig(image_rgb: np.ndarray, m: np.ndarray, grid: Grid, *, patch: tupl
         fig.add_shape(type="line", y0=0, y1=h_px, x0=c * pw, x1=c * pw, line=dict(color="white", width=1))
     if patch is not None:
         _outline(fig, patch[1] * pw, patch[0] * ph, (patch[1] + 1) * pw, (patch[0] + 1) * ph)
-    fig.update_layout(title=title, margin=_MARGIN)
+    _title(fig, title)
     fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False, range=[0, w_px], constrain="domain")
     fig.update_yaxes(showticklabels=False, showgrid=False, zeroline=False, range=[h_px, 0], constrain="domain")
     _square(fig)
     return fig
 
 
+LAYERS_MAX_COLS = 3
+
+
+def _dtick(n: int) -> int:
+    """A tick every `_dtick(n)` patches: four or five ticks along a side of `n` patches."""
+    return max(1, math.ceil(n / 4))
+
+
 def layers_fig(maps: np.ndarray, *, title: str, colorbar_title: str, patch: tuple[int, int] | None = None,
                colorscale: str = BIAS_SCALE, zmin: float | None = 0.0, zmax: float | None = 1.0,
                labels: Sequence[str] | None = None) -> go.Figure:
-    """`maps: (L, H, W)`, one small heatmap per layer, one shared colour scale."""
+    """`maps: (L, H, W)`, one small heatmap per layer, one shared colour scale: square tiles
+    (each at least `MIN_TILE_PX` tall) in rows of at most `LAYERS_MAX_COLS`, with row and column
+    ticks on every tile."""
     L, H, W = maps.shape
     zmin, zmax = _bounds(maps, zmin, zmax)   # one range for all layers
     labels = list(labels) if labels is not None else [f"layer {i}" for i in range(L)]
-    fig = make_subplots(rows=1, cols=L, subplot_titles=labels, horizontal_spacing=0.02)
+    cols = max(1, min(L, LAYERS_MAX_COLS))
+    rows = max(1, math.ceil(L / cols))
+    gap_px = SUBPLOT_TITLES_PX + 24                                   # a tile's title + the x ticks above the next
+    plot_px = rows * MIN_TILE_PX + (rows - 1) * gap_px
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=labels, horizontal_spacing=0.06,
+                        vertical_spacing=gap_px / plot_px if rows > 1 else 0)
     for i in range(L):
+        r, c = divmod(i, cols)
+        at = dict(row=r + 1, col=c + 1)
         fig.add_trace(go.Heatmap(
             z=maps[i], colorscale=scale_stops(colorscale), zmin=zmin, zmax=zmax, showscale=i == L - 1,
-            colorbar=dict(title=dict(text=colorbar_title)),
-            hovertemplate=f"{labels[i]}<br>patch (%{{y}}, %{{x}})<br>value %{{z:.4g}}<extra></extra>"),
-            row=1, col=i + 1)
-        _grid_axes(fig, row=1, col=i + 1)
-        fig.update_xaxes(showticklabels=False, scaleanchor=f"y{'' if i == 0 else i + 1}", row=1, col=i + 1)
-        fig.update_yaxes(showticklabels=False, row=1, col=i + 1)
+            colorbar=dict(title=dict(text=colorbar_title), len=1, y=0.5, yanchor="middle"),
+            hovertemplate=f"{labels[i]}<br>patch (%{{y}}, %{{x}})<br>value %{{z:.4g}}<extra></extra>"), **at)
+        _grid_axes(fig, **at)
+        fig.update_xaxes(showticklabels=True, ticks="outside", ticklen=3, dtick=_dtick(W), tick0=0,
+                         tickfont_size=10, scaleanchor=f"y{'' if i == 0 else i + 1}", **at)
+        fig.update_yaxes(showticklabels=True, ticks="outside", ticklen=3, dtick=_dtick(H), tick0=0,
+                         tickfont_size=10, **at)
         if patch is not None:
-            _outline(fig, patch[1] - 0.5, patch[0] - 0.5, patch[1] + 0.5, patch[0] + 0.5, row=1, col=i + 1)
-    fig.update_layout(title=title, margin=_MARGIN, height=max(220, 900 // max(L, 1) + 80))
+            _outline(fig, patch[1] - 0.5, patch[0] - 0.5, patch[1] + 0.5, patch[0] + 0.5, **at)
+    _title(fig, title, subplot_titles=True, l=30, b=24)
+    fig.update_layout(height=fig.layout.margin.t + plot_px + fig.layout.margin.b)
     return fig
 
 
@@ -246,7 +332,8 @@ def pair_fig(left: np.ndarray, right: np.ndarray, *, titles: tuple[str, str], co
         fig.update_yaxes(showticklabels=False, row=1, col=i + 1)
         if patch is not None:
             _outline(fig, patch[1] - 0.5, patch[0] - 0.5, patch[1] + 0.5, patch[0] + 0.5, row=1, col=i + 1)
-    fig.update_layout(title=title, margin=dict(_MARGIN, r=60), height=320)
+    _title(fig, title, subplot_titles=True, r=60)
+    fig.update_layout(height=260 + fig.layout.margin.t)
     return fig
 
 
@@ -262,7 +349,8 @@ def curves_fig(curves: Mapping[str, Sequence[float]], *, title: str = "Training 
                 fig.add_trace(go.Scatter(x=epochs[:len(values)], y=list(values), mode="lines+markers", name=key),
                               row=1, col=col)
     fig.update_xaxes(title="epoch")
-    fig.update_layout(title=title, margin=_MARGIN, legend=dict(orientation="h", y=-0.2))
+    _title(fig, title, subplot_titles=True, b=40)
+    fig.update_layout(legend=dict(orientation="h", y=-0.2))
     return fig
 
 
@@ -275,25 +363,32 @@ def topk_fig(probs: np.ndarray, class_names: Sequence[str], *, k: int = 5,
     fig = go.Figure(go.Bar(x=probs[top][::-1] * 100, y=names[::-1], orientation="h",
                            text=[f"{p * 100:.1f}%" for p in probs[top][::-1]], textposition="auto",
                            hovertemplate="%{y}: %{x:.2f}%<extra></extra>"))
-    fig.update_layout(title=title, margin=_MARGIN, xaxis_title="probability (%)", xaxis_range=[0, 100],
-                      height=260)
+    _title(fig, title)
+    fig.update_layout(xaxis_title="probability (%)", xaxis_range=[0, 100], height=200 + fig.layout.margin.t)
     return fig
 
 
 def line_fig(x: Sequence[float], series: Mapping[str, Sequence[float]], *, title: str, x_title: str,
              y_title: str) -> go.Figure:
     fig = go.Figure([go.Scatter(x=list(x), y=list(v), mode="lines+markers", name=k) for k, v in series.items()])
-    fig.update_layout(title=title, margin=_MARGIN, xaxis_title=x_title, yaxis_title=y_title, height=300)
+    _title(fig, title, b=40)
+    fig.update_layout(xaxis_title=x_title, yaxis_title=y_title, height=260 + fig.layout.margin.t,
+                      legend=dict(orientation="h", y=-0.25, yanchor="top"))
     return fig
 
 
 def runs_fig(runs: Mapping[str, tuple[Sequence[float], Sequence[float]]], *, title: str, x_title: str,
-             y_title: str) -> go.Figure:
-    """One line per run, each with its own x (runs may record different epochs)."""
-    fig = go.Figure([go.Scatter(x=list(x), y=list(y), mode="lines+markers", name=name)
+             y_title: str, colors: Mapping[str, str] | None = None) -> go.Figure:
+    """One line per run, each with its own x (runs may record different epochs), coloured by
+    `colors` (name -> colour; default `checkpoint_colors` of the runs shown: pass the one map of
+    every checkpoint so that a name has the same colour in every chart)."""
+    colors = colors if colors is not None else checkpoint_colors(list(runs))
+    fig = go.Figure([go.Scatter(x=list(x), y=list(y), mode="lines+markers", name=name,
+                                line=dict(color=colors.get(name)), marker=dict(color=colors.get(name)))
                      for name, (x, y) in runs.items()])
-    fig.update_layout(title=title, margin=_MARGIN, xaxis_title=x_title, yaxis_title=y_title, height=380,
-                      hovermode="x unified")
+    _title(fig, title, b=40)
+    fig.update_layout(xaxis_title=x_title, yaxis_title=y_title, height=340 + fig.layout.margin.t,
+                      hovermode="x unified", legend=dict(orientation="h", y=-0.2, yanchor="top"))
     return fig
 
 

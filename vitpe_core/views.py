@@ -166,3 +166,112 @@ def prefix_share(trace: analysis.Trace, patch: tuple[int, int], layer: int, head
         kind = "registers" if name.startswith("reg") else name
         out[kind] = out.get(kind, 0.0) + float(a)
     return out
+
+
+# ----------------------------------------------------------------------------- words for the pages
+HOOK_WORDS = {"table": "adds a table", "bias": "biases attention", "rotation": "rotates q/k"}
+
+
+def hooks_text(hooks) -> str:
+    """How an encoding brings in position, in plain words (`PositionEncoding.hooks`):
+    "adds a table, biases attention", or "no position information" for none."""
+    return ", ".join(HOOK_WORDS.get(h, h) for h in hooks) or "no position information"
+
+
+def readout_text(encoding_options: dict) -> str:
+    """The SaPE² read-out of a checkpoint, with the paper's name for it and its published top-1."""
+    from .report import SAPE2_READOUTS
+
+    readout = encoding_options.get("readout", "query")
+    name, top1 = SAPE2_READOUTS[readout]
+    best = " the paper's best setting" if readout == "query" else ""
+    return (f"**{name}** — read-out with the {readout}, `readout=\"{readout}\"`:{best} ({top1:.2f} % top-1 on "
+            "CIFAR-10 with +APE in the paper). The paper's prose and code name the two variants the other way "
+            "round; this app follows its table.")
+
+
+def without_same_encoding(rows: list[dict]) -> list[dict]:
+    """Compare-table rows (`checkpoint`, `encoding`, ...) without the `encoding` column when every
+    row's encoding is its checkpoint's name; otherwise the encoding is kept only where it differs
+    (None elsewhere, shown as a dash)."""
+    if all(r.get("encoding") == r.get("checkpoint") for r in rows):
+        return [{k: v for k, v in r.items() if k != "encoding"} for r in rows]
+    return [{**r, "encoding": None if r.get("encoding") == r.get("checkpoint") else r.get("encoding")} for r in rows]
+
+
+# ----------------------------------------------------------------------------- what the model sees of an image
+@dataclass(frozen=True)
+class Fit:
+    """How an image of `image` = (width, height) px reaches a model whose crop keeps the centred
+    `seen` = (width, height) px box and whose input is `model` = (width, height) px."""
+
+    image: tuple[int, int]
+    seen: tuple[int, int]
+    model: tuple[int, int]
+
+    @property
+    def dropped(self) -> float:
+        """The fraction of the image's pixels the crop leaves out."""
+        return 1.0 - (self.seen[0] * self.seen[1]) / max(1, self.image[0] * self.image[1])
+
+    @property
+    def upscale(self) -> float:
+        """How much the seen box is enlarged to the model's input (1 = not at all)."""
+        return max(self.model[0] / max(1, self.seen[0]), self.model[1] / max(1, self.seen[1]))
+
+    def crop_note(self) -> str | None:
+        """What the crop leaves out, or None when the model sees the whole image."""
+        if self.seen == self.image:
+            return None
+        (w, h), (sw, sh) = self.image, self.seen
+        sides = " and ".join(s for s, cut in (("left and right", sw < w), ("top and bottom", sh < h)) if cut)
+        return (f"The model sees only the centred {sw}×{sh} px of this {w}×{h} px image (its input is "
+                f"{self.model[0]}×{self.model[1]} px): {100 * self.dropped:.0f} % of the image, at the {sides}, "
+                "is left out. Choose *pad* to show it the whole image.")
+
+    def upscale_note(self) -> str | None:
+        """A note for an image the model sees enlarged at least 2×, else None."""
+        if self.upscale < 2:
+            return None
+        return (f"This image is {self.image[0]}×{self.image[1]} px, smaller than the model's "
+                f"{self.model[0]}×{self.model[1]} px input: it is enlarged {self.upscale:.0f}× (bicubic), so the "
+                "model sees little detail.")
+
+
+def fit_of(image_size: tuple[int, int], seen_size: tuple[int, int], img_size: tuple[int, int]) -> Fit:
+    """`image_size`, `seen_size` as PIL gives them (width, height); `img_size` the model's (H, W)."""
+    return Fit(tuple(image_size), tuple(seen_size), (img_size[1], img_size[0]))
+
+
+PAD_FILL = (128, 128, 128)
+
+
+def letterbox(img, img_size: tuple[int, int], crop_pct: float = 1.0, fill: tuple[int, int, int] = PAD_FILL):
+    """`img` (PIL) centred on a grey canvas of the model's aspect ratio (`img_size` = (H, W)),
+    enlarged by 1 / `crop_pct` so that the model's centre crop keeps the whole image: pad
+    instead of crop. The image's pixels are not resampled."""
+    from PIL import Image
+
+    H, W = img_size
+    img = img.convert("RGB")
+    scale = max(img.width / W, img.height / H) / max(min(float(crop_pct), 1.0), 1e-3)
+    w, h = max(img.width, round(W * scale)), max(img.height, round(H * scale))
+    canvas = Image.new("RGB", (w, h), fill)
+    canvas.paste(img, ((w - img.width) // 2, (h - img.height) // 2))
+    return canvas
+
+
+def bias_short(bv: BiasView) -> str:
+    """A short name of a bias view for chart titles ("SaPE² bias, x part", "rpb bias")."""
+    if bv.part == "row":
+        return bv.what.replace(" bias row", " bias")
+    if bv.part == "bias":
+        return bv.what.replace(" full bias row", " full bias")
+    return "SaPE² bias" + ("" if bv.part == "sum" else f", {bv.part} part")
+
+
+def bias_caption(bv: BiasView) -> str:
+    """What the bias maps show and how they are scaled (the details chart titles leave out)."""
+    scale = ("0 = near the query patch, 1 = far from it" if bv.scale_note == "0 = near, 1 = far"
+             else "0 = its smallest bias, 1 = its largest")
+    return f"{bv.what}; each map is rescaled to 0–1 on its own ({scale}); the NPY download holds the raw values."

@@ -2,16 +2,26 @@
 they show is computed in vitpe_core, through the caches of `pages.common.cache`.
 
 The view state (`viewstate.ViewState`) lives in `st.session_state` under the plain keys
-`ckpt`, `image`, `patch` (a tuple `(r, c)`), `layer`, `head` (`None` = mean over heads), and
-in the URL query string, kept in sync:
+`ckpt`, `image`, `patch` (a tuple `(r, c)`), `layer`, `head` (`None` = mean over heads),
+`epoch` (`None` = final weights), and in the URL query string, kept in sync:
 
-* on a session's first run, and whenever the URL holds view parameters that differ from the
-  ones the app last wrote, the URL wins (a pasted link); otherwise session_state wins (it
-  is what widgets and clicks change, and what a test sets directly);
+* the URL is read on a session's first run (a shared or pasted link: opening a URL starts a
+  new session) and on a run started by the browser's back / forward buttons; on every other
+  run session_state wins and the URL is only written. The browser sends its address bar with
+  every rerun, and quick actions (keyboard auto-repeat on a slider) send one the app has not
+  replaced yet: treating such a stale URL as a pasted link set the view back and lost the
+  next action;
 * every value is validated by `viewstate.parse_view` against the selected checkpoint
-  (grid, depth, heads); an invalid one falls back to its default with an `st.warning`;
-* widgets are "controlled": each has its own key, is set from the view before it is drawn,
-  and writes the view back in its `on_change` callback, so views survive page switches.
+  (grid, depth, heads, recorded epochs); an invalid one falls back to its default with an
+  `st.warning`;
+* widgets are "controlled": each has its own key, is set from the view before it is drawn
+  (only when the two differ, so a newer value in the browser is never overwritten by an
+  older one), and writes the view back in its `on_change` callback, so views survive page
+  switches.
+
+An uploaded image is kept for the browser session (one image, at most `MAX_UPLOAD_SIDE` px a
+side) until another is uploaded, a sample image is chosen or it is cleared: it follows the
+visitor from page to page.
 """
 from __future__ import annotations
 
@@ -24,16 +34,21 @@ import numpy as np
 import streamlit as st
 from PIL import Image
 
-from vitpe_core import figures
+from vitpe_core import figures, views
 
 from . import cache
 from vitpe_core.checkpoint import CheckpointError
 from vitpe_core.gallery import gallery_caption, gallery_ids, gallery_image
-from vitpe_core.images import ALLOWED_FORMATS, ImageError, load_image
-from vitpe_core.viewstate import KEYS, MEAN_HEAD, PAGES, ViewState, parse_view, to_query
+from vitpe_core.images import ALLOWED_FORMATS, ImageError, load_image_info
+from vitpe_core.inputs import preprocess_of
+from vitpe_core.viewstate import FINAL_EPOCH, KEYS, MEAN_HEAD, PAGES, ViewState, parse_view, to_query
 
-VIEW_KEYS = ("ckpt", "image", "patch", "layer", "head")
+VIEW_KEYS = ("ckpt", "image", "patch", "layer", "head", "epoch")
 SYNCED = "_vitpe_synced_query"
+UPLOAD = "_vitpe_upload"           # this session's uploaded image: {"name", "image", "key", "notes"}
+UPLOAD_GEN = "_vitpe_upload_gen"   # bumped when the upload is set aside: the uploaders start empty
+FIT = "_vitpe_fit"                 # "crop" (the model's centre crop) or "pad" (letterbox): for every page
+NARROW_PX = 768                    # up to this width the sidebar starts collapsed: controls repeated in the main area
 UPLOAD_TYPES = ["png", "jpg", "jpeg", "webp", "gif", "bmp", "tif", "tiff"]
 MAX_IMAGE_UPLOAD_MB = 20   # the image uploader's own limit (the server allows more, for models)
 MAX_UPLOAD_SIDE = 1024   # uploads are shrunk to this after decoding (the model sees 32 px)
@@ -77,6 +92,8 @@ def query_dict() -> dict[str, list[str]]:
 def _as_text(key: str, value: Any) -> Any:
     """Session-state value -> its query-string text (anything odd is passed on for
     parse_view to refuse with a note)."""
+    if key == "epoch" and value is None:
+        return FINAL_EPOCH
     if key == "patch" and isinstance(value, (tuple, list)) and len(value) == 2:
         return f"{value[0]},{value[1]}"
     if key == "head" and value is None:
@@ -97,15 +114,35 @@ def dims_of(name: str) -> Dims | None:
     return cfg.grid, cfg.depth, cfg.heads
 
 
+def epochs_of(name: str) -> list[int]:
+    """The training epochs checkpoint `name` recorded a snapshot of (empty if none or unreadable)."""
+    if not name:
+        return []
+    try:
+        return sorted(cache.get_checkpoint(name).history)
+    except (CheckpointError, OSError):
+        return []
+
+
+def history_navigation() -> bool:
+    """Whether the browser's back / forward buttons started this run (then the URL holds the
+    view to restore). Streamlit records it on the run's context; False where it cannot tell."""
+    try:
+        from streamlit.runtime.scriptrunner import get_script_run_ctx
+    except ImportError:
+        return False
+    return bool(getattr(get_script_run_ctx(), "is_history_navigation", False))
+
+
 def current_view(page: str, checkpoints: Sequence[str], *,
-                 dims_for: Callable[[str], Dims | None] = dims_of) -> ViewState:
+                 dims_for: Callable[[str], Dims | None] = dims_of,
+                 epochs_for: Callable[[str], Sequence[int]] = epochs_of) -> ViewState:
     """The validated view for this run (see the module docstring), committed to
     session_state and the URL; invalid values are reported with st.warning."""
     ss = st.session_state
     images = gallery_ids()
     url = {k: v for k, v in query_dict().items() if k in KEYS}
-    synced = ss.get(SYNCED)
-    from_url = synced is None or (bool(url) and {k: v[-1] for k, v in url.items() if v} != synced)
+    from_url = ss.get(SYNCED) is None or (bool(url) and history_navigation())
     params: dict[str, Any] = {k: _as_text(k, ss[k]) for k in VIEW_KEYS if k in ss and ss[k] != ""}
     if from_url:
         params.update(url)
@@ -113,7 +150,11 @@ def current_view(page: str, checkpoints: Sequence[str], *,
     first, _ = parse_view(params, checkpoints=checkpoints, images=images, grid=(1024, 1024),
                           depth=1024, heads=1024)
     grid, depth, heads = dims_for(first.ckpt) or ((8, 8), 1, 1)
-    view, notes = parse_view(params, checkpoints=checkpoints, images=images, grid=grid, depth=depth, heads=heads)
+    epochs = list(epochs_for(first.ckpt))
+    if not from_url and ss.get("epoch") is not None and ss["epoch"] not in epochs:
+        params.pop("epoch", None)            # another checkpoint, another history: quietly the final table
+    view, notes = parse_view(params, checkpoints=checkpoints, images=images, grid=grid, depth=depth, heads=heads,
+                             epochs=epochs)
     show_notes(notes)
     view = ViewState(**{**view.__dict__, "page": page})
     commit(view)
@@ -124,7 +165,7 @@ def commit(view: ViewState) -> None:
     """Write `view` to session_state and the URL."""
     ss = st.session_state
     ss["ckpt"], ss["image"], ss["patch"] = view.ckpt, view.image, tuple(view.patch)
-    ss["layer"], ss["head"] = view.layer, view.head
+    ss["layer"], ss["head"], ss["epoch"] = view.layer, view.head, view.epoch
     q = to_query(view)
     if {k: v[-1] for k, v in query_dict().items() if v} != q:
         st.query_params.from_dict(q)
@@ -155,13 +196,26 @@ def render_share(view: ViewState, *, upload_active: bool = False) -> None:
 
 
 # ----------------------------------------------------------------------------- controlled widgets
+def _show_in_widget(key: str, value: Any) -> None:
+    """Set widget `key` to `value` before it is drawn, only if it shows something else: writing
+    an unchanged value would send it to the browser again and could undo a newer change
+    made there while this run was under way."""
+    ss = st.session_state
+    if key not in ss or ss[key] != value:
+        ss[key] = value
+
+
 def bound(widget: Callable[..., Any], key: str, canon: str, *, to_widget: Callable[[Any], Any] = lambda v: v,
-          from_widget: Callable[[Any], Any] = lambda v: v, **kwargs) -> Any:
-    """Draw `widget(key=key)` showing `session_state[canon]`; a change writes it back."""
-    st.session_state[key] = to_widget(st.session_state[canon])
+          from_widget: Callable[[Any], Any] = lambda v: v, then: Callable[[], None] | None = None,
+          **kwargs) -> Any:
+    """Draw `widget(key=key)` showing `session_state[canon]`; a change writes it back (and
+    calls `then`)."""
+    _show_in_widget(key, to_widget(st.session_state[canon]))
 
     def changed() -> None:
         st.session_state[canon] = from_widget(st.session_state[key])
+        if then is not None:
+            then()
 
     return widget(key=key, on_change=changed, **kwargs)
 
@@ -171,17 +225,28 @@ def checkpoint_select(prefix: str, names: Sequence[str], *, label: str = "Checkp
                  help="Checkpoints in the folder; '+' composes encodings (e.g. sape2+ape).")
 
 
-def layer_head_controls(prefix: str, depth: int, heads: int) -> tuple[int, int | None]:
-    """Layer slider and head select (`None` = mean over heads), bound to the view."""
+def layer_head_controls(prefix: str, depth: int, heads: int, *, suffix: str = "") -> tuple[int, int | None]:
+    """Layer slider and head select (`None` = mean over heads), bound to the view; widget keys
+    `{prefix}_layer{suffix}`, `{prefix}_head{suffix}`."""
     if depth > 1:
-        bound(st.select_slider, f"{prefix}_layer", "layer", label="Layer", options=list(range(depth)))
+        bound(st.select_slider, f"{prefix}_layer{suffix}", "layer", label="Layer", options=list(range(depth)))
     else:
         st.caption("Layer 0 (the model has one layer)")
-    bound(st.selectbox, f"{prefix}_head", "head", label="Head", options=[MEAN_HEAD, *map(str, range(heads))],
+    bound(st.selectbox, f"{prefix}_head{suffix}", "head", label="Head", options=[MEAN_HEAD, *map(str, range(heads))],
           format_func=lambda h: "mean over heads" if h == MEAN_HEAD else f"head {h}",
           to_widget=lambda h: MEAN_HEAD if h is None else str(h),
           from_widget=lambda h: None if h == MEAN_HEAD else int(h))
     return st.session_state["layer"], st.session_state["head"]
+
+
+def narrow_screen_controls(prefix: str, depth: int, heads: int) -> None:
+    """The layer and head controls again, in the main area, shown only on screens up to
+    `NARROW_PX` wide, where the sidebar starts collapsed (a phone): the same view, two places."""
+    box = f"{prefix}_narrow_controls"
+    st.html(f"<style>@media (min-width: {NARROW_PX + 1}px) {{ .st-key-{box} {{ display: none; }} }}</style>")
+    with st.container(key=box):
+        st.caption("Layer and head (also in the sidebar, behind › at the top left):")
+        layer_head_controls(prefix, depth, heads, suffix="_main")
 
 
 def patch_controls(prefix: str, grid: tuple[int, int]) -> tuple[int, int]:
@@ -193,7 +258,8 @@ def patch_controls(prefix: str, grid: tuple[int, int]) -> tuple[int, int]:
         st.session_state["patch"] = (int(st.session_state[f"{prefix}_row"]), int(st.session_state[f"{prefix}_col"]))
 
     r, c = st.session_state["patch"]
-    st.session_state[f"{prefix}_row"], st.session_state[f"{prefix}_col"] = int(r), int(c)
+    _show_in_widget(f"{prefix}_row", int(r))
+    _show_in_widget(f"{prefix}_col", int(c))
     r_col.number_input("Row r", min_value=0, max_value=H - 1, step=1, key=f"{prefix}_row", on_change=changed)
     c_col.number_input("Column c", min_value=0, max_value=W - 1, step=1, key=f"{prefix}_col", on_change=changed)
     return st.session_state["patch"]
@@ -218,40 +284,115 @@ def clickable(img: Image.Image, key: str, to_patch: Callable[[float, float, floa
 
 # ----------------------------------------------------------------------------- images
 @st.cache_data(max_entries=8, show_spinner=False)
-def _decode(data: bytes) -> Image.Image | str:
+def _decode(data: bytes) -> tuple[Image.Image, list[str]] | str:
     try:
-        img = load_image(data)
+        img, info = load_image_info(data)
     except ImageError as e:
         return str(e)
     img.thumbnail((MAX_UPLOAD_SIDE, MAX_UPLOAD_SIDE), Image.LANCZOS)
-    return img
+    return img, info.notes()
 
 
 def decode_upload(data: bytes) -> tuple[Image.Image | None, str | None]:
     """Uploaded bytes -> (RGB image, None) or (None, the reason it was refused).
     Decoding is `images.load_image`; large images are shrunk to 1024 px on the long side."""
+    img, err, _ = decode_upload_notes(data)
+    return img, err
+
+
+def decode_upload_notes(data: bytes) -> tuple[Image.Image | None, str | None, list[str]]:
+    """`decode_upload` plus notes on what was done to the file (an animation's first frame)."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
-        return None, f"Expected the file's bytes, got {type(data).__name__}."
+        return None, f"Expected the file's bytes, got {type(data).__name__}.", []
     out = _decode(bytes(data))
-    return (None, out) if isinstance(out, str) else (out, None)
+    return (None, out, []) if isinstance(out, str) else (out[0], None, out[1])
+
+
+def clear_upload() -> None:
+    """Set this session's uploaded image aside (the sample image is shown again); the
+    uploaders start empty."""
+    ss = st.session_state
+    if ss.pop(UPLOAD, None) is not None:
+        ss[UPLOAD_GEN] = ss.get(UPLOAD_GEN, 0) + 1
+
+
+def _uploader_key(prefix: str) -> str:
+    gen = st.session_state.get(UPLOAD_GEN, 0)
+    return f"{prefix}_upload" + (f"_{gen}" if gen else "")
+
+
+def _upload_changed(key: str) -> None:
+    """The uploader's callback: a new file replaces the session's upload (or is refused with a
+    reason shown on this run); removing the file from the uploader clears it."""
+    ss = st.session_state
+    up = ss.get(key)
+    if up is None:
+        clear_upload()
+        return
+    img, err, notes = decode_upload_notes(up.getvalue())
+    if err is not None:
+        ss["_vitpe_upload_error"] = f"{up.name}: {err}"
+        ss.pop(UPLOAD, None)
+        return
+    ss[UPLOAD] = {"name": up.name, "image": img, "key": cache.image_key(img), "notes": notes}
 
 
 def image_source(prefix: str) -> tuple[Image.Image, str, str, bool]:
-    """Gallery choice (bound to the view's `image`) or an upload.
+    """Gallery choice (bound to the view's `image`) or this session's upload (kept across
+    pages until another file is uploaded, a sample is chosen or it is cleared).
     Returns (image, cache key, caption, is_upload)."""
+    ss = st.session_state
     ids = gallery_ids()
-    bound(st.selectbox, f"{prefix}_image", "image", label="Sample image", options=ids, format_func=gallery_caption)
-    up = st.file_uploader(f"…or upload an image ({', '.join(sorted(ALLOWED_FORMATS))})", type=UPLOAD_TYPES,
-                          key=f"{prefix}_upload", max_upload_size=MAX_IMAGE_UPLOAD_MB,
-                          help="Uploaded images are not stored and cannot be shared by link.")
-    if up is not None:
-        img, err = decode_upload(up.getvalue())
-        if err is not None:
-            st.error(f"{up.name}: {err}")
-        else:
-            return img, cache.image_key(img), f"uploaded: {up.name}", True
-    image_id = st.session_state["image"]
-    return gallery_image(image_id), image_id, gallery_caption(image_id), False
+    bound(st.selectbox, f"{prefix}_image", "image", label="Sample image", options=ids, format_func=gallery_caption,
+          then=clear_upload)
+    key = _uploader_key(prefix)
+    st.file_uploader(f"…or upload an image ({', '.join(sorted(ALLOWED_FORMATS))})", type=UPLOAD_TYPES,
+                     key=key, max_upload_size=MAX_IMAGE_UPLOAD_MB, on_change=_upload_changed, args=(key,),
+                     help="Kept for this browser session only (it follows you to the other pages); "
+                          "it is not stored and cannot be shared by link.")
+    st.caption(f"Images up to {MAX_IMAGE_UPLOAD_MB} MB. A larger file is refused by the browser before it is "
+               "sent (its name turns red, nothing else happens): shrink the image or save it as JPEG, and "
+               "upload it again.")
+    error = ss.pop("_vitpe_upload_error", None)
+    if error:
+        st.error(error)
+    held = ss.get(UPLOAD)
+    if held is None:
+        image_id = ss["image"]
+        return gallery_image(image_id), image_id, gallery_caption(image_id), False
+    st.caption(f"Showing your upload **{escape_md(held['name'])}** on every page of this session.")
+    st.button("Clear the upload (back to the sample image)", key=f"{prefix}_clear_upload", on_click=clear_upload)
+    return held["image"], held["key"], f"uploaded: {held['name']}", True
+
+
+def fit_image(prefix: str, img: Image.Image, key: str, ckpt, is_upload: bool
+              ) -> tuple[Image.Image, str, Image.Image | None]:
+    """Notes on how `ckpt`'s model takes `img` (an animation's first frame, a tiny image
+    enlarged, a crop that leaves part of it out) and, when the crop leaves part out, the choice
+    to pad instead (letterbox, session-wide). Returns (the image, its cache key, the image to
+    pass to the caches: None for an unchanged sample image)."""
+    if is_upload:
+        for note in (st.session_state.get(UPLOAD) or {}).get("notes", []):
+            st.info(note)
+    fit = views.fit_of(img.size, cache.model_crop(img, ckpt).size, ckpt.config.img_size)
+    if fit.upscale_note():
+        (st.info if is_upload else st.caption)(fit.upscale_note())
+    plain = (img, key, img if is_upload else None)
+    if fit.crop_note() is None:
+        return plain
+    st.session_state.setdefault(FIT, "crop")
+    bound(st.radio, f"{prefix}_fit", FIT, label="This image does not fit the model's input:", options=["crop", "pad"],
+          horizontal=True, format_func={"crop": "crop (as the model's eval transform does)",
+                                        "pad": "pad instead of crop (whole image, grey bars)"}.__getitem__)
+    if st.session_state[FIT] == "crop":
+        st.info(fit.crop_note(), icon="✂️")
+        return plain
+    pre = preprocess_of(ckpt)
+    crop_pct = float(pre["crop_pct"]) if pre else 1.0
+    padded = views.letterbox(img, ckpt.config.img_size, crop_pct)
+    H, W = ckpt.config.img_size
+    st.caption(f"Padded: the whole {img.width}×{img.height} px image on grey bars, to the model's {W}×{H} shape.")
+    return padded, f"{key}|pad{H}x{W}@{crop_pct:g}", padded
 
 
 # ----------------------------------------------------------------------------- output
@@ -274,14 +415,17 @@ def _npy(a: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def downloads(name: str, shown: np.ndarray, key: str, *, full: np.ndarray | None = None) -> None:
-    """CSV of the map shown and NPY of the full array (`full`, default the map)."""
+def downloads(name: str, shown: np.ndarray, key: str, *, full: np.ndarray | None = None,
+              shown_what: str = "the map shown", full_what: str | None = None) -> None:
+    """CSV of the map shown and NPY of the full array (`full`, default the map), each button
+    saying what it holds (`shown_what`, `full_what`: e.g. "shown map, normalised 0–1" and
+    "raw bias, all layers × heads")."""
     safe = figures.export_config(name)["toImageButtonOptions"]["filename"]
     a, b = st.columns(2)
-    a.download_button("Data (CSV)", data=lambda: _csv(shown), file_name=f"{safe}.csv", mime="text/csv",
+    a.download_button(f"CSV: {shown_what}", data=lambda: _csv(shown), file_name=f"{safe}.csv", mime="text/csv",
                       key=f"{key}_csv", on_click="ignore")
     full = shown if full is None else full
-    b.download_button(f"Array (NPY, shape {tuple(np.shape(full))})", data=lambda: _npy(full),
+    b.download_button(f"NPY: {full_what or shown_what}, shape {tuple(np.shape(full))}", data=lambda: _npy(full),
                       file_name=f"{safe}.npy", mime="application/octet-stream", key=f"{key}_npy", on_click="ignore")
 
 
@@ -295,8 +439,10 @@ def load_checkpoint_or_error(name: str):
 
 
 def load_checkpoints(names: Sequence[str]) -> dict:
-    """name -> checkpoint for every one that loads; an st.error for each that does not."""
-    loaded = {name: load_checkpoint_or_error(name) for name in names}
+    """name -> checkpoint for every one that loads; an st.error for each that does not. The
+    first visit reads them from disk, behind a spinner that says so."""
+    with st.spinner(f"Loading {len(names)} checkpoints (the first visit reads them from disk)…"):
+        loaded = {name: load_checkpoint_or_error(name) for name in names}
     return {name: ckpt for name, ckpt in loaded.items() if ckpt is not None}
 
 
@@ -353,17 +499,91 @@ def model_import_form(page: str) -> str | None:
         return name
 
 
-def epoch_control(page: str, name: str) -> int | None:
-    """A slider over the epochs recorded in the checkpoint's history (None = final weights)."""
-    epochs = sorted(cache.get_checkpoint(name).history)
+def epoch_control(page: str, view: ViewState) -> ViewState:
+    """A slider over the epochs recorded in the view's checkpoint's history, bound to the
+    view's `epoch` (None = final weights; in the share link); returns the view."""
+    epochs = epochs_of(view.ckpt)
+    if view.epoch is not None and view.epoch not in epochs:       # the page showed another checkpoint
+        view = ViewState(**{**view.__dict__, "epoch": None})
+        commit(view)
     if not epochs:
         st.sidebar.caption("This checkpoint recorded no training history.")
-        return None
-    options = [*epochs, "final"]
-    if st.session_state.get("_sim_epoch") not in options:
-        st.session_state["_sim_epoch"] = "final"
+        return view
     with st.sidebar:
-        bound(st.select_slider, f"{page}_epoch", "_sim_epoch", label="Epoch (table recorded during training)",
-                 options=options, help="Watch the row/column structure emerge as training proceeds.")
-    value = st.session_state["_sim_epoch"]
-    return None if value == "final" else int(value)
+        bound(st.select_slider, f"{page}_epoch", "epoch", label="Epoch (table recorded during training)",
+              options=[*epochs, FINAL_EPOCH], help="Watch the row/column structure emerge as training proceeds.",
+              to_widget=lambda e: FINAL_EPOCH if e is None else e,
+              from_widget=lambda v: None if v == FINAL_EPOCH else int(v))
+    return view
+
+
+# ----------------------------------------------------------------------------- what am I looking at?
+SPEC = "`docs/encodings.md` in the repository"
+VIT_PAPER = "[the ViT paper](https://arxiv.org/abs/2010.11929)"
+SAPE2_PAPER = "[the SaPE² paper](https://arxiv.org/abs/2505.09466)"
+EXPLAIN = {
+    "bias": f"""
+A Vision Transformer cuts the image into patches (the grid over the picture) and lets every patch
+*attend* to every other one. Pick a patch — click it, or type its row and column — and the maps show
+how that patch, the *query*, relates to all the others.
+
+* **Bias row.** Some position encodings add a number, a *bias*, to the attention score of every pair
+  of patches. The bias row is that number from your query patch to each patch. **SaPE²**
+  (semantic-aware position encoding, {SAPE2_PAPER}) computes it from the image itself: along the
+  query's row and along its column it counts how many patches are "like" the query (the idea of
+  CoPE, counted in 2D), and turns those counts into a distance between patches. Two patches far
+  apart on the grid can be near in this distance when the content between them is alike.
+* **x part, y part**: the distance counted along the row and along the column; their sum is the bias.
+* **0 = near, 1 = far.** Every map is rescaled to 0–1 on its own (smallest value → 0, largest → 1):
+  raw values differ a lot between layers, heads and models, and the *shape* of the map is what
+  tells you something. 0 marks the patches the encoding counts as nearest the query (the query
+  itself), 1 the farthest. The NPY download holds the raw values.
+* **Attention row** (below): what the whole model does, content and position together — the softmax
+  weights from the query patch to every patch, in one layer and head (or their mean).
+
+Encodings with no bias (learned tables, RoPE) show only the attention row; the Compare page shows
+each one's positional part. Equations: {SPEC}; background: {VIT_PAPER}.
+""",
+    "similarity": f"""
+Encodings such as `ape` learn one vector per patch position (a *position embedding*) and add it to
+the patch before the first layer. Nothing tells them that position (3, 4) is next to (3, 5): do they
+learn it? {VIT_PAPER}'s Figure 7 shows it: tile (r, c) is the **cosine similarity** between the
+embedding of patch (r, c) and that of every patch (1 = same direction, 0 = unrelated, −1 = opposite).
+A table that learned 2D structure lights up around each tile's own position and along its row and
+column. The colours are raw cosines on a fixed −1…1 scale (no normalisation).
+
+The **2D structure** score sums this up: the rank correlation between similarity and closeness on
+the grid (1 = similarity falls off perfectly with distance, 0 = no relation). The **epoch** slider
+shows the table as it was during training. Equations: {SPEC}.
+""",
+    "compare": f"""
+Every checkpoint on the same image and query patch, side by side. In each panel the left map is
+the encoding's own positional part and the right map the whole model's attention row from the
+query patch:
+
+* **bias row** (SaPE², CoPE, rpb): the bias added to attention scores, rescaled to 0–1 per map
+  (0 = near, 1 = far; see the Bias explorer's explanation);
+* **table similarity** (ape, ape2d, sincos2d): how similar the query's position embedding is to
+  every other one (cosine, −1…1);
+* **RoPE kernel** (rope_axial, rope_mixed): how much rotating q and k by position alone weighs
+  each offset (mean cosine of the angle differences).
+
+The table compares test accuracy, the table's 2D structure, and, at the chosen layer, how far
+(in patches) and how spread out (entropy) the query's attention is. Equations: {SPEC}; the
+SaPE² encoding: {SAPE2_PAPER}.
+""",
+    "checkpoints": f"""
+The trained models this app explores: one small ViT per position encoding, trained with the same
+recipe on CIFAR-10 (see the README), plus any pretrained ViT you import below for this session.
+*2D structure* scores a learned position table (see the Embedding similarity page); the chosen
+checkpoint's configuration, recipe and training curves are below the table. Equations: {SPEC};
+background: {VIT_PAPER}.
+""",
+}
+
+
+def explain(page: str) -> None:
+    """The page's "What am I looking at?" expander (closed): what it shows, for a student who
+    has read the ViT paper but not the SaPE² paper."""
+    with st.expander("What am I looking at?", expanded=False):
+        st.markdown(EXPLAIN[page])
