@@ -242,6 +242,15 @@ def test_bad_files_get_clear_messages_without_allocating(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(CheckpointError):
         import_file(tmp_path / "notes.txt")
+    import io
+    import zipfile
+    from numpy.lib import format as npformat
+    header = io.BytesIO()                                   # an .npy header claiming 2**40 floats, 16 bytes of data
+    npformat.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (2 ** 40,)})
+    with zipfile.ZipFile(tmp_path / "bomb.npz", "w") as zf:
+        zf.writestr("pos_embed.npy", header.getvalue() + b"\0" * 16)
+    with pytest.raises(CheckpointError, match="claims 4,398,046,511,104 bytes"):
+        import_file(tmp_path / "bomb.npz")
 
 
 def test_a_hub_id_without_network_says_which_file_to_download(monkeypatch):

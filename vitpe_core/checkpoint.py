@@ -350,11 +350,45 @@ def resolve_checkpoint(name: str, root: str | Path) -> Path:
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 
 
+NPZ_MAX_EXPANSION = 20   # a compressed .npz may hold up to this many times its size (weights compress ~1.1x)
+
+
+def _check_npz(path: Path) -> None:
+    """Refuse an .npz whose arrays claim more data than the archive can hold, before numpy
+    allocates them: each member's header (shape x dtype) must fit its stored size, and all
+    together at most NPZ_MAX_EXPANSION x the file."""
+    import zipfile
+
+    from numpy.lib import format as npformat
+    try:
+        with zipfile.ZipFile(path) as zf:
+            total = 0
+            for info in zf.infolist():
+                with zf.open(info) as f:
+                    version = npformat.read_magic(f)
+                    read = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
+                    shape, _, dtype = read(f, max_header_size=10_000)
+                need = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
+                if need > info.file_size:
+                    raise CheckpointError(f"{path.name}: array {info.filename!r} claims {need:,} bytes but holds "
+                                          f"{info.file_size:,}; the file is damaged or forged")
+                total += need
+    except CheckpointError:
+        raise
+    except Exception as e:   # not a zip, a member that is not .npy, a bad header
+        raise CheckpointError(f"cannot read {path.name} as a state dict of tensors: {str(e) or type(e).__name__}"
+                              ) from None
+    if total > NPZ_MAX_EXPANSION * max(1, path.stat().st_size):
+        raise CheckpointError(f"{path.name}: its arrays would take {total:,} bytes, more than "
+                              f"{NPZ_MAX_EXPANSION}x the file; refused")
+
+
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """A plain state dict from .npz, .safetensors or a weights-only torch file (no code runs)."""
     path = Path(path)
     try:
         if path.suffix == ".npz":
+            _check_npz(path)
             with np.load(path, allow_pickle=False) as z:
                 arrays = {k: z[k] for k in z.files}
             return {k: torch.from_numpy(a.copy()) for k, a in arrays.items() if a.dtype.kind in "fiub"}
