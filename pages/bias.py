@@ -32,7 +32,7 @@ def main() -> None:
         img, key, caption, is_upload = ui.image_source(PAGE)
         layer, head = ui.layer_head_controls(PAGE, cfg.depth, cfg.heads)
     ui.render_share(view, upload_active=is_upload)
-    ui.narrow_screen_controls(PAGE, cfg.depth, cfg.heads)
+    ui.controls_hint(PAGE, layer, head)
     img, key, custom = ui.fit_image(PAGE, img, key, ckpt, is_upload)
 
     tr = cache.trace(view.ckpt, key, custom)

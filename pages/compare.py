@@ -35,7 +35,7 @@ def main() -> None:
         img, key, caption, is_upload = ui.image_source(PAGE)
         layer, head = ui.layer_head_controls(PAGE, depth, heads)
     ui.render_share(view, upload_active=is_upload)
-    ui.narrow_screen_controls(PAGE, depth, heads)
+    ui.controls_hint(PAGE, layer, head)
     img, key, custom = ui.fit_image(PAGE, img, key, ref, is_upload)
 
     left, right = st.columns([1, 2])

@@ -8,6 +8,7 @@ import base64
 import io
 import json
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 import pytest
@@ -327,3 +328,183 @@ def test_the_real_vit_tiny_on_every_page_at_14x14(shared_dir, tmp_path, monkeypa
     assert any("CLS" in c.value for c in at.caption)                     # the prefix token is named
     at = ok(run({"page": "similarity", "ckpt": "vit_tiny"}))
     assert any("0.573" in str(m.value) for m in at.metric)
+
+
+# ----------------------------------------------------------------------------- the view and the URL
+def test_a_stale_address_bar_neither_resets_the_view_nor_loses_the_next_action(with_ckpts, monkeypatch):
+    """Every rerun carries the browser's address bar; after quick actions it can be one the app
+    has already replaced. Only a session's first run and back/forward read it."""
+    from pages.common import ui
+
+    at = ok(run({"ckpt": "sape2+ape"}))
+    at.select_slider(key="bias_layer").set_value(1)
+    ok(at.run())
+    assert at.query_params["layer"] == "1"
+    at.query_params["layer"] = "0"                       # the address bar before the app's update arrived
+    at.selectbox(key="bias_head").set_value("1")         # the next action
+    ok(at.run())
+    assert (at.select_slider(key="bias_layer").value, at.selectbox(key="bias_head").value) == (1, "1")
+    assert (at.query_params["layer"], at.query_params["head"]) == ("1", "1")
+    assert "layer 1, head 1" in chart_spec(at, "bias_bias_map")["layout"]["title"]["text"]
+    assert "layer=1&head=1" in at.code[0].value
+    monkeypatch.setattr(ui, "history_navigation", lambda: True)   # the back button: the URL is the view
+    at.query_params["layer"], at.query_params["head"] = "0", "mean"
+    ok(at.run())
+    assert (at.select_slider(key="bias_layer").value, at.selectbox(key="bias_head").value) == (0, "mean")
+    assert not at.warning
+
+
+def test_the_share_link_keeps_the_epoch(with_ckpts):
+    at = ok(run({"page": "similarity", "ckpt": "ape"}))
+    assert "epoch" not in at.query_params and "epoch=" not in at.code[0].value      # the final table: a clean link
+    at.select_slider(key="similarity_epoch").set_value(0)
+    ok(at.run())
+    assert at.query_params["epoch"] == "0" and "epoch=0" in at.code[0].value
+    link = at.code[0].value
+    again = ok(run({k: v[0] for k, v in parse_qs(urlsplit(link).query).items()}))
+    assert again.select_slider(key="similarity_epoch").value == 0 and not again.warning
+    assert "epoch 0" in chart_spec(again, "similarity_patch_map")["layout"]["title"]["text"]
+    bad = ok(run({"page": "similarity", "ckpt": "ape", "epoch": "7"}))             # not recorded: refused
+    assert any("Ignored epoch='7'" in w.value for w in bad.warning)
+    assert bad.select_slider(key="similarity_epoch").value == "final"
+
+
+# ----------------------------------------------------------------------------- images
+def _gif(frames: int = 3, size=(40, 30)) -> bytes:
+    imgs = [Image.new("RGB", size, c) for c in [(200, 30, 30), (30, 200, 30), (30, 30, 200)][:frames]]
+    buf = io.BytesIO()
+    imgs[0].save(buf, "GIF", save_all=True, append_images=imgs[1:], duration=100, loop=0)
+    return buf.getvalue()
+
+
+def picker_caption(at: AppTest) -> str:
+    return next(c.value for c in at.caption if "click a patch" in c.value)
+
+
+def test_an_upload_follows_the_visitor_across_pages_until_cleared(with_ckpts):
+    at = ok(run({"ckpt": "sape2+ape"}))
+    at.file_uploader(key="bias_upload").set_value(("red.png", _png(), "image/png"))
+    ok(at.run())
+    assert picker_caption(at).startswith("uploaded: red.png")
+    for page in ("compare", "bias"):
+        at.switch_page(f"pages/{page}.py")
+        ok(at.run())
+        assert picker_caption(at).startswith("uploaded: red.png"), page
+        assert any("Showing your upload" in c.value for c in at.caption)
+    at.button(key="bias_clear_upload").click()
+    ok(at.run())
+    assert picker_caption(at).startswith("CIFAR-10 test #0")
+    at.file_uploader(key="bias_upload_1").set_value(("red.png", _png(), "image/png"))   # a fresh, empty uploader
+    ok(at.run())
+    assert picker_caption(at).startswith("uploaded: red.png")
+    at.selectbox(key="bias_image").set_value("cifar10-test-0008")                     # choosing a sample replaces it
+    ok(at.run())
+    assert picker_caption(at).startswith("CIFAR-10 test #8")
+    assert not any("Showing your upload" in c.value for c in at.caption)
+
+
+def test_odd_images_are_used_with_a_notice(with_ckpts):
+    at = ok(run({"ckpt": "sape2+ape"}))
+    at.file_uploader(key="bias_upload").set_value(("dot.png", _png(size=(1, 1)), "image/png"))
+    ok(at.run())
+    assert any("1×1 px" in i.value and "enlarged 32×" in i.value for i in at.info) and not at.error
+    at.file_uploader(key="bias_upload").set_value(("anim.gif", _gif(3), "image/gif"))
+    ok(at.run())
+    assert any("only its first frame (of 3) is used" in i.value for i in at.info) and not at.error
+
+
+def test_a_wide_image_says_what_the_crop_leaves_out_and_can_be_padded(with_ckpts):
+    at = ok(run({"ckpt": "sape2+ape", "image": "photo-rocket"}))                        # 640 x 427
+    [note] = [i.value for i in at.info if "left out" in i.value]
+    assert "centred 427×427 px of this 640×427 px image" in note and "33 %" in note and "left and right" in note
+    cropped = z_of(chart_spec(at, "bias_attn_map"))
+    at.radio(key="bias_fit").set_value("pad")
+    ok(at.run())
+    assert not [i for i in at.info if "left out" in i.value]
+    assert any("Padded: the whole 640×427 px image" in c.value for c in at.caption)
+    assert not np.allclose(cropped, z_of(chart_spec(at, "bias_attn_map")))             # the model sees another input
+    at.switch_page("pages/compare.py")                                                  # the choice holds on every page
+    ok(at.run())
+    assert at.radio(key="compare_fit").value == "pad"
+    square = ok(run({"ckpt": "sape2+ape", "image": "photo-astronaut"}))                 # 512 x 512: nothing left out
+    assert not [i for i in square.info if "left out" in i.value]
+    assert "bias_fit" not in [r.key for r in square.radio]
+
+
+def test_the_image_uploader_states_its_limit(with_ckpts):
+    from pages.common.ui import MAX_IMAGE_UPLOAD_MB
+    at = ok(run({"ckpt": "sape2+ape"}))
+    [cap] = [c.value for c in at.caption if f"Images up to {MAX_IMAGE_UPLOAD_MB} MB" in c.value]
+    assert "refused by the browser" in cap and "shrink the image" in cap
+
+
+# ----------------------------------------------------------------------------- what the pages say
+def _title_lines(spec: dict) -> list[str]:
+    import re
+    text = ((spec.get("layout") or {}).get("title") or {}).get("text") or ""
+    return [re.sub(r"<[^>]+>", "", line) for line in re.split(r"<br\s*/?>", text)]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_chart_title_fits_a_phone_below_the_modebar(with_ckpts, page):
+    at = ok(run({"page": page, "ckpt": "sape2+ape", "image": "photo-rocket"}))
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    assert specs or page == "checkpoints"
+    for spec in specs:
+        lines = _title_lines(spec)
+        assert max(map(len, lines)) <= figures.TITLE_MAX_CHARS, lines
+        assert max(map(len, lines)) * figures.CHAR_EM * figures.TITLE_FONT_PX <= figures.NARROW_CHART_PX
+        assert spec["layout"]["margin"]["t"] >= figures.MODEBAR_PX + figures.TITLE_LINE_PX * len(lines), lines
+
+
+def test_compare_page_colours_a_checkpoint_alike_in_both_charts_and_names_hooks_plainly(with_ckpts):
+    at = ok(run({"page": "compare"}))
+    acc, struct = chart_spec(at, "compare_curves"), chart_spec(at, "compare_structure_curves")
+    colour = {t["name"]: t["line"]["color"] for t in acc["data"]}
+    assert len(set(colour.values())) == len(colour)                                    # one colour each
+    for t in struct["data"]:
+        assert t["line"]["color"] == colour[t["name"]], t["name"]
+    assert set(colour.values()) <= set(figures.CHECKPOINT_PALETTE)
+    table = at.dataframe[0].value
+    assert "encoding" not in table.columns                                              # every encoding is its name
+    assert all(len(c) <= 16 for c in table.columns), list(table.columns)
+    heads = [m.value for m in at.markdown if m.value.startswith("**ape**")]
+    assert heads == ["**ape** · adds a table"]
+    assert not any("hooks" in m.value for m in at.markdown)
+
+
+def test_download_buttons_say_what_they_hold(with_ckpts):
+    at = ok(run({"ckpt": "sape2+ape"}))
+    labels = [b.proto.label for b in at.get("download_button")]
+    assert "CSV: shown map, normalised 0–1" in labels
+    assert any(lb.startswith("NPY: raw bias, all layers × heads, shape (2, 2, 8, 8)") for lb in labels)
+    assert not any(lb in ("Data (CSV)",) or lb.startswith("Array (NPY") for lb in labels)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_says_what_it_shows(with_ckpts, page):
+    at = ok(run({"page": page}))
+    [box] = [e for e in at.expander if e.label == "What am I looking at?"]
+    text = " ".join(m.value for m in box.markdown)
+    assert "docs/encodings.md" in text and "arxiv.org" in text
+    if page == "bias":
+        assert all(w in text for w in ("SaPE²", "Bias row", "0 = near, 1 = far", "rescaled to 0–1"))
+
+
+def test_narrow_screens_are_told_where_the_controls_are(with_ckpts):
+    at = ok(run({"ckpt": "sape2+ape", "layer": "1", "head": "0"}))
+    assert any(c.value.startswith("Showing layer 1, head 0.") and "sidebar" in c.value for c in at.caption)
+
+
+def test_compare_says_what_it_loads(with_ckpts, monkeypatch):
+    import streamlit as st
+    said = []
+    spinner = st.spinner
+
+    def recording(text="", **kw):
+        said.append(text)
+        return spinner(text, **kw)
+
+    monkeypatch.setattr(st, "spinner", recording)
+    ok(run({"page": "compare"}))
+    assert any(s.startswith("Loading 5 checkpoints") for s in said), said

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from vitpe_core import figures
 
@@ -42,3 +43,78 @@ def test_colour_scales_avoid_streamlit_placeholder_colours():
         for trace in fig.data:
             used = {str(c).lower() for _, c in trace.colorscale}
             assert not used & placeholders, used & placeholders
+
+
+# ----------------------------------------------------------------------------- titles, colours, small multiples
+LONG = "Similarity of the embedding of patch r=3, c=4 to every patch (vit_tiny_patch16_224_tinyimagenet_ft-upload)"
+
+
+def _all_figures(title: str):
+    m = np.random.default_rng(0).random((8, 8))
+    yield figures.patch_map_fig(m, title=title, colorbar_title="x")
+    yield figures.overlay_fig(np.zeros((64, 64, 3), np.uint8), m, (8, 8), title=title)
+    yield figures.layers_fig(np.stack([m] * 6), title=title, colorbar_title="x")
+    yield figures.pair_fig(m, m, titles=("a", "b"), colorbar_titles=("a", "b"), title=title)
+    yield figures.similarity_matrix_fig(np.eye(4), (2, 2), title=title)
+    yield figures.figure7_grid_fig(np.random.default_rng(0).random((2, 2, 2, 2)), title=title)
+    yield figures.curves_fig({"epoch": [1, 2], "test_top1": [1.0, 2.0]}, title=title)
+    yield figures.topk_fig(np.array([0.5, 0.3, 0.2]), ["a", "b", "c"], title=title)
+    yield figures.line_fig([1, 2], {"s": [1, 2]}, title=title, x_title="x", y_title="y")
+    yield figures.runs_fig({"a": ([1], [1.0])}, title=title, x_title="x", y_title="y")
+
+
+def test_every_title_fits_a_phone_wide_chart_below_the_modebar():
+    """Plotly does not wrap titles: a line longer than the chart was cut off ("(0 = near, 1 = f",
+    "(vit_t"). Every line must fit `NARROW_CHART_PX` at the title font, and the top margin must
+    hold the modebar's band plus every line."""
+    for title in (LONG, "short", "SaPE² bias row, x part (along the patch's row), layer 3, mean over heads (0 = near)"):
+        for fig in _all_figures(title):
+            text = fig.layout.title.text
+            lines = text.split("<br>")
+            assert max(len(s) for s in lines) <= figures.TITLE_MAX_CHARS, lines
+            assert max(len(s) for s in lines) * figures.CHAR_EM * fig.layout.title.font.size <= figures.NARROW_CHART_PX
+            assert fig.layout.margin.t >= figures.MODEBAR_PX + figures.TITLE_LINE_PX * len(lines)
+            assert (fig.layout.title.yref, fig.layout.title.y, fig.layout.title.yanchor) == ("paper", 1, "bottom")
+            assert " ".join(lines).replace(" ", "") == title.replace(" ", "")              # nothing lost
+
+
+def test_wrap_title_breaks_at_spaces_and_inside_long_names():
+    assert figures.wrap_title("a b c", 3) == ["a b", "c"]
+    assert figures.wrap_title("abcdefgh", 3) == ["abc", "def", "gh"]
+    assert figures.wrap_title("one<br>two", 10) == ["one", "two"]
+    assert figures.wrap_title("") == []
+
+
+def test_a_checkpoint_keeps_its_colour_in_every_chart_and_no_colour_is_pale():
+    import colorsys
+
+    names = ["sincos2d", "ape", "sape2+ape", "rpb", "none", "rope_mixed", "rope_axial", "cope+ape", "ape2d", "sape2"]
+    colors = figures.checkpoint_colors(names)
+    assert colors == figures.checkpoint_colors(list(reversed(names)))                   # order does not matter
+    assert len(set(colors.values())) == len(names)
+    acc = figures.runs_fig({n: ([1], [1.0]) for n in names}, title="", x_title="", y_title="", colors=colors)
+    struct = figures.runs_fig({n: ([0], [0.5]) for n in ("sincos2d", "ape")}, title="", x_title="", y_title="",
+                              colors=colors)
+    by_name = {t.name: t.line.color for t in acc.data}
+    assert all(t.line.color == by_name[t.name] for t in struct.data)
+    for c in figures.CHECKPOINT_PALETTE:                                                  # no pale greys
+        r, g, b = (int(c[i:i + 2], 16) / 255 for i in (1, 3, 5))
+        _, s, v = colorsys.rgb_to_hsv(r, g, b)
+        assert s >= 0.4 and 0.2126 * r + 0.7152 * g + 0.0722 * b <= 0.6, c
+
+
+@pytest.mark.parametrize("n,cols,rows", [(6, 3, 2), (4, 2, 2), (2, 2, 1), (12, 3, 4), (1, 1, 1)])
+def test_small_multiples_are_square_tiles_with_ticks(n, cols, rows):
+    """"All layers" / "All heads" were one row of stretched tiles (45-110 px) without ticks."""
+    fig = figures.layers_fig(np.random.default_rng(0).random((n, 8, 8)), title="t", colorbar_title="c", patch=(1, 2))
+    xs = [k for k in fig.layout.to_plotly_json() if k.startswith("xaxis")]
+    assert len(xs) == cols * rows
+    plot_px = fig.layout.height - fig.layout.margin.t - fig.layout.margin.b
+    for i in range(n):
+        sfx = "" if i == 0 else str(i + 1)
+        xa, ya = fig.layout[f"xaxis{sfx}"], fig.layout[f"yaxis{sfx}"]
+        assert xa.scaleanchor == f"y{sfx}"                                             # square cells
+        assert (ya.domain[1] - ya.domain[0]) * plot_px >= figures.MIN_TILE_PX - 1        # tall enough
+        assert xa.showticklabels and ya.showticklabels and xa.dtick == ya.dtick == 2    # ticks 0, 2, 4, 6
+    tops = sorted({round(fig.layout["y" + k[1:]].domain[1], 6) for k in xs}, reverse=True)
+    assert len(tops) == rows

@@ -81,3 +81,61 @@ def test_top_class_and_curves():
                "c": {"resolution": {"40": {"top1": 4.0}, "24": {"top1": 2.0}}}}
     assert views.accuracy_runs(metrics) == {"a": ([1, 2], [10.0, 20.0])}
     assert list(views.resolution_rows(metrics)["c"]) == ["24px", "40px"]
+
+
+# ----------------------------------------------------------------------------- what the model sees of an image
+def test_fit_notes_say_what_the_crop_leaves_out_and_when_an_image_is_enlarged():
+    wide = views.fit_of((640, 427), (427, 427), (32, 32))
+    assert wide.dropped == pytest.approx(1 - 427 / 640)
+    assert "centred 427×427 px of this 640×427 px image" in wide.crop_note() and "left and right" in wide.crop_note()
+    assert wide.upscale_note() is None
+    tall = views.fit_of((300, 500), (300, 300), (32, 32))
+    assert "top and bottom" in tall.crop_note()
+    assert views.fit_of((32, 32), (32, 32), (32, 32)).crop_note() is None
+    tiny = views.fit_of((1, 1), (1, 1), (32, 32))
+    assert tiny.crop_note() is None and "enlarged 32×" in tiny.upscale_note()
+    assert views.fit_of((20, 10), (20, 10), (16, 32)).crop_note() is None              # (H, W) = (16, 32): 2:1
+
+
+@pytest.mark.parametrize("size,img_size,crop_pct", [((640, 427), (32, 32), 1.0), ((300, 500), (32, 32), 1.0),
+                                                    ((640, 427), (224, 224), 0.9), ((100, 100), (224, 224), 0.875),
+                                                    ((50, 40), (16, 32), 1.0)])
+def test_letterbox_lets_the_models_crop_keep_the_whole_image(size, img_size, crop_pct):
+    from PIL import Image
+
+    from vitpe_core import ViTConfig
+    from vitpe_core.checkpoint import Checkpoint
+    from vitpe_core.inputs import model_crop
+
+    img = Image.new("RGB", size, (255, 0, 0))
+    padded = views.letterbox(img, img_size, crop_pct)
+    H, W = img_size
+    assert abs(padded.width / padded.height - W / H) < 0.02
+    cfg = ViTConfig(img_size=img_size, patch_size=8 if H % 8 == 0 and W % 8 == 0 else 4, dim=32, depth=1,
+                    heads=1, mlp_dim=32)
+    metrics = {"preprocess": {"mean": [0.5] * 3, "std": [0.5] * 3, "crop_pct": crop_pct}} if crop_pct < 1 else {}
+    seen = model_crop(padded, Checkpoint(None, cfg, metrics, {}, "x"))
+    red = (np.asarray(seen) == [255, 0, 0]).all(-1).sum()
+    assert red >= size[0] * size[1] * 0.97                                            # (rounding at the edges)
+    assert padded.getpixel((0, 0)) == views.PAD_FILL or size[0] / size[1] == W / H
+
+
+def test_compare_words():
+    assert views.hooks_text(("table", "bias")) == "adds a table, biases attention"
+    assert views.hooks_text(("rotation",)) == "rotates q/k" and views.hooks_text(()) == "no position information"
+    rows = [{"checkpoint": "ape", "encoding": "ape", "x": 1}, {"checkpoint": "mine", "encoding": "sape2+ape", "x": 2}]
+    assert views.without_same_encoding(rows[:1]) == [{"checkpoint": "ape", "x": 1}]
+    assert [r["encoding"] for r in views.without_same_encoding(rows)] == [None, "sape2+ape"]
+    assert "SaPE²(K)" in views.readout_text({}) and "SaPE²(Q)" in views.readout_text({"readout": "key"})
+
+
+def test_bias_titles_are_short_and_the_caption_says_how_maps_are_scaled():
+    tr, _ = _trace("sape2+rpb")
+    maps = analysis.patch_maps(tr, (2, 3))
+    short = {p: views.bias_short(views.bias_view(tr, maps, "sape2+rpb", 0, None, p)) for p in ("sum", "x", "bias")}
+    assert short == {"sum": "SaPE² bias", "x": "SaPE² bias, x part", "bias": "sape2+rpb full bias"}
+    cap = views.bias_caption(views.bias_view(tr, maps, "sape2+rpb", 0, None, "x"))
+    assert "x part" in cap and "0 = near the query patch, 1 = far" in cap and "raw values" in cap
+    tr, _ = _trace("rpb")
+    bv = views.bias_view(tr, analysis.patch_maps(tr, (2, 3)), "rpb", 0, None, "row")
+    assert views.bias_short(bv) == "rpb bias" and "0 = its smallest bias" in views.bias_caption(bv)

@@ -66,7 +66,7 @@ MODEBAR_PX = 34            # the band at a chart's top where Plotly's modebar ap
 SUBPLOT_TITLES_PX = 22
 MIN_TILE_PX = 160          # the smallest side of a small-multiple tile (layers_fig)
 # One colour per checkpoint (`checkpoint_colors`): qualitative, dark enough on white, no greys.
-CHECKPOINT_PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+CHECKPOINT_PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#00838f",
                       "#393b79", "#637939", "#a55194", "#b8860b")
 
 
@@ -287,7 +287,7 @@ def layers_fig(maps: np.ndarray, *, title: str, colorbar_title: str, patch: tupl
     L, H, W = maps.shape
     zmin, zmax = _bounds(maps, zmin, zmax)   # one range for all layers
     labels = list(labels) if labels is not None else [f"layer {i}" for i in range(L)]
-    cols = max(1, min(L, LAYERS_MAX_COLS))
+    cols = L if L <= LAYERS_MAX_COLS else min(LAYERS_MAX_COLS, math.ceil(math.sqrt(L)))   # 4 -> 2 x 2, 6 -> 3 x 2
     rows = max(1, math.ceil(L / cols))
     gap_px = SUBPLOT_TITLES_PX + 24                                   # a tile's title + the x ticks above the next
     plot_px = rows * MIN_TILE_PX + (rows - 1) * gap_px

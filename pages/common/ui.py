@@ -48,7 +48,7 @@ SYNCED = "_vitpe_synced_query"
 UPLOAD = "_vitpe_upload"           # this session's uploaded image: {"name", "image", "key", "notes"}
 UPLOAD_GEN = "_vitpe_upload_gen"   # bumped when the upload is set aside: the uploaders start empty
 FIT = "_vitpe_fit"                 # "crop" (the model's centre crop) or "pad" (letterbox): for every page
-NARROW_PX = 768                    # up to this width the sidebar starts collapsed: controls repeated in the main area
+NARROW_PX = 768                    # up to this width the sidebar starts collapsed: the main area says so
 UPLOAD_TYPES = ["png", "jpg", "jpeg", "webp", "gif", "bmp", "tif", "tiff"]
 MAX_IMAGE_UPLOAD_MB = 20   # the image uploader's own limit (the server allows more, for models)
 MAX_UPLOAD_SIDE = 1024   # uploads are shrunk to this after decoding (the model sees 32 px)
@@ -225,28 +225,29 @@ def checkpoint_select(prefix: str, names: Sequence[str], *, label: str = "Checkp
                  help="Checkpoints in the folder; '+' composes encodings (e.g. sape2+ape).")
 
 
-def layer_head_controls(prefix: str, depth: int, heads: int, *, suffix: str = "") -> tuple[int, int | None]:
-    """Layer slider and head select (`None` = mean over heads), bound to the view; widget keys
-    `{prefix}_layer{suffix}`, `{prefix}_head{suffix}`."""
+def layer_head_controls(prefix: str, depth: int, heads: int) -> tuple[int, int | None]:
+    """Layer slider and head select (`None` = mean over heads), bound to the view."""
     if depth > 1:
-        bound(st.select_slider, f"{prefix}_layer{suffix}", "layer", label="Layer", options=list(range(depth)))
+        bound(st.select_slider, f"{prefix}_layer", "layer", label="Layer", options=list(range(depth)))
     else:
         st.caption("Layer 0 (the model has one layer)")
-    bound(st.selectbox, f"{prefix}_head{suffix}", "head", label="Head", options=[MEAN_HEAD, *map(str, range(heads))],
+    bound(st.selectbox, f"{prefix}_head", "head", label="Head", options=[MEAN_HEAD, *map(str, range(heads))],
           format_func=lambda h: "mean over heads" if h == MEAN_HEAD else f"head {h}",
           to_widget=lambda h: MEAN_HEAD if h is None else str(h),
           from_widget=lambda h: None if h == MEAN_HEAD else int(h))
     return st.session_state["layer"], st.session_state["head"]
 
 
-def narrow_screen_controls(prefix: str, depth: int, heads: int) -> None:
-    """The layer and head controls again, in the main area, shown only on screens up to
-    `NARROW_PX` wide, where the sidebar starts collapsed (a phone): the same view, two places."""
-    box = f"{prefix}_narrow_controls"
+def controls_hint(prefix: str, layer: int, head: int | None) -> None:
+    """On screens up to `NARROW_PX` wide (a phone: the sidebar starts collapsed) the main area
+    says which layer and head the maps show and where their controls are. A second set of
+    controls here would fight the sidebar's: a rerun carries every widget's value from the
+    browser, and the copy the browser had not yet updated would set the view back."""
+    box = f"{prefix}_controls_hint"
     st.html(f"<style>@media (min-width: {NARROW_PX + 1}px) {{ .st-key-{box} {{ display: none; }} }}</style>")
     with st.container(key=box):
-        st.caption("Layer and head (also in the sidebar, behind › at the top left):")
-        layer_head_controls(prefix, depth, heads, suffix="_main")
+        st.caption(f"Showing layer {layer}, {'mean over heads' if head is None else f'head {head}'}. The image, "
+                   "layer and head controls are in the sidebar: tap › at the top left.")
 
 
 def patch_controls(prefix: str, grid: tuple[int, int]) -> tuple[int, int]:
