@@ -122,8 +122,8 @@ def panel(name, ckpt, key, img, patch, layer, head, ref_grid) -> None:
     ui.chart(fig, base, key=f"{PAGE}_fig_{name}")
     if pv.label == "none":
         st.caption("`none`: no position information at all (the model is permutation-equivariant over patches).")
-    ui.downloads(base + "_positional", pv.positional, key=f"{PAGE}_dl_{name}", full=pv.stacked,
-                 shown_what=pv.label + (", normalised 0–1" if pv.normalised else ""),
+    what = "no positional part (zeros)" if pv.label == "none" else pv.label + (", normalised 0–1" * pv.normalised)
+    ui.downloads(base + "_positional", pv.positional, key=f"{PAGE}_dl_{name}", full=pv.stacked, shown_what=what,
                  full_what=f"{pv.label} + attention row")
 
 

@@ -103,13 +103,14 @@ def wrap_title(text: str, max_chars: int = TITLE_MAX_CHARS) -> list[str]:
 
 
 def _title(fig: go.Figure, title: str, *, subplot_titles: bool = False, **margin) -> None:
-    """`title` wrapped to fit a phone (`wrap_title`), left-aligned above the plot and below the
-    modebar's band; the top margin grows with the number of lines."""
+    """`title` wrapped to fit a phone (`wrap_title`), left-aligned, its top `MODEBAR_PX` below the
+    chart's top (the modebar's band); the top margin holds the band, every line and the subplot
+    titles."""
     lines = wrap_title(title)
     below = SUBPLOT_TITLES_PX if subplot_titles else 0
-    fig.update_layout(
-        title=dict(text="<br>".join(lines), x=0, xref="paper", xanchor="left", y=1, yref="paper",
-                   yanchor="bottom", pad=dict(b=6 + below), font=dict(size=TITLE_FONT_PX)),
+    fig.update_layout(                       # top-anchored: Plotly stacks a title's further lines downwards
+        title=dict(text="<br>".join(lines), x=0, xref="paper", xanchor="left", y=1, yref="container",
+                   yanchor="top", pad=dict(t=MODEBAR_PX), font=dict(size=TITLE_FONT_PX)),
         margin={**_MARGIN, **margin, "t": MODEBAR_PX + TITLE_LINE_PX * len(lines) + below + 8})
     if subplot_titles:
         fig.update_annotations(font_size=SUBPLOT_FONT_PX)

@@ -420,14 +420,17 @@ def downloads(name: str, shown: np.ndarray, key: str, *, full: np.ndarray | None
               shown_what: str = "the map shown", full_what: str | None = None) -> None:
     """CSV of the map shown and NPY of the full array (`full`, default the map), each button
     saying what it holds (`shown_what`, `full_what`: e.g. "shown map, normalised 0–1" and
-    "raw bias, all layers × heads")."""
+    "raw bias, all layers × heads"; the shapes in their tooltips). The labels wrap rather than
+    being cut off in a narrow column."""
     safe = figures.export_config(name)["toImageButtonOptions"]["filename"]
-    a, b = st.columns(2)
-    a.download_button(f"CSV: {shown_what}", data=lambda: _csv(shown), file_name=f"{safe}.csv", mime="text/csv",
-                      key=f"{key}_csv", on_click="ignore")
     full = shown if full is None else full
-    b.download_button(f"NPY: {full_what or shown_what}, shape {tuple(np.shape(full))}", data=lambda: _npy(full),
-                      file_name=f"{safe}.npy", mime="application/octet-stream", key=f"{key}_npy", on_click="ignore")
+    with st.container(horizontal=True, key=f"{key}_row"):
+        st.download_button(f"CSV: {shown_what}", data=lambda: _csv(shown), file_name=f"{safe}.csv", mime="text/csv",
+                           key=f"{key}_csv", on_click="ignore", wrap=True,
+                           help=f"Comma-separated, shape {tuple(np.shape(shown))} (2-D: one line per row)")
+        st.download_button(f"NPY: {full_what or shown_what}", data=lambda: _npy(full), file_name=f"{safe}.npy",
+                           mime="application/octet-stream", key=f"{key}_npy", on_click="ignore", wrap=True,
+                           help=f"numpy.load() it: shape {tuple(np.shape(full))}, {np.asarray(full).dtype}")
 
 
 def load_checkpoint_or_error(name: str):
