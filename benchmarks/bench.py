@@ -1248,7 +1248,8 @@ def _md_vit_b(res: dict) -> list[str]:
             f"{_mib(per)} MiB more while the run lasts.", "",
             "**What to keep (proposal, not implemented in the pages).** One trace is affordable (the model's "
             f"float32 weights alone are {_mib(4 * ape['parameters'])} MiB); 64 of them are not, and each rerun "
-            "copies a whole one for a click that reads a few rows of it. The full (L, h, T, T) array is still needed while any patch can be clicked next (a click "
+            "copies a whole one for a click that reads a few rows of it. The full (L, h, T, T) array is still "
+            "needed while any patch can be clicked next (a click "
             "reads the query's row in every layer and head, `patch_maps`; the per-image statistics are cached "
             "apart, (L, h) each), so the proposal bounds and shares it rather than cutting it: "
             "(1) bound the trace cache by bytes, not entries: `st.cache_data(max_size=\"512MiB\")` (Streamlit "

@@ -1,6 +1,5 @@
-"""Compare encodings: the same image and patch through every checkpoint, side by side, with
-one layer/head control for all; a table of accuracy, 2D structure and attention statistics;
-accuracy at other input resolutions where it was measured."""
+"""Compare encodings: one image and patch through every checkpoint, one layer/head control for all;
+accuracy, attention statistics, how each encodes position (pages/common/position.py), training."""
 from __future__ import annotations
 
 import pandas as pd
@@ -8,9 +7,9 @@ import streamlit as st
 
 from vitpe_core import figures, views
 from pages.common import cache, ui
+from pages.common.position import position_section
 
-PAGE = "compare"
-COLUMNS = 2
+PAGE, COLUMNS = "compare", 2
 
 
 def main() -> None:
@@ -60,6 +59,7 @@ def main() -> None:
         for col, name in zip(st.columns(COLUMNS), shown[start:start + COLUMNS]):
             with col:
                 panel(name, ckpts[name], key, custom, view.patch, layer, head, grid)
+    position_section(PAGE, shown, ckpts, layer, head, figures.checkpoint_colors(list(ckpts)))
     training_curves(shown, ckpts)
 
 

@@ -250,7 +250,7 @@ def test_import_real_vit_tiny_then_similarity_and_bias_pages(page, app_url, shar
     expect(page.locator(".st-key-bias_ckpt input")).to_have_value(name, timeout=IMPORT_TIMEOUT_MS)
     expect(page.get_by_text("of 14×14")).to_be_visible(timeout=IMPORT_TIMEOUT_MS)         # the patch text
     page.wait_for_function(lt.IDLE_JS, timeout=IMPORT_TIMEOUT_MS)
-    expect(page.get_by_text("adds no attention bias")).to_be_visible()                     # ape: no bias, attention only
+    expect(page.get_by_text("adds no attention bias")).to_be_visible()          # ape: no bias, attention only
     _, z = heatmap(page, "bias_attn_map")
     assert z.shape == (14, 14)
     no_exception(page)

@@ -124,3 +124,23 @@ def test_analyze_cli_records_caches_and_invalidates(tmp_path, capsys):
     st = path.stat()
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))             # the checkpoint changed
     assert Pos.read_cache(path) is None
+
+
+def test_kernel_views_and_figures_from_the_analysis():
+    from vitpe_core import figures, views
+    from vitpe_core.checkpoint import Checkpoint
+    model = _model("rpb")
+    ckpt = Checkpoint(model, model.cfg, {}, {}, "rpb")
+    _, arrays = Pos.analyze(ckpt)
+    off, score = views.kernel_view(arrays, layer=5, head=None)                 # clamped to the last layer
+    np.testing.assert_allclose(off, model.pos_enc.rel_tables[1].detach().numpy().mean(0), atol=1e-5)
+    assert score == pytest.approx(1.0)
+    assert views.kernel_view(arrays, 0, 1)[0].shape == (7, 9)
+    assert list(views.relative_scores_by_layer(arrays)) == ["L0", "L1"]
+    fig = figures.kernels_fig({"rpb": off, "other": off[:5, :7]}, {"rpb": score, "other": None}, title="kernels")
+    assert [a.text for a in fig.layout.annotations][:2] == ["rpb · rel 1.00", "other"]
+    fig = figures.distance_by_depth_fig({"rpb": arrays["mean_distance"]}, title="distance")
+    assert len(fig.data) == 2 and len(fig.data[1].y) == 2                      # heads as dots, the mean as a line
+    none = _model("none")
+    _, arrays = Pos.analyze(Checkpoint(none, none.cfg, {}, {}, "none"))
+    assert views.kernel_view(arrays, 0, None) is None and views.relative_scores_by_layer(arrays) == {}

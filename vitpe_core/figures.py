@@ -476,3 +476,60 @@ def figure7_pixel_to_patch(x: float, y: float, width: float, height: float, grid
     i = int(y / max(height, 1e-9) * rows)
     j = int(x / max(width, 1e-9) * cols)
     return (min(max(i // (H + 1), 0), H - 1), min(max(j // (W + 1), 0), W - 1))
+
+
+# ----------------------------------------------------------------------------- how position is encoded
+KERNEL_SCALE = "RdBu_r"
+
+
+def kernels_fig(kernels: Mapping[str, np.ndarray], scores: Mapping[str, float | None], *, title: str,
+                cols: int = 5) -> go.Figure:
+    """Position-only kernels side by side: name -> `(2H-1, 2W-1)` offset map (centre = offset
+    0, outlined), each on its own symmetric colour range, titled with its relative score."""
+    names = list(kernels)
+    rows = max(1, math.ceil(len(names) / cols))
+    titles = [f"{n} · rel {scores[n]:.2f}" if scores.get(n) is not None else n for n in names]
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.03,
+                        vertical_spacing=0.12 / rows)
+    for i, name in enumerate(names):
+        m = np.asarray(kernels[name], dtype=float)
+        m = m - np.nanmean(m)                                   # the offset's effect around its mean
+        lim = float(np.nanmax(np.abs(m))) or 1.0
+        r, c = divmod(i, cols)
+        H2, W2 = m.shape
+        cy, cx = (H2 - 1) / 2, (W2 - 1) / 2
+        fig.add_trace(go.Heatmap(z=m, x=np.arange(W2) - cx, y=np.arange(H2) - cy, zmin=-lim, zmax=lim,
+                                 colorscale=KERNEL_SCALE, showscale=False,
+                                 hovertemplate="Δr %{y}, Δc %{x}: %{z:.3f}<extra>" + name + "</extra>"),
+                      row=r + 1, col=c + 1)
+        fig.add_shape(type="rect", x0=-0.5, x1=0.5, y0=-0.5, y1=0.5, line=dict(color="black", width=1),
+                      row=r + 1, col=c + 1)
+        _grid_axes(fig, row=r + 1, col=c + 1)
+    fig.update_xaxes(showticklabels=False)
+    fig.update_yaxes(showticklabels=False, scaleanchor="x", scaleratio=1)
+    _title(fig, title, subplot_titles=True)
+    fig.update_layout(height=rows * 190 + fig.layout.margin.t + 10)
+    return fig
+
+
+def distance_by_depth_fig(distances: Mapping[str, np.ndarray], *, title: str,
+                          colors: Mapping[str, str] | None = None, y_title: str = "mean attention distance (patches)"
+                          ) -> go.Figure:
+    """The ViT paper's Figure 7 (right): per checkpoint, every head's statistic `(L, h)` as dots
+    at its layer, and the mean over heads as a line; several checkpoints overlaid."""
+    colors = colors if colors is not None else checkpoint_colors(list(distances))
+    fig = go.Figure()
+    for name, d in distances.items():
+        d = np.asarray(d, dtype=float)
+        L, h = d.shape
+        color = colors.get(name)
+        fig.add_trace(go.Scatter(x=np.repeat(np.arange(L), h) + np.tile(np.linspace(-0.15, 0.15, h), L),
+                                 y=d.ravel(), mode="markers", marker=dict(color=color, size=5, opacity=0.6),
+                                 name=name, legendgroup=name, showlegend=False,
+                                 hovertemplate="layer %{x:.0f}: %{y:.2f}<extra>" + name + "</extra>"))
+        fig.add_trace(go.Scatter(x=np.arange(L), y=d.mean(1), mode="lines", line=dict(color=color), name=name,
+                                 legendgroup=name))
+    _title(fig, title, b=40)
+    fig.update_layout(xaxis_title="layer (depth)", yaxis_title=y_title, height=340 + fig.layout.margin.t,
+                      legend=dict(orientation="h", y=-0.2, yanchor="top"))
+    return fig

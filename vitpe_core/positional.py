@@ -199,8 +199,9 @@ def analyze(ckpt, progress: bool = False) -> tuple[dict, dict[str, np.ndarray]]:
                "relative_score": None if kern.kind == "none" else round(float(score.mean()), 4),
                "relative_score_by_layer_head": np.round(score, 4).tolist(),
                "mean_distance": np.round(dist, 4).tolist(), "entropy": np.round(ent, 4).tolist()}
-    arrays = {"kernel": kern.kernel.astype(np.float32), "offset_kernel": offset_map(kern.kernel, kern.grid)
-              .astype(np.float32), "mean_distance": dist, "entropy": ent, "relative_score": score}
+    arrays = {"kind": np.array(kern.kind), "kernel": kern.kernel.astype(np.float32),
+              "offset_kernel": offset_map(kern.kernel, kern.grid).astype(np.float32),
+              "mean_distance": dist, "entropy": ent, "relative_score": score}
     if kern.spread is not None:
         arrays["spread"] = kern.spread.astype(np.float32)
     return summary, arrays

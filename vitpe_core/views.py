@@ -275,3 +275,24 @@ def bias_caption(bv: BiasView) -> str:
     scale = ("0 = near the query patch, 1 = far from it" if bv.scale_note == "0 = near, 1 = far"
              else "0 = its smallest bias, 1 = its largest")
     return f"{bv.what}; each map is rescaled to 0–1 on its own ({scale}); the NPY download holds the raw values."
+
+
+def kernel_view(arrays: dict[str, np.ndarray], layer: int, head: int | None) -> tuple[np.ndarray, float | None] | None:
+    """From `positional.analyze`'s arrays: the offset kernel `(2H-1, 2W-1)` at `layer` (clamped;
+    layer 0 for tables) and head (None = mean of heads), with its relative score; None for
+    models without position information."""
+    if str(arrays["kind"]) == "none":
+        return None
+    off, score = arrays["offset_kernel"], arrays["relative_score"]               # (L', h, ., .), (L', h)
+    lay = min(layer, off.shape[0] - 1)
+    if head is None:
+        return off[lay].mean(0), float(score[lay].mean())
+    hh = min(head, off.shape[1] - 1)
+    return off[lay, hh], float(score[lay, hh])
+
+
+def relative_scores_by_layer(arrays: dict[str, np.ndarray]) -> dict[str, float | None]:
+    """`{"L0": score, ...}` (mean over heads) for a table of checkpoints; None where not defined."""
+    if str(arrays["kind"]) == "none":
+        return {}
+    return {f"L{i}": float(s) for i, s in enumerate(arrays["relative_score"].mean(1))}

@@ -261,3 +261,28 @@ def structure_runs(names: list[str]) -> dict[str, tuple[list[int], list[float]]]
         if hist:
             runs[name] = (sorted(hist), [hist[e]["spearman"] for e in sorted(hist)])
     return runs
+
+
+
+# ----------------------------------------------------------------------------- how position is encoded
+@st.cache_data(max_entries=64, show_spinner=False)
+def _position(path: str, mtime_ns: int) -> dict[str, np.ndarray]:
+    from vitpe_core import positional
+    if not path.startswith(UPLOAD_KEY):
+        cached = positional.read_cache(path)
+        if cached is not None:
+            return cached
+    _, arrays = positional.analyze(_load(path, mtime_ns))
+    if not path.startswith(UPLOAD_KEY):
+        try:
+            positional.write_cache(path, arrays)     # `python -m vitpe_core analyze` writes the same file
+        except OSError:
+            pass                                     # a read-only folder: the in-memory cache still serves
+    return arrays
+
+
+def position_analysis(name: str) -> dict[str, np.ndarray]:
+    """`positional.analyze`'s arrays for a checkpoint (kind, kernel, offset_kernel, spread,
+    relative_score, mean_distance, entropy): from the cache file beside it when it is current,
+    else computed on the gallery image set (seconds for the shipped models) and cached."""
+    return _position(*_file(name))

@@ -1,0 +1,52 @@
+"""The compare page's "How is position encoded?" section: every shown checkpoint's
+position-only kernel side by side with its relative score, and attention distance by depth
+(vitpe_core.positional computes them; definitions in docs/encodings.md)."""
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from vitpe_core import figures, views
+
+from . import cache, ui
+
+EXPLAIN = ("**Position-only kernel**: the part of the attention logit between a query and a key that depends on their "
+           "positions alone, drawn over the offset (Δr, Δc) from the query (centre = the query itself; blue = attends "
+           "less, red = more, each map on its own scale). A relative position bias *is* such a kernel; for RoPE it is "
+           "the logit of the average query and key rotated to the two positions; for a table, layer 0's logit between "
+           "two table rows with content at its average; for SaPE² and CoPE, the bias averaged over the 17 gallery "
+           "images. **rel** is the relative score: the share of the kernel's variance that the offset alone explains "
+           "(1 = purely relative, ~0 = it depends on where the query is). [Definitions](docs/encodings.md)")
+
+
+def position_section(page: str, names: list[str], ckpts: dict, layer: int, head: int | None,
+                     colors: dict[str, str]) -> None:
+    st.subheader("How is position encoded?")
+    st.markdown(EXPLAIN)
+    results, bar = {}, st.progress(0.0, text="Position analysis…")
+    for i, name in enumerate(names):
+        bar.progress(i / max(1, len(names)), text=f"Position analysis: {name} ({i + 1} of {len(names)})")
+        try:
+            results[name] = cache.position_analysis(name)
+        except (ValueError, OSError) as e:
+            st.error(f"{name}: the position analysis failed: {e}")
+    bar.empty()
+    if not results:
+        return
+    kernels, scores = {}, {}
+    for name, arr in results.items():
+        pv = views.kernel_view(arr, layer, head)
+        if pv is not None:
+            kernels[name], scores[name] = pv
+    if kernels:
+        head_txt = "mean of heads" if head is None else f"head {head}"
+        ui.chart(figures.kernels_fig(kernels, scores, title=f"Position-only kernels, layer {layer} (tables: layer 0), "
+                                                           f"{head_txt}"), "position_kernels", key=f"{page}_kernels")
+    table = pd.DataFrame({n: views.relative_scores_by_layer(a) for n, a in results.items()}).T
+    st.markdown("**Relative score per layer** (mean over heads; tables are defined at layer 0 only)")
+    st.dataframe(table.round(3), key=f"{page}_relative", placeholder="—")
+    dist = {n: a["mean_distance"] for n, a in results.items()}
+    ui.chart(figures.distance_by_depth_fig(dist, title="Mean attention distance by depth (dots: heads, line: mean)",
+                                           colors=colors), "attention_distance", key=f"{page}_distance")
+    st.caption("As in the ViT paper's Figure 7 (right): how far, in patches, each head looks on average, on the same "
+               "17 images. Heads that stay local in early layers and widen with depth are the usual pattern.")
