@@ -122,7 +122,10 @@ def test_analyze_cli_records_caches_and_invalidates(tmp_path, capsys):
     assert cached is not None and cached["kernel"].shape == (1, 2, 16, 16)
     assert cached["offset_kernel"].shape == (1, 2, 7, 7)
     st = path.stat()
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))             # the checkpoint changed
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))             # touched, same content: still valid
+    assert Pos.read_cache(path) is not None
+    save_checkpoint(path, build_model(ViTConfig(img_size=(32, 32), patch_size=8, dim=32, depth=1, heads=2,
+                                                mlp_dim=32, encoding="rpb")))   # retrained: another content
     assert Pos.read_cache(path) is None
 
 

@@ -87,3 +87,12 @@ def test_seed_reruns_change_only_the_seed(path):
     but_seed = lambda recipe: {k: v for k, v in recipe.items() if k != "seed"}
     assert but_seed(m["recipe"]) == but_seed(row["recipe"])
     assert (path.with_suffix(".safetensors")).is_file() and len(m["git_commit"]) == 40
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_the_shipped_position_analysis_is_current(name):
+    """checkpoints/NAME.analysis.npz (the compare page's position section) matches the checkpoint;
+    after retraining, `python -m vitpe_core analyze checkpoints/NAME.safetensors` rewrites it."""
+    from vitpe_core.positional import read_cache
+    arrays = read_cache(REPO / "checkpoints" / f"{name}.safetensors")
+    assert arrays is not None and {"kind", "offset_kernel", "relative_score", "mean_distance"} <= set(arrays)

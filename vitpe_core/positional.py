@@ -214,12 +214,17 @@ def cache_path(checkpoint: str | Path) -> Path:
 
 
 def _fingerprint(checkpoint: Path) -> str:
-    st = checkpoint.stat()
-    return f"{st.st_size}-{st.st_mtime_ns}-v1"
+    """The checkpoint's content hash (stable across clones, unlike a modification time)."""
+    import hashlib
+    h = hashlib.sha256()
+    with open(checkpoint, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest() + "-v1"
 
 
 def write_cache(checkpoint: str | Path, arrays: dict[str, np.ndarray]) -> Path:
-    """Store `analyze`'s arrays beside the checkpoint, stamped with its size and mtime."""
+    """Store `analyze`'s arrays beside the checkpoint, stamped with its content hash."""
     from .checkpoint import atomic_write_bytes
     buf = io.BytesIO()
     np.savez_compressed(buf, fingerprint=np.array(_fingerprint(Path(checkpoint))), **arrays)
