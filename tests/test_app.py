@@ -212,6 +212,14 @@ def test_image_upload_in_the_app(with_ckpts):
     at.file_uploader(key="bias_upload").set_value(("bad.png", b"\x89PNG broken", "image/png"))
     ok(at.run())
     assert at.error and "bad.png" in at.error[0].value
+    at.select_slider(key="bias_layer").set_value(1)
+    ok(at.run())
+    assert at.error and "bad.png" in at.error[0].value                 # said while the file is in the uploader
+    at.switch_page("pages/compare.py")
+    ok(at.run())
+    assert not at.error                                                  # not on a page whose uploader is empty
+    at.switch_page("pages/bias.py")
+    ok(at.run())
     at.file_uploader(key="bias_upload").set_value(("red.png", _png(), "image/png"))
     ok(at.run())
     assert not at.error

@@ -75,7 +75,7 @@ def test_every_title_fits_a_phone_wide_chart_below_the_modebar():
             assert max(len(s) for s in lines) * figures.CHAR_EM * fig.layout.title.font.size <= figures.NARROW_CHART_PX
             assert fig.layout.margin.t >= figures.MODEBAR_PX + figures.TITLE_LINE_PX * len(lines)
             t = fig.layout.title
-            assert (t.yref, t.y, t.yanchor, t.pad.t) == ("container", 1, "top", figures.MODEBAR_PX)
+            assert (t.yref, t.y, t.yanchor) == ("container", 1, "top") and t.pad.t >= figures.MODEBAR_PX
             assert " ".join(lines).replace(" ", "") == title.replace(" ", "")              # nothing lost
 
 

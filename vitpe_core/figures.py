@@ -64,6 +64,7 @@ TITLE_MAX_CHARS = int(NARROW_CHART_PX / (CHAR_EM * TITLE_FONT_PX))   # 37
 TITLE_LINE_PX = 20
 MODEBAR_PX = 34            # the band at a chart's top where Plotly's modebar appears: no title there
 SUBPLOT_TITLES_PX = 22
+MULTILINE_TITLE_LIFT_PX = 12   # Plotly draws a title of several lines this much higher than its top pad says
 MIN_TILE_PX = 160          # the smallest side of a small-multiple tile (layers_fig)
 # One colour per checkpoint (`checkpoint_colors`): qualitative, dark enough on white, no greys.
 CHECKPOINT_PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#00838f",
@@ -108,10 +109,11 @@ def _title(fig: go.Figure, title: str, *, subplot_titles: bool = False, **margin
     titles."""
     lines = wrap_title(title)
     below = SUBPLOT_TITLES_PX if subplot_titles else 0
+    pad = MODEBAR_PX + (MULTILINE_TITLE_LIFT_PX if len(lines) > 1 else 0)
     fig.update_layout(                       # top-anchored: Plotly stacks a title's further lines downwards
         title=dict(text="<br>".join(lines), x=0, xref="paper", xanchor="left", y=1, yref="container",
-                   yanchor="top", pad=dict(t=MODEBAR_PX), font=dict(size=TITLE_FONT_PX)),
-        margin={**_MARGIN, **margin, "t": MODEBAR_PX + TITLE_LINE_PX * len(lines) + below + 8})
+                   yanchor="top", pad=dict(t=pad), font=dict(size=TITLE_FONT_PX)),
+        margin={**_MARGIN, **margin, "t": pad + TITLE_LINE_PX * len(lines) + below + 8})
     if subplot_titles:
         fig.update_annotations(font_size=SUBPLOT_FONT_PX)
 

@@ -47,6 +47,7 @@ VIEW_KEYS = ("ckpt", "image", "patch", "layer", "head", "epoch")
 SYNCED = "_vitpe_synced_query"
 UPLOAD = "_vitpe_upload"           # this session's uploaded image: {"name", "image", "key", "notes"}
 UPLOAD_GEN = "_vitpe_upload_gen"   # bumped when the upload is set aside: the uploaders start empty
+UPLOAD_ERROR = "_vitpe_upload_error"   # (uploader key, why its file was refused), shown while the file is there
 FIT = "_vitpe_fit"                 # "crop" (the model's centre crop) or "pad" (letterbox): for every page
 NARROW_PX = 768                    # up to this width the sidebar starts collapsed: the main area says so
 UPLOAD_TYPES = ["png", "jpg", "jpeg", "webp", "gif", "bmp", "tif", "tiff"]
@@ -167,7 +168,9 @@ def commit(view: ViewState) -> None:
     ss["ckpt"], ss["image"], ss["patch"] = view.ckpt, view.image, tuple(view.patch)
     ss["layer"], ss["head"], ss["epoch"] = view.layer, view.head, view.epoch
     q = to_query(view)
-    if {k: v[-1] for k, v in query_dict().items() if v} != q:
+    # Compared with what the app last wrote too: the URL this rerun carries may be stale, and
+    # equal to the new view while the address bar already shows a later one.
+    if q != ss.get(SYNCED) or {k: v[-1] for k, v in query_dict().items() if v} != q:
         st.query_params.from_dict(q)
     ss[SYNCED] = q
 
@@ -323,16 +326,17 @@ def _uploader_key(prefix: str) -> str:
 
 
 def _upload_changed(key: str) -> None:
-    """The uploader's callback: a new file replaces the session's upload (or is refused with a
-    reason shown on this run); removing the file from the uploader clears it."""
+    """The uploader's callback: a new file replaces the session's upload (or is refused, the
+    reason shown while the file stays in that uploader); removing the file clears the upload."""
     ss = st.session_state
     up = ss.get(key)
+    ss.pop(UPLOAD_ERROR, None)
     if up is None:
         clear_upload()
         return
     img, err, notes = decode_upload_notes(up.getvalue())
     if err is not None:
-        ss["_vitpe_upload_error"] = f"{up.name}: {err}"
+        ss[UPLOAD_ERROR] = (key, f"{up.name}: {err}")
         ss.pop(UPLOAD, None)
         return
     ss[UPLOAD] = {"name": up.name, "image": img, "key": cache.image_key(img), "notes": notes}
@@ -354,9 +358,9 @@ def image_source(prefix: str) -> tuple[Image.Image, str, str, bool]:
     st.caption(f"Images up to {MAX_IMAGE_UPLOAD_MB} MB. A larger file is refused by the browser before it is "
                "sent (its name turns red, nothing else happens): shrink the image or save it as JPEG, and "
                "upload it again.")
-    error = ss.pop("_vitpe_upload_error", None)
-    if error:
-        st.error(error)
+    error = ss.get(UPLOAD_ERROR)
+    if error and error[0] == key and ss.get(key) is not None:
+        st.error(error[1])
     held = ss.get(UPLOAD)
     if held is None:
         image_id = ss["image"]
