@@ -185,6 +185,14 @@ def chromium_or_reason() -> tuple[str | None, str | None]:
     return exe, None
 
 
+def skip_module_without_browser(pytest: Any) -> None:
+    """In a browser test module: skip it, saying what to install, where chromium or playwright is missing."""
+    _, missing = chromium_or_reason()
+    if missing:
+        pytest.skip(f"{missing}: apt-get install chromium (.ci/run does it); pip install -r requirements-dev.txt",
+                    allow_module_level=True)
+
+
 def launch_chromium(playwright: Any, **kwargs: Any) -> Any:
     """Headless Debian chromium from a started playwright (sync: the browser; async: awaitable)."""
     return playwright.chromium.launch(executable_path=shutil.which("chromium"), headless=True, args=CHROMIUM_ARGS,

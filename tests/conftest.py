@@ -45,3 +45,16 @@ def pytest_runtest_setup(item) -> None:
         from playwright.sync_api import expect
 
         expect.set_options(timeout=BROWSER_EXPECT_TIMEOUT_MS)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Debian chromium through playwright for a browser test module (module scope: it is
+    closed before tests/test_load.py starts its own, async, playwright)."""
+    from playwright.sync_api import sync_playwright
+
+    from benchmarks import harness
+    with sync_playwright() as p:
+        b = harness.launch_chromium(p)
+        yield b
+        b.close()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import json
 import re
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -30,14 +29,8 @@ TIMEOUT_MS = 60_000
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-if shutil.which("chromium") is None:
-    pytest.skip("Debian's chromium is not installed (apt-get install chromium; .ci/run does it)",
-                allow_module_level=True)
-try:
-    from playwright.sync_api import expect, sync_playwright
-except ImportError as e:
-    pytest.skip(f"playwright is not importable ({e}); pip install -r requirements-dev.txt",
-                allow_module_level=True)
+lt.skip_module_without_browser(pytest)
+from playwright.sync_api import expect  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -49,13 +42,6 @@ def app_url(app_checkpoint_dir, tmp_path_factory):
         yield server.url
 
 
-@pytest.fixture(scope="module")
-def browser():
-    # module scope: closed before tests/test_load.py starts its own (async) playwright
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=shutil.which("chromium"), headless=True, args=lt.CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ checkpoints are random-weight models of the shipped size (`compact`: 6 layers, 4
 from __future__ import annotations
 
 import re
-import shutil
 import time
 
 import pytest
@@ -24,14 +23,8 @@ TIMEOUT_MS = 60_000
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-if shutil.which("chromium") is None:
-    pytest.skip("Debian's chromium is not installed (apt-get install chromium; .ci/run does it)",
-                allow_module_level=True)
-try:
-    from playwright.sync_api import expect, sync_playwright
-except ImportError as e:
-    pytest.skip(f"playwright is not importable ({e}); pip install -r requirements-dev.txt",
-                allow_module_level=True)
+lt.skip_module_without_browser(pytest)
+from playwright.sync_api import expect  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -44,12 +37,6 @@ def app_url(tmp_path_factory):
         yield server.url
 
 
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as p:
-        b = lt.launch_chromium(p)
-        yield b
-        b.close()
 
 
 def new_page(browser, width: int, height: int, **kw):
