@@ -889,12 +889,16 @@ def targets(res: dict) -> list[Target]:
     clicks, app = res["clicks"], res["app"]
     mib_1gb = GB / 2**20
     out = [
-        Target("sape2_attention_vs_rpb", "SaPE² attention layer fwd+bwd / `rpb`, compact, batch 128", 1.5, "max", "x",
+        # targets of the speed issue: they must hold on Intel and AMD alike (the report names the CPU)
+        Target("sape2_attention_vs_rpb", "SaPE² attention layer fwd+bwd / `rpb`, compact, batch 128", 1.3, "max", "x",
                attn.get(("compact", 128, "sape2"), {}).get("vs_rpb"),
                check=attn.get(("compact", 128, "sape2"), {}).get("vs_rpb_best")),
-        Target("sape2_training_vs_ape", "SaPE² training throughput / `ape` (compact, batch 128)", 0.7, "min", "x",
+        Target("sape2_training_vs_ape", "SaPE² training throughput / `ape` (compact, batch 128)", 0.8, "min", "x",
                train.get("sape2", {}).get("throughput_vs_ape"),
                check=train.get("sape2", {}).get("throughput_vs_ape_best")),
+        Target("cope_training_vs_ape", "CoPE+APE training throughput / `ape` (compact, batch 128)", 0.8, "min", "x",
+               train.get("cope+ape", {}).get("throughput_vs_ape"),
+               check=train.get("cope+ape", {}).get("throughput_vs_ape_best")),
         Target("bias_click_patch_p95",
                f"bias explorer click, new patch (trace cached), p95 compute, `{clicks['single']}`",
                50, "max", "ms", clicks["bias_patch"]["p95_ms"]),
