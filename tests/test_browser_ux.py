@@ -216,5 +216,8 @@ def test_phone_titles_fit_clear_of_the_modebar_and_the_controls_are_findable(pho
     phone.locator("[data-testid='stExpander'] summary", has_text="What am I looking at?").click()
     expect(phone.get_by_text("cosine" if where == "similarity" else "0 = near", exact=False).first).to_be_visible()
     phone.evaluate("() => document.querySelector('[data-testid=stMain]')?.scrollTo(0, 0)")
+    # Plotly draws after the script run ends: wait for the charts (slow on a loaded machine)
+    phone.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .gtitle').length >= 2",
+                            timeout=TIMEOUT_MS)
     assert check_chart_titles(phone) >= 2
     no_exception(phone)
