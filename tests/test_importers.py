@@ -226,6 +226,8 @@ def test_non_square_table_asks_for_the_image_size():
     with pytest.raises(CheckpointError, match="--img-size"):
         import_state_dict(sd)
     assert import_state_dict(sd, img_size=(32, 48)).model.cfg.grid == (4, 6)
+    with pytest.raises(CheckpointError, match="too large"):   # a typed size must not allocate gigabytes
+        import_state_dict(_timm_sd(), img_size=(16_000, 16_000))
 
 
 def test_bad_files_get_clear_messages_without_allocating(tmp_path):

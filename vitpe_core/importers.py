@@ -35,6 +35,7 @@ from .encodings.absolute import resample_abs_pos_embed
 from .model import ViT
 
 FAMILIES = ("timm", "hf", "rope-vit")
+MAX_IMG_SIDE, MAX_PATCHES = 2048, 4096   # a typed image size must not make the server allocate gigabytes
 ASSETS = Path(__file__).resolve().parent / "assets"
 
 # Eval transforms, as timm's `resolve_data_config` gives them for each family's usual weights.
@@ -212,6 +213,10 @@ def _timm_config(sd: dict[str, torch.Tensor], family: str, *, img_size, heads, p
         notes.append("No position table and no rotary frequencies: imported as `none` (no position encoding).")
     if img_size is not None and (img_size[0] % patch or img_size[1] % patch):
         raise CheckpointError(f"--img-size {img_size} must be a multiple of the patch size {patch}")
+    if img_size is not None and (max(img_size) > MAX_IMG_SIDE or (img_size[0] // patch) * (img_size[1] // patch)
+                                 > MAX_PATCHES):
+        raise CheckpointError(f"--img-size {img_size} is too large: at most {MAX_IMG_SIDE} px a side and "
+                              f"{MAX_PATCHES} patches (attention maps grow with the square of the patch count)")
     table_grid, no_embed_class = _grid(pos, P, patch, img_size,
                                        patches_only=models_v2 or "blocks.0.ls1.gamma" in sd)
     grid = table_grid if img_size is None else (img_size[0] // patch, img_size[1] // patch)
