@@ -487,7 +487,9 @@ KERNEL_SCALE = "RdBu_r"
 def kernels_fig(kernels: Mapping[str, np.ndarray], scores: Mapping[str, float | None], *, title: str,
                 cols: int = 5) -> go.Figure:
     """Position-only kernels side by side: name -> `(2H-1, 2W-1)` offset map (centre = offset
-    0, outlined), each on its own symmetric colour range, titled with its relative score."""
+    0, outlined), each on its own symmetric colour range (set by the other offsets, so that a
+    centre far from the rest, as SaPE²'s zero self-distance, does not wash the map out),
+    titled with its relative score."""
     names = list(kernels)
     rows = max(1, math.ceil(len(names) / cols))
     titles = [f"{n} · rel {scores[n]:.2f}" if scores.get(n) is not None else n for n in names]
@@ -495,11 +497,13 @@ def kernels_fig(kernels: Mapping[str, np.ndarray], scores: Mapping[str, float | 
                         vertical_spacing=0.12 / rows)
     for i, name in enumerate(names):
         m = np.asarray(kernels[name], dtype=float)
-        m = m - np.nanmean(m)                                   # the offset's effect around its mean
-        lim = float(np.nanmax(np.abs(m))) or 1.0
-        r, c = divmod(i, cols)
         H2, W2 = m.shape
         cy, cx = (H2 - 1) / 2, (W2 - 1) / 2
+        others = np.ones_like(m, dtype=bool)
+        others[H2 // 2, W2 // 2] = False                        # offset 0 (e.g. SaPE²'s zero diagonal)
+        m = m - np.nanmean(m[others])                           # the offset's effect around its mean
+        lim = float(np.nanmax(np.abs(m[others]))) or 1.0        # scaled on the other offsets
+        r, c = divmod(i, cols)
         fig.add_trace(go.Heatmap(z=m, x=np.arange(W2) - cx, y=np.arange(H2) - cy, zmin=-lim, zmax=lim,
                                  colorscale=KERNEL_SCALE, showscale=False,
                                  hovertemplate="Δr %{y}, Δc %{x}: %{z:.3f}<extra>" + name + "</extra>"),
