@@ -446,26 +446,35 @@ sys.stdin.readline()
 """
 
 
-def train_memory(encoding: str, steps: int, threads: int) -> dict:
-    """Peak memory of a subprocess that trains the compact `encoding` model `steps` steps on
-    random data at batch 128 (read from /proc/<pid>/status while it waits)."""
+@contextlib.contextmanager
+def _child(code: str, args: list[str], threads: int, *, wait_s: float) -> Iterator[subprocess.Popen]:
+    """`python -c code *args` from the repository with `threads` OpenMP threads and piped
+    stdin/stdout/stderr (the memory probes answer on stdout and wait on stdin); on leaving,
+    stdin is closed and the child given `wait_s` to exit before it is killed."""
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": str(threads)}
-    proc = subprocess.Popen([sys.executable, "-c", _TRAIN_CHILD, encoding, str(steps), str(TRAIN_BATCH)], cwd=REPO,
-                            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], cwd=REPO, env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        line = proc.stdout.readline()
-        if line.strip() != "done":
-            raise RuntimeError(f"training subprocess failed: {proc.stderr.read()[-2000:]}")
-        mem = proc_memory(proc.pid)
+        yield proc
     finally:
         with contextlib.suppress(OSError, ValueError):
             proc.stdin.close()
         try:
-            proc.wait(30)
+            proc.wait(wait_s)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def train_memory(encoding: str, steps: int, threads: int) -> dict:
+    """Peak memory of a subprocess that trains the compact `encoding` model `steps` steps on
+    random data at batch 128 (read from /proc/<pid>/status while it waits)."""
+    with _child(_TRAIN_CHILD, [encoding, str(steps), str(TRAIN_BATCH)], threads, wait_s=30) as proc:
+        line = proc.stdout.readline()
+        if line.strip() != "done":
+            raise RuntimeError(f"training subprocess failed: {proc.stderr.read()[-2000:]}")
+        mem = proc_memory(proc.pid)
     return {"encoding": encoding, "steps": steps, "batch": TRAIN_BATCH, "vmhwm_mib": mem["VmHWM"],
             "vmrss_mib": mem["VmRSS"]}
 
@@ -623,12 +632,8 @@ VIT_B_MEMORY_STAGES = {
 def vit_b_memory(encoding: str, threads: int) -> list[dict]:
     """Resident memory (VmRSS, and VmHWM: the peak so far) of a subprocess at each stage of
     `_VIT_B_CHILD`: imports, the model built, one trace kept, the trace as the cache holds it."""
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": str(threads)}
-    proc = subprocess.Popen([sys.executable, "-c", _VIT_B_CHILD, encoding], cwd=REPO, env=env,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     rows = []
-    try:
+    with _child(_VIT_B_CHILD, [encoding], threads, wait_s=60) as proc:
         for stage in VIT_B_MEMORY_STAGES:
             line = proc.stdout.readline().strip()
             if line != stage:
@@ -638,14 +643,6 @@ def vit_b_memory(encoding: str, threads: int) -> list[dict]:
                          "vmrss_mib": mem["VmRSS"], "vmhwm_mib": mem["VmHWM"]})
             proc.stdin.write("\n")
             proc.stdin.flush()
-    finally:
-        with contextlib.suppress(OSError, ValueError):
-            proc.stdin.close()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
     return rows
 
 
