@@ -170,12 +170,97 @@ def results_table(folder: str | Path = "checkpoints") -> str:
     return "\n".join(lines + pub)
 
 
+# ----------------------------------------------------------------------------- the budget study
+STUDY = ("none", "ape", "sape2", "sape2+ape")   # scripts/train_study.sh's encodings
+LONG_EPOCHS = 50
+
+
+def _top1(m: dict | None) -> float | None:
+    return ((m or {}).get("test") or {}).get("top1")
+
+
+def _bias_ratio(m: dict | None) -> float | None:
+    """The SaPE² bias's std over the q·k logits' std at the last epoch, averaged over layers
+    (`enc_bias_ratio_L*` curves; runs from before they were recorded have none)."""
+    curves = (m or {}).get("curves") or {}
+    last = [c[-1] for k, c in curves.items() if k.startswith("enc_bias_ratio_L") and c]
+    return sum(last) / len(last) if last else None
+
+
+def _gap(a: float | None, b: float | None) -> str:
+    return "—" if a is None or b is None else f"{a - b:+.2f}"
+
+
+def budget_table(folder: str | Path = "checkpoints") -> str:
+    """Top-1 of the study's encodings at 15 epochs (the shipped rows, seed 0, and their seed-1
+    reruns in `folder/seeds`) and at 50 (`folder/long`), the SaPE² − none and SaPE² − APE gaps
+    at each budget, the APE table's 2D-structure score and SaPE²'s bias scale. Rows whose recipe
+    differs from the shipped row's in more than the seed or epochs are left out."""
+    folder = Path(folder)
+    main, seeds, long = (load_metrics(folder), load_metrics(folder / "seeds"), load_metrics(folder / "long"))
+    seed1 = {n.removesuffix("-seed1"): m for n, m in seeds.items() if n.endswith("-seed1")}
+
+    def same(m: dict | None, leave: str) -> dict | None:   # a rerun of a shipped row with only `leave` changed
+        row = main.get(_enc(m)) if m else None
+        return m if row and _recipe(row, leave) == _recipe(m, leave) else None
+
+    rows = {n: (main.get(n), same(seed1.get(n), "seed"), same(long.get(n), "epochs")) for n in STUDY}
+    head = ("| encoding | top-1, 15 epochs (seed 0) | 15 epochs (seed 1) | top-1, 50 epochs | 2D score 15 → 50 "
+            "| bias / logit std 15 → 50 |")
+    lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
+    for n, (short, s1, lng) in rows.items():
+        score = lambda m: (m or {}).get("structure", {}).get("spearman")
+        ratio = [_bias_ratio(s1) if _bias_ratio(short) is None else _bias_ratio(short), _bias_ratio(lng)]
+        lines.append(f"| `{n}` | {_fmt(_top1(short), 2)} | {_fmt(_top1(s1), 2)} | {_fmt(_top1(lng), 2)} "
+                     f"| {_fmt(score(short), 2)} → {_fmt(score(lng), 2)} | {_fmt(ratio[0], 3)} → {_fmt(ratio[1], 3)} |")
+    top = {n: [_top1(m) for m in ms] for n, ms in rows.items()}
+    mean15 = {n: _mean([t[0], t[1]]) for n, t in top.items()}
+    runs = lambda n: sum(v is not None for v in top[n][:2])
+    for other, label in (("none", "no encoding"), ("ape", "a learned table (APE)")):
+        lines += ["", f"SaPE² − {label}: {_gap(top['sape2'][0], top[other][0])} points at 15 epochs (seed 0), "
+                      f"{_gap(mean15['sape2'], mean15[other])} between the 15-epoch means over seeds "
+                      f"({runs('sape2')} run(s) of `sape2`, {runs(other)} of `{other}`), "
+                      f"{_gap(top['sape2'][2], top[other][2])} at {LONG_EPOCHS} epochs."]
+    spread = {n: abs(t[0] - t[1]) for n, t in top.items() if None not in t[:2]}
+    if spread:
+        lines += ["", "Seed spread at 15 epochs: " + ", ".join(f"`{n}` {v:.2f}" for n, v in spread.items())
+                  + " points."]
+    todo = [f"`{kind}:{n}`" for n, (_, s1, lng) in rows.items()
+            for kind, m in (("seed1", s1), ("long", lng)) if m is None and not (kind == "seed1" and n == "sape2+ape")]
+    if todo:
+        lines += ["", f"Not trained yet ({len(todo)}): {', '.join(todo)} — `bash scripts/train_study.sh data` "
+                      "resumes them."]
+    return "\n".join(lines)
+
+
+def _enc(m: dict) -> str | None:
+    return (m.get("recipe") or {}).get("encoding")
+
+
+def _mean(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
 MARKERS = ("<!-- results:start -->", "<!-- results:end -->")
+BUDGET_MARKERS = ("<!-- budget:start -->", "<!-- budget:end -->")
+
+
+def block(text: str, markers: tuple[str, str]) -> str | None:
+    """The text between a pair of markers, or None when the file lacks them."""
+    if markers[0] not in text or markers[1] not in text:
+        return None
+    return text[text.index(markers[0]) + len(markers[0]):text.index(markers[1])]
 
 
 def update_readme(readme: str | Path, folder: str | Path = "checkpoints") -> None:
-    """Replace the text between the README's results markers with a fresh table."""
+    """Replace the text between the README's results markers (and its budget-study markers, if
+    it has them) with freshly generated tables."""
     path = Path(readme)
     text = path.read_text()
-    start, end = text.index(MARKERS[0]) + len(MARKERS[0]), text.index(MARKERS[1])
-    path.write_text(text[:start] + "\n" + results_table(folder) + "\n" + text[end:])
+    for markers, make in ((MARKERS, results_table), (BUDGET_MARKERS, budget_table)):
+        if block(text, markers) is None:
+            continue
+        start, end = text.index(markers[0]) + len(markers[0]), text.index(markers[1])
+        text = text[:start] + "\n" + make(folder) + "\n" + text[end:]
+    path.write_text(text)

@@ -1,0 +1,61 @@
+"""The budget-study table (report.budget_table) from checkpoint JSONs, on made-up folders."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from vitpe_core.report import BUDGET_MARKERS, block, budget_table, update_readme
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _write(folder: Path, name: str, enc: str, top1: float, *, seed=0, epochs=15, curves=None, spearman=None):
+    folder.mkdir(parents=True, exist_ok=True)
+    recipe = {"encoding": enc, "preset": "compact", "epochs": epochs, "seed": seed, "lr": 1e-3}
+    metrics = {"test": {"top1": top1}, "recipe": recipe, "curves": curves or {}}
+    if spearman is not None:
+        metrics["structure"] = {"spearman": spearman}
+    (folder / f"{name}.json").write_text(json.dumps({"config": {}, "metrics": metrics}))
+
+
+def test_budget_table_reads_both_budgets_and_both_seeds(tmp_path):
+    for enc, t in (("none", 60.0), ("ape", 70.0), ("sape2", 61.0), ("sape2+ape", 69.0)):
+        _write(tmp_path, enc, enc, t, spearman=0.5 if enc in ("ape", "sape2+ape") else None)
+    _write(tmp_path / "seeds", "none-seed1", "none", 62.0, seed=1)
+    _write(tmp_path / "seeds", "sape2-seed1", "sape2", 63.0, seed=1,
+           curves={"enc_bias_ratio_L0": [0.1, 0.2], "enc_bias_ratio_L1": [0.3, 0.4]})
+    _write(tmp_path / "long", "sape2", "sape2", 75.0, epochs=50, curves={"enc_bias_ratio_L0": [0.9]})
+    _write(tmp_path / "long", "none", "none", 71.5, epochs=50)
+    _write(tmp_path / "long", "ape", "ape", 80.0, epochs=50, spearman=0.7)
+    table = budget_table(tmp_path)
+    assert "| `sape2` | 61.00 | 63.00 | 75.00 | — → — | 0.300 → 0.900 |" in table
+    assert "| `ape` | 70.00 | — | 80.00 | 0.50 → 0.70 | — → — |" in table
+    # sape2 - none: +1.00 at 15 (seed 0), means 62.0 - 61.0 = +1.00, +3.50 at 50
+    assert "SaPE² − no encoding: +1.00 points at 15 epochs (seed 0), +1.00 between" in table
+    assert "+3.50 at 50 epochs" in table
+    assert "SaPE² − a learned table (APE): -9.00 points" in table and "-5.00 at 50 epochs" in table
+    assert "`none` 2.00" in table and "`sape2` 2.00" in table
+    assert "Not trained yet (2): `seed1:ape`, `long:sape2+ape`" in table
+
+
+def test_budget_table_leaves_out_runs_with_another_recipe(tmp_path):
+    _write(tmp_path, "none", "none", 60.0)
+    _write(tmp_path / "long", "none", "none", 90.0, epochs=50)
+    (tmp_path / "long" / "none.json").write_text(
+        (tmp_path / "long" / "none.json").read_text().replace('"lr": 0.001', '"lr": 0.01'))
+    assert "90.00" not in budget_table(tmp_path)
+
+
+def test_update_readme_fills_the_budget_block(tmp_path):
+    _write(tmp_path, "sape2", "sape2", 61.0)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{BUDGET_MARKERS[0]}\nold\n{BUDGET_MARKERS[1]}\nrest\n")
+    update_readme(readme, tmp_path)
+    text = readme.read_text()
+    assert "old" not in text and "| `sape2` | 61.00 |" in text and text.endswith("rest\n")
+
+
+def test_readme_budget_table_is_what_the_checkpoints_say():
+    text = (REPO / "README.md").read_text()
+    assert block(text, BUDGET_MARKERS).strip() == budget_table(REPO / "checkpoints").strip(), \
+        "README.md's budget table is stale: run `python -m vitpe_core table --readme README.md`"
