@@ -147,3 +147,24 @@ def test_kernel_views_and_figures_from_the_analysis():
     none = _model("none")
     _, arrays = Pos.analyze(Checkpoint(none, none.cfg, {}, {}, "none"))
     assert views.kernel_view(arrays, 0, None) is None and views.relative_scores_by_layer(arrays) == {}
+
+
+@pytest.mark.parametrize("cfg, names", [({}, ["CLS"]), ({"class_token": False, "pool": "avg"}, []),
+                                        ({"dist_token": True, "reg_tokens": 2}, ["CLS", "dist", "reg 0", "reg 1"])])
+def test_rollout_maps_for_any_prefix_on_a_non_square_grid(cfg, names):
+    """The bias explorer's rollout: row `token` of `rollout` over the patch columns, for the query
+    patch and every prefix token; the map and the prefix share together carry all the flow."""
+    from vitpe_core import analysis
+    torch.manual_seed(0)
+    model = build_model(ViTConfig(img_size=(16, 20), patch_size=4, dim=32, depth=2, heads=2, mlp_dim=32,
+                                  encoding="rpb", **cfg)).eval()
+    tr = analysis.trace_image(model, _images(1)[0])
+    P = len(names)
+    assert Pos.rollout_sources(model.num_prefix, tr.prefix) == ["patch", *names]
+    full = Pos.rollout(tr.attn, "max")
+    for token in [P + 7, *range(P)]:
+        m, prefix = Pos.rollout_map(tr.attn, GRID, P, token, "max")
+        assert m.shape == GRID
+        np.testing.assert_allclose(m.ravel(), full[token, P:])
+        assert m.sum() + prefix == pytest.approx(1.0)
+        assert (prefix == 0.0) == (P == 0)

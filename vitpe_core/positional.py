@@ -168,6 +168,22 @@ def rollout(attn: np.ndarray, fusion: str = "mean") -> np.ndarray:
     return out
 
 
+def rollout_sources(num_prefix: int, prefix_names: tuple[str, ...] | list[str]) -> list[str]:
+    """The tokens whose rollout the bias explorer offers: the query patch, then every prefix
+    token by name (CLS, dist, reg 0, …; none for a model without prefix tokens)."""
+    assert len(prefix_names) == num_prefix, (prefix_names, num_prefix)
+    return ["patch", *prefix_names]
+
+
+def rollout_map(attn: np.ndarray, grid: Grid, num_prefix: int, token: int, fusion: str = "mean"
+                ) -> tuple[np.ndarray, float]:
+    """Rollout of token `token` (an index into the `T = P + N` tokens) over the input patches:
+    `(H, W)` (row `token` of `rollout(attn, fusion)`, patch columns), and the share of its
+    flow that comes from the prefix tokens (the map sums to 1 minus that share)."""
+    row = rollout(attn, fusion)[token]                                           # (T,)
+    return row[num_prefix:].reshape(grid), float(row[:num_prefix].sum())
+
+
 # ----------------------------------------------------------------------------- one checkpoint, one image set
 def image_set(ckpt) -> Tensor:
     """The fixed image set the statistics are taken on: every gallery image (the CIFAR-10 test

@@ -1,0 +1,146 @@
+"""vitpe_core.stress on cases with known answers: shifting and resizing the input, following a
+patch with its content, and the live "bias shift err" (the README's number, for one image)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from vitpe_core import ViTConfig, analysis, build_model
+from vitpe_core import stress as S
+from vitpe_core.evaluate import bias_shift_error, shift_images
+
+NATIVE, P = (16, 20), 4          # a non-square 4 x 5 grid
+GRID = (4, 5)
+
+
+def _model(encoding: str, depth: int = 2, **cfg) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_model(ViTConfig(img_size=NATIVE, patch_size=P, dim=32, depth=depth, heads=2, mlp_dim=32,
+                                 encoding=encoding, **cfg)).eval()
+
+
+def _image() -> torch.Tensor:
+    return torch.randn(3, *NATIVE, generator=torch.Generator().manual_seed(1))
+
+
+def _traces(model, tf: S.Transform, x: torch.Tensor | None = None):
+    x = _image() if x is None else x
+    return analysis.trace_image(model, x), analysis.trace_image(model, S.transform_input(x, tf))
+
+
+# ----------------------------------------------------------------------------- the input
+@pytest.mark.parametrize("shift", [(4, 0), (0, -8), (3, 5), (-2, 1)])
+def test_zero_fill_shift_is_the_evaluation_shift(shift):
+    x = _image()
+    np.testing.assert_array_equal(S.transform_input(x, S.Transform(NATIVE, shift)), shift_images(x[None], shift)[0])
+
+
+def test_reflect_fill_mirrors_the_edge_and_native_size_is_untouched():
+    x = _image()
+    out = S.transform_input(x, S.Transform(NATIVE, (0, 2), "reflect"))
+    np.testing.assert_array_equal(out[..., 2:], x[..., :-2])
+    np.testing.assert_array_equal(out[..., 0], x[..., 2])                  # reflect: ... x2 x1 | x0 x1 x2
+    np.testing.assert_array_equal(out[..., 1], x[..., 1])
+    assert S.transform_input(x, S.Transform(NATIVE)) is x                  # the default view: the same tensor
+    assert S.transform_input(x, S.Transform((24, 28))).shape == (3, 24, 28)
+    with pytest.raises(ValueError, match="fill"):
+        S.Transform(NATIVE, (1, 0), "wrap")
+
+
+def test_controls_offer_the_cifar_and_imported_ranges():
+    assert S.size_options((32, 32), 4) == [(s, s) for s in range(24, 49, 4)]
+    sizes = S.size_options((224, 224), 16)
+    assert sizes[0] == (176, 176) and sizes[-1] == (336, 336) and (224, 224) in sizes
+    assert S.size_options(NATIVE, P) == [(12, 16), (16, 20), (20, 24), (24, 32)]    # width in proportion
+    assert S.shift_options(4) == list(range(-8, 9)) and S.shift_options(16)[:2] == [-32, -28]
+    assert S.shift_label(4, 4) == "+4 px (1 patch)" and S.shift_label(-2, 4) == "-2 px (½ patch)"
+    assert S.shift_label(6, 4) == "+6 px (1½ patches)" and S.shift_label(0, 4) == "0"
+
+
+# ----------------------------------------------------------------------------- following the content
+def test_the_patch_follows_the_content():
+    follow = lambda tf, patch=(1, 2): S.follow_patch(patch, NATIVE, tf, P)
+    assert follow(S.Transform(NATIVE, (4, -8))) == ((2, 0), True)          # whole patches: the index moves by them
+    assert follow(S.Transform(NATIVE, (3, 1))) == ((2, 2), True)           # sub-patch: the nearest patch
+    assert follow(S.Transform(NATIVE, (2, -2))) == ((1, 2), True)          # a half patch: it stays
+    assert follow(S.Transform(NATIVE, (0, 0))) == ((1, 2), True)
+    assert follow(S.Transform((24, 32))) == ((2, 4), True)                 # resized 1.5 x 1.6: scaled coordinates
+    assert follow(S.Transform((12, 16)), (3, 4)) == ((2, 3), True)
+    assert follow(S.Transform(NATIVE, (0, 12))) == ((1, 4), False)         # pushed out of the image: the edge
+
+
+@pytest.mark.parametrize("shift", [(4, 0), (-4, 8), (3, -1), (2, 2), (-6, -10)])
+def test_source_patches_invert_the_follow_mapping(shift):
+    tf = S.Transform(NATIVE, shift)
+    src = S.source_patches(NATIVE, tf, P)
+    for n in range(GRID[0] * GRID[1]):
+        (r, c), inside = S.follow_patch(divmod(n, GRID[1]), NATIVE, tf, P)
+        if inside:
+            assert src[r * GRID[1] + c] == n
+    if shift[0] % P == 0 and shift[1] % P == 0:                             # whole patches: an exact shift
+        sr, sc = shift[0] // P, shift[1] // P
+        rr, cc = np.meshgrid(np.arange(4), np.arange(5), indexing="ij")
+        inside = (rr - sr >= 0) & (rr - sr < 4) & (cc - sc >= 0) & (cc - sc < 5)
+        np.testing.assert_array_equal(src, np.where(inside, (rr - sr) * 5 + cc - sc, -1).ravel())
+
+
+# ----------------------------------------------------------------------------- how far the maps moved
+@pytest.mark.parametrize("encoding", ["sape2", "cope+ape", "rpb"])
+def test_the_live_number_is_the_readmes_bias_shift_error(encoding):
+    model, x = _model(encoding), _image()
+    for patches in ((1, 0), (0, 2), (1, 1)):
+        tf = S.Transform(NATIVE, (patches[0] * P, patches[1] * P))
+        before, after = _traces(model, tf, x)
+        sv = S.stress_view(before, after, tf, NATIVE, P, (1, 1), 1, None, None)
+        assert sv.bias_error == pytest.approx(bias_shift_error(model, x[None], patches), abs=5e-5)
+
+
+def test_an_rpb_bias_map_moves_exactly_with_a_whole_patch_shift():
+    """RPB's bias depends on offsets only: under a whole-patch shift the followed patch's map is
+    the original map moved by the shift, where the shifted content is known (error 0); under a
+    cyclic shift (torch.roll) as well, on the region the roll does not wrap."""
+    model = _model("rpb")
+    tf = S.Transform(NATIVE, (4, 8))
+    before, after = _traces(model, tf)
+    sv = S.stress_view(before, after, tf, NATIVE, P, (1, 1), 1, 0, None)
+    assert sv.patch == (2, 3) and sv.bias_error == 0.0 and sv.bias.error == 0.0
+    assert np.isnan(sv.bias.expected[0]).all() and np.isnan(sv.bias.expected[:, :2]).all()
+    np.testing.assert_array_equal(sv.bias.diff[1:, 2:], 0.0)
+    rolled = analysis.trace_image(model, torch.roll(_image(), (4, 8), dims=(-2, -1)))
+    m0 = analysis.patch_maps(before, (1, 1))["bias"]                        # (L, h, H, W)
+    m1 = analysis.patch_maps(rolled, (2, 3))["bias"]
+    np.testing.assert_array_equal(m1[..., 1:, 2:], np.roll(m0, (1, 2), axis=(-2, -1))[..., 1:, 2:])
+    # the test can fail: a map that ignores the shift does not match
+    assert not np.allclose(m0[..., 1:, 2:], np.roll(m0, (1, 2), axis=(-2, -1))[..., 1:, 2:])
+
+
+def test_native_size_without_shift_is_the_unshifted_view():
+    model = _model("sape2+ape")
+    tf = S.Transform(NATIVE)
+    before, after = _traces(model, tf)
+    np.testing.assert_array_equal(after.attn, before.attn)
+    sv = S.stress_view(before, after, tf, NATIVE, P, (2, 3), 1, None, "sum")
+    assert sv.patch == (2, 3) and sv.same_prediction and sv.grid == GRID
+    assert sv.bias_error == 0.0 and sv.bias.error == 0.0 and sv.attention.error == 0.0
+    np.testing.assert_array_equal(sv.src, np.arange(20))
+
+
+def test_a_resized_input_runs_on_its_grid_and_is_compared_by_nearest_centre():
+    model = _model("sape2+ape")
+    tf = S.Transform((24, 32), (4, 0), "reflect")
+    before, after = _traces(model, tf)
+    sv = S.stress_view(before, after, tf, NATIVE, P, (1, 2), 0, 1, "x")
+    assert sv.grid == (6, 8) and sv.bias.new.shape == (6, 8) and sv.attention.expected.shape == (6, 8)
+    assert np.isnan(sv.bias.expected[0]).all() and np.isfinite(sv.bias.expected[1:]).all()
+    assert sv.bias_error > 0 and np.isfinite(sv.bias_error)
+    none = S.stress_view(*_traces(_model("none"), tf), tf, NATIVE, P, (1, 2), 0, None, None)
+    assert none.bias is None and none.bias_error is None and np.isfinite(none.attention.error)
+
+
+def test_input_rgb_inverts_the_normalisation():
+    rgb = np.random.default_rng(0).integers(0, 256, (6, 7, 3), dtype=np.uint8)
+    mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
+    x = (torch.from_numpy(rgb).permute(2, 0, 1) / 255 - torch.tensor(mean)[:, None, None]) / \
+        torch.tensor(std)[:, None, None]
+    np.testing.assert_array_equal(S.input_rgb(x, mean, std), rgb)
