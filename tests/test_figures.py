@@ -119,3 +119,69 @@ def test_small_multiples_are_square_tiles_with_ticks(n, cols, rows):
         assert xa.showticklabels and ya.showticklabels and xa.dtick == ya.dtick == 2    # ticks 0, 2, 4, 6
     tops = sorted({round(fig.layout["y" + k[1:]].domain[1], 6) for k in xs}, reverse=True)
     assert len(tops) == rows
+
+
+# ----------------------------------------------------------------------------- emergence as a film
+def _film(epochs=(0, 1, 2, 5), grid=(3, 4)):
+    from vitpe_core import analysis, views
+
+    rng = np.random.default_rng(0)
+    tables = {e: rng.normal(size=(grid[0] * grid[1], 6)) + 0.5 * e for e in epochs}   # (N, D) per epoch
+    return views.film_grids({e: analysis.cosine_similarity(t) for e, t in tables.items()}, grid)
+
+
+def test_the_film_has_one_frame_per_recorded_epoch_and_ends_on_the_static_figures():
+    grids = _film()
+    fig = figures.figure7_film_fig(grids, title="film")
+    assert [f.name for f in fig.frames] == ["0", "1", "2", "5"]
+    assert [s.label for s in fig.layout.sliders[0].steps] == ["0", "1", "2", "5"]
+    assert {b.method for b in fig.layout.updatemenus[0].buttons} == {"animate"}
+    for epoch, frame in ((0, fig.frames[0]), (5, fig.frames[-1])):
+        static = figures.figure7_grid_fig(grids[epoch])
+        np.testing.assert_array_equal(np.asarray(frame.data[0].z), np.asarray(static.data[0].z))
+    np.testing.assert_array_equal(np.asarray(fig.data[0].z), np.asarray(fig.frames[0].data[0].z))
+    assert not np.array_equal(np.asarray(fig.frames[0].data[0].z), np.asarray(fig.frames[1].data[0].z), equal_nan=True)
+
+
+def test_the_gif_decodes_with_one_frame_per_epoch_equal_to_the_static_images():
+    import io
+
+    from PIL import Image
+
+    grids = _film()
+    data = figures.figure7_gif(grids, cell_px=5, frame_ms=300)
+    gif = Image.open(io.BytesIO(data))
+    assert gif.format == "GIF" and gif.n_frames == len(grids)
+    frames = []
+    for k in range(gif.n_frames):
+        gif.seek(k)
+        frames.append(np.asarray(gif.convert("RGB")))
+    for k, epoch in ((0, 0), (-1, 5)):
+        static = np.asarray(figures.figure7_image(grids[epoch], cell_px=5))
+        np.testing.assert_array_equal(frames[k][figures.FILM_LABEL_PX:], static)       # exact colours
+        assert (frames[k][:figures.FILM_LABEL_PX] == 0).all(-1).any()                  # the epoch label is drawn
+    assert not np.array_equal(frames[0][figures.FILM_LABEL_PX:], frames[1][figures.FILM_LABEL_PX:])
+    with pytest.raises(ValueError):
+        figures.figure7_gif({})
+
+
+def test_encoding_scale_fig_one_line_per_layer_and_panel_with_layer_colours():
+    series = {"bias std / logit std": {"L0": ([1, 2], [0.1, 0.2]), "L1": ([1, 2], [0.3, 0.1])},
+              "‖E_x‖": {"L0": ([1, 2], [1.0, 2.0]), "L1": ([1, 2], [1.0, 1.5])}}
+    fig = figures.encoding_scale_fig(series, title="scale")
+    assert len(fig.data) == 4 and [a.text for a in fig.layout.annotations] == list(series)
+    by_layer = {}
+    for t in fig.data:
+        by_layer.setdefault(t.name, set()).add(t.line.color)
+    assert set(by_layer) == {"layer 0", "layer 1"} and all(len(c) == 1 for c in by_layer.values())
+    assert sum(t.showlegend for t in fig.data) == 2
+
+
+def test_query_kernels_fig_outlines_each_query_and_scales_without_it():
+    m = np.zeros((3, 4))
+    m[1, 2], m[0, 0] = 100.0, 1.0                                                  # the query itself is far off
+    fig = figures.query_kernels_fig({"a": m, "b": m.T}, {"a": (1, 2), "b": (2, 1)}, {"a": 0.5, "b": None}, title="t")
+    assert [a.text for a in fig.layout.annotations] == ["a · fit 0.50", "b"]
+    assert fig.data[0].zmax < 2                                                  # scaled on the other keys
+    rects = [s for s in fig.layout.shapes if s.type == "rect"]
+    assert (rects[0].x0, rects[0].y0) == (1.5, 0.5) and (rects[1].x0, rects[1].y0) == (0.5, 1.5)

@@ -139,3 +139,42 @@ def test_bias_titles_are_short_and_the_caption_says_how_maps_are_scaled():
     tr, _ = _trace("rpb")
     bv = views.bias_view(tr, analysis.patch_maps(tr, (2, 3)), "rpb", 0, None, "row")
     assert views.bias_short(bv) == "rpb bias" and "0 = its smallest bias" in views.bias_caption(bv)
+
+
+# ----------------------------------------------------------------------------- per-query kernels, encoding scale
+def _kernel_arrays(kernel: np.ndarray, grid: tuple[int, int]) -> dict[str, np.ndarray]:
+    from vitpe_core import positional
+    return {"kind": np.array("bias"), "kernel": kernel, "offset_kernel": positional.offset_map(kernel, grid),
+            "relative_score": positional.relative_score(kernel, grid)}
+
+
+def test_a_query_row_of_a_stationary_kernel_is_the_offset_kernel_and_a_random_one_is_not():
+    from vitpe_core.encodings.grid import relative_index
+
+    grid, rng = (3, 5), np.random.default_rng(0)
+    H, W = grid
+    table = rng.normal(size=(2, 2, (2 * H - 1) * (2 * W - 1)))                    # (L, h, offsets)
+    idx = relative_index(grid).numpy()                                          # (N, N)
+    shift = rng.normal(size=(1, 1, H * W, 1)) * 5       # a constant per query: softmax ignores it
+    stationary = _kernel_arrays(table[..., idx] + shift, grid)
+    for patch in [(0, 0), (1, 3), (2, 4)]:
+        row, fit = views.query_kernel_view(stationary, 1, 0, patch, grid)
+        assert row.shape == grid and fit == pytest.approx(1.0, abs=1e-9)
+        i = patch[0] * W + patch[1]
+        np.testing.assert_allclose(row.ravel(), table[1, 0, idx[i]] + shift[0, 0, i, 0])
+    row, _ = views.query_kernel_view(stationary, 5, None, (1, 1), grid)          # layer clamped, mean of heads
+    np.testing.assert_allclose(row.ravel(), table[1][:, idx[6]].mean(0) + shift[0, 0, 6])
+    noise = _kernel_arrays(rng.normal(size=(1, 2, H * W, H * W)), grid)
+    assert max(views.query_kernel_view(noise, 0, h, (1, 2), grid)[1] for h in (0, 1)) < 0.6
+    assert views.query_kernel_view({"kind": np.array("none")}, 0, None, (0, 0), grid) is None
+
+
+def test_encoding_scale_series_per_quantity_and_layer_skipping_missing_epochs():
+    curves = {"epoch": [1, 2, 3], "test_top1": [1, 2, 3], "enc_bias_ratio_L1": [None, 0.2, 0.3],
+              "enc_bias_ratio_L0": [0.1, 0.2, 0.4], "enc_ex_norm_L0": [1.0, 1.5, 2.0], "enc_bias_ratio_Lx": [1, 1, 1]}
+    s = views.encoding_scale_series(curves)
+    assert list(s) == ["bias std / logit std", "‖E_x‖"]
+    assert list(s["bias std / logit std"]) == ["L0", "L1"]
+    assert s["bias std / logit std"]["L1"] == ([2, 3], [0.2, 0.3])
+    assert views.encoding_scale_series({"epoch": [1], "test_top1": [5.0]}) == {}
+    assert views.encoding_scale_series({"epoch": [1, 2], "enc_bias_ratio_L0": [None, None]}) == {}

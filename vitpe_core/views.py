@@ -296,3 +296,73 @@ def relative_scores_by_layer(arrays: dict[str, np.ndarray]) -> dict[str, float |
     if str(arrays["kind"]) == "none":
         return {}
     return {f"L{i}": float(s) for i, s in enumerate(arrays["relative_score"].mean(1))}
+
+
+def query_kernel_view(arrays: dict[str, np.ndarray], layer: int, head: int | None, patch: tuple[int, int],
+                      grid: tuple[int, int]) -> tuple[np.ndarray, float] | None:
+    """From `positional.analyze`'s arrays: the position-only logits of query `patch` to every key,
+    `(H, W)` (a row of the `(N, N)` kernel), at `layer` (clamped; layer 0 for tables) and head
+    (None = mean of heads), with how well an offset kernel fits *this row*: the share of the
+    row's variance explained by `f(Δr, Δc) + c_query`, fitted by least squares to the whole
+    kernel (`offset_fit`; the constant per query because softmax ignores it). 1 = the query sees
+    exactly what every other query sees, shifted (a stationary kernel: 1 for every query);
+    None for models without position information."""
+    if str(arrays["kind"]) == "none":
+        return None
+    H, W = grid
+    kern = arrays["kernel"]                                                      # (L', h, N, N)
+    assert kern.shape[-1] == H * W, (kern.shape, grid)
+    lay, i = min(layer, kern.shape[0] - 1), patch[0] * W + patch[1]
+    k = kern[lay].mean(0) if head is None else kern[lay, min(head, kern.shape[1] - 1)]   # (N, N)
+    row, resid = k[i], k[i] - offset_fit(k, grid)[i]                            # (N,) each
+    total = float(((row - row.mean()) ** 2).sum())
+    explained = 1.0 if total <= 1e-20 else 1.0 - float((resid ** 2).sum()) / total
+    return row.reshape(H, W), explained
+
+
+def offset_fit(kernel: np.ndarray, grid: tuple[int, int], iters: int = 100) -> np.ndarray:
+    """The least-squares fit `f[offset(i, n)] + c[i]` of a kernel `(N, N)` (a relative kernel
+    plus a constant per query), by alternating means (converges: two-way means on an unbalanced
+    design); `(N, N)`."""
+    from .encodings.grid import relative_index
+    from .positional import offset_map
+
+    H, W = grid
+    idx = relative_index(grid).numpy()                                           # (N, N)
+    c = np.zeros((kernel.shape[0], 1))
+    for _ in range(iters):
+        f = offset_map(kernel - c, grid).reshape(-1)[idx]                        # (N, N)
+        c_new = (kernel - f).mean(-1, keepdims=True)                             # (N, 1)
+        if np.abs(c_new - c).max() < 1e-10:
+            c = c_new
+            break
+        c = c_new
+    return offset_map(kernel - c, grid).reshape(-1)[idx] + c
+
+
+def film_grids(sims: dict[int, np.ndarray], grid: tuple[int, int]) -> dict[int, np.ndarray]:
+    """epoch -> `(N, N)` table similarity  ->  epoch -> `(H, W, H, W)` Figure-7 grid, in epoch order
+    (the frames of `figures.figure7_film_fig` / `figure7_gif`)."""
+    return {int(e): analysis.similarity_grid(np.asarray(sims[e]), grid) for e in sorted(sims)}
+
+
+SCALE_SERIES = {"enc_bias_ratio_L": "bias std / logit std", "enc_ex_norm_L": "‖E_x‖", "enc_ey_norm_L": "‖E_y‖"}
+
+
+def encoding_scale_series(curves: dict) -> dict[str, dict[str, tuple[list, list]]]:
+    """The encoding-scale record of a checkpoint's training curves (`analysis.encoding_scale`,
+    one value per epoch and layer): quantity -> layer ("L0", ...) -> (epochs, values), epochs
+    without a value left out; quantities without any value are absent (an empty dict for a
+    checkpoint trained before the record existed, or without a bias)."""
+    epochs = list(curves.get("epoch") or [])
+    out: dict[str, dict[str, tuple[list, list]]] = {}
+    for prefix, what in SCALE_SERIES.items():
+        layers = sorted((k for k in curves if k.startswith(prefix) and k[len(prefix):].isdigit()),
+                        key=lambda k: int(k[len(prefix):]))
+        for key in layers:
+            values = list(curves[key])
+            xs = epochs if len(epochs) == len(values) else list(range(1, len(values) + 1))
+            pts = [(x, v) for x, v in zip(xs, values) if v is not None]
+            if pts:
+                out.setdefault(what, {})["L" + key[len(prefix):]] = ([x for x, _ in pts], [v for _, v in pts])
+    return out
