@@ -144,3 +144,17 @@ def test_input_rgb_inverts_the_normalisation():
     x = (torch.from_numpy(rgb).permute(2, 0, 1) / 255 - torch.tensor(mean)[:, None, None]) / \
         torch.tensor(std)[:, None, None]
     np.testing.assert_array_equal(S.input_rgb(x, mean, std), rgb)
+
+
+def test_the_difference_figure_leaves_unknown_cells_blank_and_centres_the_difference():
+    from vitpe_core import figures
+    model = _model("sape2")
+    tf = S.Transform(NATIVE, (4, 0))
+    sv = S.stress_view(*_traces(model, tf), tf, NATIVE, P, (1, 1), 0, None, None)
+    fig = figures.shift_diff_fig(sv.bias.expected, sv.bias.new, sv.bias.diff, title="bias", colorbar_title="bias",
+                                 patch=sv.patch)
+    expected, new, diff = (np.array(t.z, dtype=float) for t in fig.data)
+    assert np.isnan(expected[0]).all() and np.isnan(diff[0]).all() and np.isfinite(new).all()
+    assert fig.data[2].zmin == -fig.data[2].zmax == -np.nanmax(np.abs(sv.bias.diff)) < 0
+    assert fig.data[0].zmin == fig.data[1].zmin and fig.data[0].zmax == fig.data[1].zmax
+    assert [s.x0 for s in fig.layout.shapes] == [sv.patch[1] - 0.5] * 3
