@@ -541,6 +541,159 @@ def distance_by_depth_fig(distances: Mapping[str, np.ndarray], *, title: str,
     return fig
 
 
+def query_kernels_fig(maps: Mapping[str, np.ndarray], patches: Mapping[str, tuple[int, int]],
+                      scores: Mapping[str, float | None], *, title: str, cols: int = 5) -> go.Figure:
+    """Per-query position-only kernels side by side: name -> `(H, W)` logits of the query patch
+    `patches[name]` (outlined) to every key, on each checkpoint's own grid, each on its own
+    symmetric colour range around its mean (set by the keys other than the query itself, as in
+    `kernels_fig`), titled with `scores[name]` (how much of this row the offset kernel explains)."""
+    names = list(maps)
+    rows = max(1, math.ceil(len(names) / cols))
+    titles = [f"{n} · fit {scores[n]:.2f}" if scores.get(n) is not None else n for n in names]
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.03,
+                        vertical_spacing=0.12 / rows)
+    for i, name in enumerate(names):
+        m = np.asarray(maps[name], dtype=float)
+        pr, pc = patches[name]
+        others = np.ones_like(m, dtype=bool)
+        others[pr, pc] = False                                  # the query itself (e.g. SaPE²'s zero self-distance)
+        m = m - np.nanmean(m[others]) if others.any() else m
+        lim = float(np.nanmax(np.abs(m[others]))) if others.any() else 0.0
+        r, c = divmod(i, cols)
+        fig.add_trace(go.Heatmap(z=m, zmin=-(lim or 1.0), zmax=lim or 1.0, colorscale=KERNEL_SCALE, showscale=False,
+                                 hovertemplate="key (%{y}, %{x}): %{z:.3f}<extra>" + name + "</extra>"),
+                      row=r + 1, col=c + 1)
+        _outline(fig, pc - 0.5, pr - 0.5, pc + 0.5, pr + 0.5, row=r + 1, col=c + 1)
+        _grid_axes(fig, row=r + 1, col=c + 1)
+    fig.update_xaxes(showticklabels=False)
+    fig.update_yaxes(showticklabels=False, scaleanchor="x", scaleratio=1)
+    _title(fig, title, subplot_titles=True)
+    fig.update_layout(height=rows * 190 + fig.layout.margin.t + 10)
+    return fig
+
+
+# ----------------------------------------------------------------------------- emergence as a film
+def figure7_film_fig(grids: Mapping[int, np.ndarray], *, title: str, frame_ms: int = 500) -> go.Figure:
+    """The ViT paper's Figure 7 over training: epoch -> `(H, W, H, W)` similarity grid, one
+    animation frame per epoch (named by it), a play / pause button and an epoch slider; the
+    figure opens on the first epoch, drawn as `figure7_grid_fig` draws it."""
+    epochs = list(grids)
+    if not epochs:
+        raise ValueError("a film needs at least one recorded epoch")
+    fig = figure7_grid_fig(grids[epochs[0]], title=title)
+    fig.frames = [go.Frame(data=[go.Heatmap(z=figure7_canvas(grids[e]))], traces=[0], name=str(e)) for e in epochs]
+    step = dict(mode="immediate", frame=dict(duration=frame_ms, redraw=True), transition=dict(duration=0))
+    fig.update_layout(
+        updatemenus=[dict(type="buttons", direction="left", x=0, xanchor="left", y=0, yanchor="top",
+                          pad=dict(t=8), showactive=False,
+                          buttons=[dict(label="▶ play", method="animate", args=[None, {**step, "fromcurrent": True}]),
+                                   dict(label="❚❚ pause", method="animate",
+                                        args=[[None], dict(mode="immediate", frame=dict(duration=0, redraw=False))])])],
+        sliders=[dict(active=0, x=0.22, len=0.78, y=0, yanchor="top", pad=dict(t=8),
+                      currentvalue=dict(prefix="epoch ", font=dict(size=12)),
+                      steps=[dict(label=str(e), method="animate", args=[[str(e)], step]) for e in epochs])],
+        height=560, margin={**fig.layout.margin.to_plotly_json(), "b": 90})
+    return fig
+
+
+FILM_LABEL_PX = 22
+
+
+def _exact_palette(rgb: np.ndarray) -> Image.Image:
+    """`(h, w, 3)` uint8 -> a "P" image with exactly its colours when it has at most 256 (a
+    Figure-7 frame: the colour scale's levels, white and black), else Pillow's quantisation."""
+    colors, idx = np.unique(rgb.reshape(-1, 3), axis=0, return_inverse=True)
+    if len(colors) > 256:
+        return Image.fromarray(rgb).quantize(256)
+    img = Image.fromarray(idx.reshape(rgb.shape[:2]).astype(np.uint8), mode="P")
+    img.putpalette(colors.astype(np.uint8).ravel().tolist())
+    return img
+
+
+def figure7_gif(grids: Mapping[int, np.ndarray], *, cell_px: int | None = None, frame_ms: int = 500) -> bytes:
+    """An animated GIF (looping) of the Figure-7 grid over training: epoch -> `(H, W, H, W)`,
+    one frame per epoch, each `figure7_image` of that epoch (no patch outlined) below a white
+    band of `FILM_LABEL_PX` pixels saying the epoch. Rendered from the arrays with Pillow (no
+    browser); the colours are exact (`_exact_palette`)."""
+    from PIL import ImageDraw, ImageFont
+
+    if not grids:
+        raise ValueError("a film needs at least one recorded epoch")
+    font = ImageFont.load_default(size=14)
+    frames = []
+    for epoch, sim_grid in grids.items():
+        tile = np.asarray(figure7_image(sim_grid, cell_px=cell_px))                # (h, w, 3)
+        img = Image.new("RGB", (tile.shape[1], tile.shape[0] + FILM_LABEL_PX), (255, 255, 255))
+        img.paste(Image.fromarray(tile), (0, FILM_LABEL_PX))
+        draw = ImageDraw.Draw(img)
+        draw.fontmode = "1"                                     # no anti-aliasing: black and white only
+        draw.text((4, 3), f"epoch {epoch}", fill=(0, 0, 0), font=font)
+        frames.append(_exact_palette(np.asarray(img)))
+    buf = io.BytesIO()
+    frames[0].save(buf, format="GIF", save_all=True, append_images=frames[1:], duration=frame_ms, loop=0,
+                   disposal=1, optimize=False)
+    return buf.getvalue()
+
+
+# ----------------------------------------------------------------------------- encoding scale in training
+def encoding_scale_fig(series: Mapping[str, Mapping[str, tuple[Sequence[float], Sequence[float]]]], *,
+                       title: str) -> go.Figure:
+    """`views.encoding_scale_series`: quantity -> layer -> (epochs, values); one panel per
+    quantity, one line per layer (a layer keeps its colour in every panel)."""
+    names = list(series)
+    layers = sorted({lay for s in series.values() for lay in s}, key=lambda s: int(s[1:]) if s[1:].isdigit() else 0)
+    colors = {lay: CHECKPOINT_PALETTE[i % len(CHECKPOINT_PALETTE)] for i, lay in enumerate(layers)}
+    fig = make_subplots(rows=1, cols=max(1, len(names)), subplot_titles=names, horizontal_spacing=0.08)
+    for col, name in enumerate(names, start=1):
+        for lay, (x, y) in series[name].items():
+            fig.add_trace(go.Scatter(x=list(x), y=list(y), mode="lines+markers", name=f"layer {lay[1:]}",
+                                     legendgroup=lay, showlegend=col == 1, line=dict(color=colors[lay]),
+                                     marker=dict(color=colors[lay], size=4),
+                                     hovertemplate=f"layer {lay[1:]}, epoch %{{x}}: %{{y:.4g}}<extra>{name}</extra>"),
+                          row=1, col=col)
+    fig.update_xaxes(title="epoch")
+    _title(fig, title, subplot_titles=True, b=40)
+    fig.update_layout(height=320 + fig.layout.margin.t, legend=dict(orientation="h", y=-0.25, yanchor="top"))
+    return fig
+
+
+DIFF_SCALE = "RdBu_r"        # difference maps: blue below, red above, white = equal
+
+
+def shift_diff_fig(expected: np.ndarray, new: np.ndarray, diff: np.ndarray, *, title: str, colorbar_title: str,
+                   patch: tuple[int, int] | None = None, colorscale: str = BIAS_SCALE,
+                   titles: tuple[str, str, str] = ("original, moved with the content", "after the change",
+                                                   "difference (after − moved)")) -> go.Figure:
+    """The stress test's difference view, three `(H, W)` maps on the new grid: the original map
+    carried with the content (`expected`, NaN = content from outside, left blank), the map after
+    the shift or resize (`new`; the two share one colour scale) and `diff = new − expected` on a
+    symmetric diverging scale (white = the map moved exactly with the content)."""
+    spacing = 0.12
+    fig = make_subplots(rows=1, cols=3, subplot_titles=titles, horizontal_spacing=spacing)
+    both = np.concatenate([np.ravel(expected), np.ravel(new)])
+    lo, hi = _bounds(both, None, None) if np.isfinite(both).any() else (None, None)
+    span = float(np.nanmax(np.abs(diff))) if np.isfinite(diff).any() else 0.0
+    span = span if span > 0 else 1e-12
+    width = (1 - 2 * spacing) / 3
+    for i, (m, cs, (zlo, zhi)) in enumerate(zip((expected, new, diff), (colorscale, colorscale, DIFF_SCALE),
+                                                ((lo, hi), (lo, hi), (-span, span)))):
+        bar = None if i == 0 else dict(title=dict(text=colorbar_title if i == 1 else "difference"), len=0.9,
+                                       thickness=10, x=(2 * width + spacing + 0.01) if i == 1 else 1.01,
+                                       xanchor="left")
+        fig.add_trace(go.Heatmap(z=m, colorscale=scale_stops(cs), zmin=zlo, zmax=zhi, showscale=bar is not None,
+                                 colorbar=bar, hoverongaps=False,
+                                 hovertemplate="patch (%{y}, %{x})<br>value %{z:.4g}<extra></extra>"),
+                      row=1, col=i + 1)
+        _grid_axes(fig, row=1, col=i + 1)
+        fig.update_xaxes(showticklabels=False, scaleanchor="y" if i == 0 else f"y{i + 1}", row=1, col=i + 1)
+        fig.update_yaxes(showticklabels=False, row=1, col=i + 1)
+        if patch is not None:
+            _outline(fig, patch[1] - 0.5, patch[0] - 0.5, patch[1] + 0.5, patch[0] + 0.5, row=1, col=i + 1)
+    _title(fig, title, subplot_titles=True, r=60)
+    fig.update_layout(height=240 + fig.layout.margin.t, plot_bgcolor="#eeeeee")
+    return fig
+
+
 DIFF_SCALE = "RdBu_r"        # difference maps: blue below, red above, white = equal
 
 
