@@ -1,35 +1,41 @@
-"""Load test of the Streamlit app: N concurrent browser sessions click patches on the bias
-explorer for a while; the figures go into RELIABILITY.md ("Load").
+"""Load test of the Streamlit app: many concurrent sessions on loopback; the figures go into
+RELIABILITY.md ("Load").
 
-    python -m benchmarks.load_test --sessions 20 --seconds 60        # writes artifacts/load_test.json
-    python -m benchmarks.load_test --checkpoints /path/to/folder --port 8765
+    python -m benchmarks.load_test --sessions 50 --seconds 60 --browsers 3   # -> artifacts/load_test.json
+    python -m benchmarks.load_test --sessions 8 --seconds 15                 # what tests/test_load.py runs
+    python -m benchmarks.load_test --engine browser --sessions 20 --seconds 60   # chromium pages only
     python -m benchmarks.load_test --memory-only    # the server's memory with every checkpoint loaded
 
 It starts the real server (`python -m streamlit run app.py` on 127.0.0.1, its own process
-group, always stopped afterwards) and drives it with Debian's chromium through playwright: one
-browser, one browser context (= one Streamlit session, own cookies and websocket) per
-session. Each session opens a different share link (checkpoint, image, patch) and then, until
-the time is up, clicks a new patch on the image and waits for the page to say
-`Patch (r, c)` and for the script run to finish, then clicks again at once (a closed loop
-with no think time: the worst case, each session has one click in flight). Recorded:
+group, always stopped afterwards) and drives it two ways at once:
 
-* clicks served, and per-click latency: click -> the new `Patch (r, c)` text (what a user
-  waits for) and click -> the script run finished (every chart redrawn); p50 / p95 / max;
-* errors (a page that does not load, a click not answered in `--click-timeout` s, a
-  Streamlit exception box, a lost websocket); uncaught JavaScript errors separately, and
-  reloads (a session whose clickable image did not appear within 30 s reloads once);
-* CPU: the server's CPU time (per click, and as cores used) against the machine's — on a
-  small machine the browsers compete with the server for the same cores;
-* cross-talk: after every answer the page must show only this session's patch, checkpoint
-  and image (text, widgets and URL) — never another session's;
-* the server's resident memory: VmRSS sampled every 0.25 s and the kernel's high-water mark
-  VmHWM (/proc/<pid>/status; psutil's RSS where /proc is missing);
-* `/_stcore/health` after the run.
+* **websocket sessions** (`--sessions`, the load): `benchmarks.st_client` speaks Streamlit's
+  own protocol (`/_stcore/stream`, protobuf BackMsg/ForwardMsg, uploads through
+  `/_stcore/upload_file`) like a browser tab, without rendering anything, so 50 of them cost
+  the machine a fraction of what the server spends on them (measured: `client.cores`).
+  Each opens a different share link (checkpoint, image, patch), and once all have loaded,
+  draws actions until the time is up, with a think time between them (`--think`, seconds):
+  a click on a patch (60 %: the clickable image's value as the browser sends it, or the
+  row/column inputs where the page offers no clickable image), a page view (15 %), an image
+  upload (10 %: a PNG with a name and pixels of its own), opening its share link in a new
+  session (15 %). Session 0 also imports a model on the Checkpoints page (a small
+  timm-layout ViT, `.npz`). Then a **click-only phase** (`--click-phase` s): every session
+  only clicks, and the server's CPU time in it / its clicks is the CPU per click.
+* **browser sessions** (`--browsers`, a check, default 0): Debian's chromium through
+  playwright, each a context of its own clicking the real image, so that a real browser's
+  click is seen to land under the same load.
+
+Every answer is checked: a finished script run (no answer within `--click-timeout` s is an
+error), no exception element, the page's title, the patch text `Patch (r, c)` and the share
+link naming this session's patch and checkpoint, this session's upload shown; and
+**cross-talk**: no page ever shows another session's upload (their names carry the session)
+or lists another session's imported model. Recorded: latency per action (p50/p95/max), errors,
+cross-talk, the server's memory (VmRSS sampled every 0.25 s, the kernel's VmHWM), the
+server's CPU (/proc/<pid>/stat) apart from the client's own (this process) and the machine's,
+the bytes sent per click, and `/_stcore/health` afterwards.
 
 `--checkpoints` defaults to `checkpoints/`; if that holds no checkpoint, the tests' tiny
-random-weight set (`harness.write_random_checkpoints`) is written to a temporary folder. The
-server, browser and page helpers are `benchmarks.harness`'s; tests/test_load.py runs
-`make_specs` and `run_load` for a short while.
+random-weight set (`harness.write_random_checkpoints`) is written to a temporary folder.
 """
 from __future__ import annotations
 
@@ -38,6 +44,7 @@ import asyncio
 import contextlib
 import json
 import os
+import platform
 import random
 import re
 import shutil
@@ -54,6 +61,16 @@ from benchmarks.harness import (IMAGE_FRAME, REPO, Server, background_jobs, chec
                                 url_params, wait_script_run, write_random_checkpoints)
 
 PATCH_TEXT = re.compile(r"^Patch \(\d+, \d+\)$")
+SERVER_ARGS = ("--server.fileWatcherType", "none")   # as deployed: no watching of the source tree
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), for the report."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
 
 
 def memory_mb(pid: int) -> dict[str, float]:
@@ -336,15 +353,429 @@ def page_memory(server: Server, pages: tuple[str, ...] = ("compare", "similarity
     return {k: {m: round(v, 1) for m, v in d.items()} for k, d in out.items()}
 
 
+# ----------------------------------------------------------------------------- websocket sessions
+PAGE_TITLES = {"bias": "Bias explorer", "similarity": "Embedding similarity", "compare": "Compare encodings",
+               "checkpoints": "Checkpoints"}
+ACTIONS = ("click", "page", "upload", "share")
+WEIGHTS = (0.6, 0.15, 0.1, 0.15)            # the mix of actions a session draws from
+PATCH_MD = re.compile(r"\*\*Patch \((\d+), (\d+)\)\*\*")
+UPLOAD_NAME = re.compile(r"load-s(\d+)-u\d+\.png")
+MODEL_NAME = "loadmodel"                     # the one imported model: `loadmodel.npz` -> `loadmodel-upload`
+MODEL_GRID = (8, 8)                          # its patch grid (32 px, patch 4)
+
+
+def tiny_model_npz(seed: int = 0) -> bytes:
+    """A small timm-layout ViT (.npz of its state dict, as `np.savez` writes timm's weights):
+    what a visitor would upload on the Checkpoints page ("Import your own ViT")."""
+    import io
+
+    import numpy as np
+    import torch
+
+    from vitpe_core import ViTConfig, build_model
+
+    torch.manual_seed(seed)
+    model = build_model(ViTConfig(img_size=(32, 32), patch_size=4, dim=64, depth=2, heads=1, mlp_dim=64,
+                                  num_classes=10))
+    sd = {k: v.numpy() for k, v in model.state_dict().items()}
+    sd["pos_embed"] = sd.pop("pos_enc.pos_embed")
+    buf = io.BytesIO()
+    np.savez(buf, **sd)
+    return buf.getvalue()
+
+
+def upload_png(session: int, n: int, side: int = 96) -> bytes:
+    """A distinct photo-sized PNG for each (session, upload)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(1000 * session + n)
+    a = rng.integers(0, 256, (side // 8, side // 8, 3), dtype=np.uint8).repeat(8, 0).repeat(8, 1)
+    buf = io.BytesIO()
+    Image.fromarray(a).save(buf, "PNG")
+    return buf.getvalue()
+
+
+@dataclass
+class WsResult:
+    spec: dict
+    index: int
+    latency: dict[str, list[float]] = field(default_factory=lambda: {a: [] for a in (*ACTIONS, "model", "open")})
+    clicks: int = 0
+    clicks_sent: int = 0
+    errors: list[str] = field(default_factory=list)
+    crosstalk: list[str] = field(default_factory=list)
+    bytes: int = 0
+    uploads: list[str] = field(default_factory=list)
+    phase_clicks: int = 0                     # clicks in the click-only phase
+
+
+def _link(page_text_code: list[str]) -> str | None:
+    for t in page_text_code:
+        if t.startswith("http://") or t.startswith("https://"):
+            return t.strip()
+    return None
+
+
+def share_link_of(session) -> str | None:
+    """The page's "Link to this view" (the sidebar's code block)."""
+    return _link([el.code_text for kind, el in session.page.elements.values() if kind == "code"])
+
+
+def check_page(session, res: WsResult, *, page: str, ckpt: str | None = None, patch: tuple[int, int] | None = None,
+               upload: str | None = None) -> list[str]:
+    """What on the page is wrong: an exception, not this page's title, another session's
+    patch, checkpoint, upload or model (cross-talk goes to `res.crosstalk`)."""
+    p = session.page
+    wrong = [f"exception on {page}: {e}" for e in p.exceptions(trace=True)]
+    texts = p.texts()
+    if PAGE_TITLES[page] not in texts:
+        wrong.append(f"{page}: title {PAGE_TITLES[page]!r} not among the page's text")
+    text = "\n".join(texts)
+    seen = {m for m in UPLOAD_NAME.findall(text)}
+    if seen - {str(res.index)}:
+        res.crosstalk.append(f"{page}: another session's upload on the page: sessions {sorted(seen)}")
+    if upload and upload not in text:
+        wrong.append(f"{page}: own upload {upload!r} not shown")
+    for key, w in p.widgets().items():
+        if key.endswith("_ckpt") and w.kind == "selectbox":
+            models = [o for o in w.proto.options if o.endswith("-upload")]
+            if models and (res.index != 0 or models != [f"{MODEL_NAME}-upload"]):
+                res.crosstalk.append(f"{page}: imported models {models} in session {res.index}'s list")
+    link = share_link_of(session)
+    q = url_params(link) if link else {}
+    if patch is not None:
+        shown = PATCH_MD.findall(text)
+        if shown != [(str(patch[0]), str(patch[1]))]:
+            (res.crosstalk if shown else wrong).append(f"{page}: patch texts {shown}, expected {patch}")
+        if q.get("patch") != f"{patch[0]},{patch[1]}":
+            res.crosstalk.append(f"{page}: link {link} does not carry patch {patch}")
+    if ckpt is not None and q.get("ckpt") != ckpt:
+        res.crosstalk.append(f"{page}: link {link} does not carry ckpt {ckpt}")
+    return wrong
+
+
+def click_state(session, page: str, target: tuple[int, int], grid: tuple[int, int]) -> tuple[str, dict]:
+    """How the tab sends a click on patch `target`, as the page offers it: the clickable image
+    component (`<page>_click`, its {x, y, width, height} value), a Plotly chart with point
+    selection (the selection of the patch's point), else the row/column number inputs."""
+    widgets = session.page.widgets()
+    w = widgets.get(f"{page}_click")
+    (r, c), (H, W) = target, grid
+    if w is not None and w.kind == "component_instance":
+        width, height = 20.0 * W, 20.0 * H
+        session.set_json_value(w.id, {"x": (c + 0.5) * width / W, "y": (r + 0.5) * height / H, "width": width,
+                                      "height": height, "unix_time": int(time.time() * 1000)})
+        return "component", {}
+    if w is not None and w.kind == "plotly_chart":
+        point = {"curve_number": 0, "point_number": r * W + c, "point_index": r * W + c, "x": c, "y": r}
+        session.set_selection(w.id, {"selection": {"points": [point], "point_indices": [r * W + c],
+                                                   "box": [], "lasso": []}})
+        return "plotly", {}
+    session.set_number(f"{page}_row", r)
+    session.set_number(f"{page}_col", c)
+    return "inputs", {}
+
+
+async def ws_user(base: str, spec: Spec, index: int, gate: "Gate", *, think: tuple[float, float],
+                  click_timeout: float, load_timeout: float, model_npz: bytes | None,
+                  click_phase: float) -> WsResult:
+    """One visitor: opens a share link, then until the deadline draws actions (clicks, page
+    views, image uploads, opening its share link in a new tab); session 0 also imports a model."""
+    from benchmarks.st_client import open_session
+
+    res = WsResult(spec=asdict(spec), index=index)
+    rng = random.Random(spec.seed)
+    page, patch, upload, n_up, ckpt, grid = "bias", spec.patch, None, 0, spec.ckpt, spec.grid
+    s = None
+    try:
+        t0 = time.monotonic()
+        s, _ = await open_session(base, "/?" + share_url(base, ckpt=spec.ckpt, image=spec.image,
+                                                           patch=spec.patch).split("?", 1)[1], load_timeout)
+        res.latency["open"].append(time.monotonic() - t0)
+        res.errors += check_page(s, res, page="bias", ckpt=ckpt, patch=patch)
+    except Exception as e:  # noqa: BLE001 — every failure is recorded, the run goes on
+        res.errors.append(f"open: {type(e).__name__}: {e}")
+        gate.leave_early()
+        await gate.arrive()
+        if s is not None:
+            await s.close()
+        return res
+    await gate.arrive()
+    model_at = gate.opened_at + 5.0 if (model_npz is not None and index == 0) else None
+    while time.monotonic() < gate.deadline:
+        if model_at is not None and time.monotonic() >= model_at:
+            action, model_at = "model", None
+        else:
+            action = rng.choices(ACTIONS, WEIGHTS)[0]
+            if action in ("upload", "share") and page != "bias":
+                action = "page"
+        try:
+            t0 = time.monotonic()
+            if action == "click":
+                if page != "bias":
+                    await s.run(page="bias", timeout=click_timeout)
+                    page = "bias"
+                H, W = grid
+                target = patch
+                while target == patch:
+                    target = (rng.randrange(H), rng.randrange(W))
+                click_state(s, "bias", target, grid)
+                res.clicks_sent += 1
+                st = await s.run(timeout=click_timeout)
+                patch = target
+                res.clicks += 1
+                res.bytes += st.bytes
+                res.errors += check_page(s, res, page="bias", ckpt=ckpt, patch=patch, upload=upload)
+            elif action == "page":
+                page = rng.choice([p for p in PAGE_TITLES if p != page])
+                st = await s.run(page=page, timeout=click_timeout)
+                res.bytes += st.bytes
+                res.errors += check_page(s, res, page=page, upload=upload if page != "checkpoints" else None)
+            elif action == "upload":
+                n_up += 1
+                name = f"load-s{index}-u{n_up}.png"
+                await s.upload(f"{page}_upload" if f"{page}_upload" in s.page.widgets() else
+                               next(k for k in s.page.widgets() if k.startswith(f"{page}_upload")),
+                               name, upload_png(index, n_up), "image/png")
+                st = await s.run(timeout=click_timeout)
+                res.bytes += st.bytes
+                upload = name
+                res.uploads.append(name)
+                text = s.page.text()
+                m = PATCH_MD.findall(text)
+                patch = (int(m[0][0]), int(m[0][1])) if m else patch
+                res.errors += check_page(s, res, page=page, upload=upload)
+            elif action == "share":
+                link = share_link_of(s)
+                other, _ = await open_session(base, "/?" + link.split("?", 1)[1], load_timeout)
+                try:
+                    res.errors += check_page(other, res, page="bias", ckpt=ckpt, patch=patch)
+                finally:
+                    await other.close()
+            elif action == "model":
+                st = await s.run(page="checkpoints", timeout=click_timeout)
+                page = "checkpoints"
+                await s.upload("checkpoints_model_upload", f"{MODEL_NAME}.npz", model_npz)
+                await s.run(timeout=click_timeout)
+                await s.run(timeout=load_timeout, trigger=s.trigger("checkpoints_model_import"))
+                text = s.page.text()
+                if f"Imported as `{MODEL_NAME}-upload`" not in text:
+                    res.errors.append(f"model import not confirmed: {[t for t in s.page.texts() if 'mport' in t]}")
+                res.errors += check_page(s, res, page="checkpoints")
+                ck = s.page.widgets().get("checkpoints_ckpt")
+                if ck is None or f"{MODEL_NAME}-upload" not in ck.proto.options:
+                    res.errors.append("the imported model is not in its own session's checkpoint list")
+                q = url_params(share_link_of(s) or "")
+                ckpt = q.get("ckpt", ckpt)            # the page switches the session to the imported model
+                grid = MODEL_GRID if ckpt == f"{MODEL_NAME}-upload" else grid
+                patch = tuple(int(x) for x in q["patch"].split(",")) if q.get("patch") else patch
+            res.latency[action].append(time.monotonic() - t0)
+        except Exception as e:  # noqa: BLE001
+            res.errors.append(f"{action}: {type(e).__name__}: {str(e)[:200]}")
+            if s.closed_reason:
+                break
+        await asyncio.sleep(rng.uniform(*think))
+    # the click-only phase: server CPU per click without page views, uploads or new sessions
+    if click_phase > 0 and s.closed_reason:
+        gate.leave_early()
+    elif click_phase > 0:
+        await gate.arrive_phase()
+        try:
+            if page != "bias":
+                await s.run(page="bias", timeout=click_timeout)
+            while time.monotonic() < gate.phase_deadline:
+                H, W = grid
+                target = patch
+                while target == patch:
+                    target = (rng.randrange(H), rng.randrange(W))
+                click_state(s, "bias", target, grid)
+                t0 = time.monotonic()
+                res.clicks_sent += 1
+                await s.run(timeout=click_timeout)
+                patch = target
+                res.latency["click"].append(time.monotonic() - t0)
+                res.clicks += 1
+                res.phase_clicks += 1
+                res.errors += check_page(s, res, page="bias", ckpt=ckpt, patch=patch, upload=upload)
+                await asyncio.sleep(rng.uniform(*think))
+        except Exception as e:  # noqa: BLE001
+            res.errors.append(f"click phase: {type(e).__name__}: {str(e)[:200]}")
+        await gate.leave_phase()
+    await s.close()
+    return res
+
+
+class PhaseGate(Gate):
+    """`Gate` plus the click-only phase: it opens when every session still running arrived
+    (or after `wait` s) and lasts `phase` s; the server's CPU time is read at both ends."""
+
+    def __init__(self, n: int, seconds: float, server_pid: int, phase: float, wait: float = 120.0):
+        super().__init__(n, seconds, server_pid)
+        self.phase, self.wait, self.active = phase, wait, n
+        self.phase_arrived, self.phase_left = 0, 0
+        self.phase_open = asyncio.Event()
+        self.phase_deadline = float("inf")
+        self.phase_cpu = [0.0, 0.0]
+        self.phase_time = [0.0, 0.0]
+
+    def _open_phase(self) -> None:
+        if not self.phase_open.is_set():
+            self.phase_time[0], self.phase_cpu[0] = time.monotonic(), cpu_seconds(self.pid)
+            self.phase_deadline = self.phase_time[0] + self.phase
+            self.phase_open.set()
+
+    def leave_early(self) -> None:
+        """A session that will not reach the phase (it failed, or is a browser session)."""
+        self.active -= 1
+        if self.phase_arrived and self.phase_arrived >= self.active:
+            self._open_phase()
+
+    async def arrive_phase(self) -> None:
+        self.phase_arrived += 1
+        if self.phase_arrived >= self.active:
+            self._open_phase()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.phase_open.wait(), self.wait)
+        self._open_phase()
+
+    async def leave_phase(self) -> None:
+        self.phase_left += 1
+        self.phase_time[1], self.phase_cpu[1] = time.monotonic(), cpu_seconds(self.pid)
+
+
+async def _browser_check(base: str, specs: list[Spec], gate: PhaseGate, click_timeout: float,
+                         load_timeout: float) -> list[SessionResult]:
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as p:
+        browser = await launch_chromium(p)
+        try:
+            async def one(spec):
+                try:
+                    return await _session(browser, base, spec, gate, click_timeout, load_timeout)
+                finally:
+                    gate.leave_early()
+            return list(await asyncio.gather(*(one(s) for s in specs)))
+        finally:
+            await browser.close()
+
+
+async def _run_ws(base: str, specs: list[Spec], browser_specs: list[Spec], seconds: float, *, pid: int,
+                  think: tuple[float, float], click_timeout: float, load_timeout: float, model_npz: bytes | None,
+                  click_phase: float) -> tuple[list[WsResult], list[SessionResult], PhaseGate]:
+    gate = PhaseGate(len(specs) + len(browser_specs), seconds, pid, click_phase)
+
+    def user(i, spec):
+        return ws_user(base, spec, i, gate, think=think, click_timeout=click_timeout, load_timeout=load_timeout,
+                       model_npz=model_npz, click_phase=click_phase)
+
+    tasks = [asyncio.create_task(user(i, s)) for i, s in enumerate(specs)]
+    btask = (asyncio.create_task(_browser_check(base, browser_specs, gate, click_timeout, load_timeout))
+             if browser_specs else None)
+    results = list(await asyncio.gather(*tasks))
+    browsers = await btask if btask else []
+    return results, browsers, gate
+
+
+def run_ws_load(server: Server, specs: list[Spec], seconds: float, *, browsers: int = 0,
+                think: tuple[float, float] = (1.0, 3.0), click_timeout: float = 60.0, load_timeout: float = 180.0,
+                model_upload: bool = True, click_phase: float = 15.0) -> dict:
+    """Drive `server` with one websocket session per spec (and `browsers` chromium pages) for
+    `seconds` after all have loaded, then the click-only phase; returns the report."""
+    from vitpe_core.gallery import gallery_ids
+
+    grids = {s.ckpt: s.grid for s in specs}
+    browser_specs = make_specs(len(specs) + browsers, grids, gallery_ids())[len(specs):] if browsers else []
+    loadavg = os.getloadavg()
+    start_mem = memory_mb(server.pid)
+    cpu0, busy0, own0 = cpu_seconds(server.pid), machine_busy_seconds(), time.process_time()
+    sampler = MemorySampler(server.pid)
+    sampler.start()
+    t0 = time.monotonic()
+    try:
+        results, bres, gate = asyncio.run(_run_ws(server.url, specs, browser_specs, seconds, pid=server.pid,
+                                                  think=think, click_timeout=click_timeout,
+                                                  load_timeout=load_timeout,
+                                                  model_npz=tiny_model_npz() if model_upload else None,
+                                                  click_phase=click_phase))
+    finally:
+        peak_rss = sampler.stop()
+    wall = time.monotonic() - t0
+    end_mem = memory_mb(server.pid)
+    server_cpu, busy, own = cpu_seconds(server.pid) - cpu0, machine_busy_seconds() - busy0, time.process_time() - own0
+    lat = {a: [x for r in results for x in r.latency[a]] for a in results[0].latency} if results else {}
+    clicks = sum(r.clicks for r in results)
+    phase_clicks = sum(r.phase_clicks for r in results)
+    phase_cpu = gate.phase_cpu[1] - gate.phase_cpu[0]
+    phase_wall = gate.phase_time[1] - gate.phase_time[0]
+    click_bytes = [r.bytes / r.clicks for r in results if r.clicks]
+    report = {
+        "engine": "websocket (benchmarks.st_client)", "sessions": len(specs), "browsers": browsers,
+        "seconds": seconds, "click_phase_s": click_phase, "think_s": list(think), "wall_s": round(wall, 1),
+        "cpu_model": cpu_model(), "cpus": os.cpu_count(), "loadavg_before": [round(x, 2) for x in loadavg],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()], "background_jobs": background_jobs(),
+        "actions": {a: len(v) for a, v in lat.items()},
+        "latency_s": {a: _stats(v) for a, v in lat.items()},
+        "clicks": clicks, "clicks_sent": sum(r.clicks_sent for r in results),
+        "unanswered_clicks": sum(r.clicks_sent - r.clicks for r in results),
+        "uploads": sum(len(r.uploads) for r in results),
+        "cpu": {"server_s": round(server_cpu, 1), "server_cores": round(server_cpu / wall, 2),
+                "client_cores": round(own / wall, 2), "machine_busy_cores": round(busy / wall, 2),
+                "click_phase": {"clicks": phase_clicks, "wall_s": round(phase_wall, 1),
+                                "server_cpu_s": round(phase_cpu, 2),
+                                "server_ms_per_click": round(1000 * phase_cpu / phase_clicks) if phase_clicks
+                                else None},
+                "note": "server: the Streamlit process's CPU time (/proc/<pid>/stat); client: this process "
+                        "(all websocket sessions, and the playwright driver but not chromium); machine: "
+                        "all cores busy (/proc/stat), including any background job; server_ms_per_click: "
+                        "server CPU in the click-only phase / its clicks"},
+        "kb_per_click": round(statistics.fmean(click_bytes) / 1024, 1) if click_bytes else None,
+        "errors": [f"session {r.index}: {e}" for r in results for e in r.errors],
+        "crosstalk": [f"session {r.index}: {c}" for r in results for c in r.crosstalk],
+        "sessions_without_clicks": [r.index for r in results if r.clicks == 0],
+        "memory_mb": {"rss_before": round(start_mem["rss"], 1),
+                      "peak_rss_sampled": round(max(peak_rss, end_mem["rss"]), 1),
+                      "hwm": round(end_mem["hwm"], 1), "rss_after": round(end_mem["rss"], 1)},
+        "healthy_after": health_ok(server.url),
+    }
+    if browsers:
+        report["browser_check"] = {
+            "sessions": browsers, "clicks": sum(r.clicks for r in bres),
+            "latency_s": _stats([x for r in bres for x in r.latencies]),
+            "errors": [f"browser {i}: {e}" for i, r in enumerate(bres) for e in r.errors],
+            "crosstalk": [f"browser {i}: {c}" for i, r in enumerate(bres) for c in r.crosstalk],
+            "page_errors": [f"browser {i}: {e}" for i, r in enumerate(bres) for e in r.page_errors],
+            "reloads": sum(r.reloads for r in bres),
+            "sessions_without_answers": [i for i, r in enumerate(bres) if r.clicks == 0]}
+    return report
+
+
+def passed(report: dict) -> bool:
+    """No error, unanswered click, cross-talk or session without clicks; healthy afterwards."""
+    b = report.get("browser_check") or {}
+    return (not report["errors"] and not report["crosstalk"] and not report["unanswered_clicks"]
+            and not report["sessions_without_clicks"] and report["healthy_after"]
+            and not b.get("errors") and not b.get("crosstalk") and not b.get("sessions_without_answers"))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.load_test", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sessions", type=int, default=20)
+    ap.add_argument("--engine", choices=["ws", "browser"], default="ws",
+                    help="ws: websocket sessions (+ --browsers chromium pages); browser: chromium pages only")
+    ap.add_argument("--sessions", type=int, default=50)
     ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--browsers", type=int, default=0, help="chromium pages clicking beside the websocket sessions")
+    ap.add_argument("--think", default="1,3", help="think time between a session's actions: MIN,MAX seconds")
+    ap.add_argument("--click-phase", type=float, default=15.0, help="seconds of clicks only, for CPU per click")
+    ap.add_argument("--no-model", action="store_true", help="no model import by session 0")
     ap.add_argument("--port", type=int, default=None, help="server port (default: a free one)")
     ap.add_argument("--checkpoints", default=str(REPO / "checkpoints"),
                     help="checkpoint folder (tiny random-weight models if it holds none)")
-    ap.add_argument("--click-timeout", type=float, default=30.0, help="seconds before a click counts as an error")
+    ap.add_argument("--click-timeout", type=float, default=60.0, help="seconds before an action counts as an error")
     ap.add_argument("--out", default=None, help="report file (default artifacts/load_test.json, "
                                                 "or artifacts/memory.json with --memory-only)")
     ap.add_argument("--memory-only", action="store_true",
@@ -353,7 +784,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = Path(args.out or REPO / "artifacts" / ("memory.json" if args.memory_only else "load_test.json"))
     out.parent.mkdir(parents=True, exist_ok=True)
-    if shutil.which("chromium") is None:
+    if (args.engine == "browser" or args.browsers or args.memory_only) and shutil.which("chromium") is None:
         ap.error("Debian's chromium is needed (apt-get install chromium)")
     from vitpe_core.checkpoint import list_checkpoints
     from vitpe_core.gallery import gallery_ids
@@ -364,16 +795,26 @@ def main(argv: list[str] | None = None) -> int:
         if tiny:
             print(f"no checkpoints in {folder}: using tiny random-weight ones", file=sys.stderr)
             folder = write_random_checkpoints(Path(tmp) / "checkpoints")
+        env = {"VITPE_UPLOAD_DIR": str(Path(tmp) / "uploads")}      # a store of its own, removed afterwards
         if args.memory_only:
-            with streamlit_server(folder, port=args.port) as server:
+            with streamlit_server(folder, port=args.port, args=SERVER_ARGS, env=env) as server:
                 report = {"checkpoints": str(folder), "names": list_checkpoints(folder),
                           "memory_mb": page_memory(server)}
             out.write_text(json.dumps(report, indent=2))
             print(json.dumps(report, indent=2))
             return 0
         specs = make_specs(args.sessions, checkpoint_grids(folder), gallery_ids())
-        with streamlit_server(folder, port=args.port) as server:
-            report = run_load(server, specs, args.seconds, click_timeout=args.click_timeout)
+        with streamlit_server(folder, port=args.port, args=SERVER_ARGS, env=env) as server:
+            if args.engine == "browser":
+                report = run_load(server, specs, args.seconds, click_timeout=args.click_timeout)
+                ok = (not report["errors"] and not report["crosstalk"] and report["healthy_after"]
+                      and not report["sessions_without_answers"])
+            else:
+                lo, hi = (float(x) for x in args.think.split(","))
+                report = run_ws_load(server, specs, args.seconds, browsers=args.browsers, think=(lo, hi),
+                                     click_timeout=args.click_timeout, model_upload=not args.no_model,
+                                     click_phase=args.click_phase)
+                ok = passed(report)
             report["server_log_tail"] = server.log_tail(1500)
     report["checkpoints"] = "tiny random-weight (harness.write_random_checkpoints)" if tiny else str(folder)
     report["command"] = " ".join(["python -m benchmarks.load_test", *(argv if argv is not None else sys.argv[1:])])
@@ -382,8 +823,6 @@ def main(argv: list[str] | None = None) -> int:
     summary["errors"], summary["crosstalk"] = report["errors"][:10], report["crosstalk"][:10]
     print(json.dumps(summary, indent=2))
     print(f"written to {out}")
-    ok = (not report["errors"] and not report["crosstalk"] and report["healthy_after"]
-          and not report["sessions_without_answers"])
     return 0 if ok else 1
 
 
