@@ -56,6 +56,7 @@ def main() -> None:
 
 def details(name: str, ckpt) -> None:
     m = ckpt.metrics                       # the cache has checked its shape (sanitize_metrics)
+    safe = name.replace("/", "_")          # long/ape -> long_ape in file names
     st.header(name)
     if m.get("metrics_problems"):
         st.warning("Some of this checkpoint's metrics are not in the shape `vitpe_core.train` writes and are "
@@ -79,12 +80,13 @@ def details(name: str, ckpt) -> None:
                  key=f"{PAGE}_curves")
         try:
             df = pd.DataFrame(curves)       # sanitize_metrics kept only series of one value per epoch
-            st.download_button("Curves (CSV)", data=df.to_csv(index=False).encode(), file_name=f"{name}_curves.csv",
+            st.download_button("Curves (CSV)", data=df.to_csv(index=False).encode(), file_name=f"{safe}_curves.csv",
                                mime="text/csv", key=f"{PAGE}_curves_csv", on_click="ignore")
         except ValueError:
             pass
     else:
         st.caption("No training curves recorded.")
+    encoding_scale(name, ckpt, curves or {})
     left, right = st.columns(2)
     with left:
         st.subheader("Model configuration")
@@ -103,8 +105,26 @@ def details(name: str, ckpt) -> None:
     with st.expander("All metrics (JSON)"):
         st.json(m, expanded=False)
         st.download_button("Metrics (JSON)", data=json.dumps(m, indent=1, sort_keys=True).encode(),
-                           file_name=f"{name}_metrics.json", mime="application/json", key=f"{PAGE}_metrics_json",
+                           file_name=f"{safe}_metrics.json", mime="application/json", key=f"{PAGE}_metrics_json",
                            on_click="ignore")
+
+
+SCALE_CAPTION = ("How loud the encoding's attention bias is, per layer, after each epoch (on 64 test images): **bias "
+                 "std / logit std** is the spread of the SaPE² / CoPE bias over key patches divided by that of the "
+                 "content logits q·k/√d (0 = the bias cannot move attention; 1 = as strong as content). **‖E_x‖, "
+                 "‖E_y‖**: norms of SaPE²'s per-layer read-out tables.")
+
+
+def encoding_scale(name: str, ckpt, curves: dict) -> None:
+    series = views.encoding_scale_series(curves)
+    if not series:
+        why = ("its encoding adds no attention bias" if "bias" not in ckpt.model.pos_enc.hooks
+               else "it was trained before training recorded it")
+        st.caption(f"No encoding-scale record (bias against logits by layer): {why}.")
+        return
+    ui.chart(figures.encoding_scale_fig(series, title=f"Encoding scale by layer, {name}"), f"{name}_encoding_scale",
+             key=f"{PAGE}_encoding_scale")
+    st.caption(SCALE_CAPTION)
 
 
 main()

@@ -59,7 +59,7 @@ def main() -> None:
         for col, name in zip(st.columns(COLUMNS), shown[start:start + COLUMNS]):
             with col:
                 panel(name, ckpts[name], key, custom, view.patch, layer, head, grid)
-    position_section(PAGE, shown, ckpts, layer, head, figures.checkpoint_colors(list(ckpts)))
+    position_section(PAGE, shown, ckpts, layer, head, figures.checkpoint_colors(list(ckpts)), view.patch, grid)
     training_curves(shown, ckpts)
 
 

@@ -8,7 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from vitpe_core import analysis, figures
-from pages.common import cache, ui
+from pages.common import cache, film, ui
 from vitpe_core.viewstate import ViewState
 
 PAGE = "similarity"
@@ -116,6 +116,7 @@ def during_training(source: str) -> None:
                               x_title="epoch", y_title="score / mean similarity"),
              f"{source}_structure_history", key=f"{PAGE}_history")
     st.caption("Move the epoch slider in the sidebar to see the table of any recorded epoch above.")
+    film.emergence_film(PAGE, source)
 
 
 main()

@@ -41,10 +41,24 @@ def checkpoint_root() -> Path:
     return Path(value).expanduser() if value else DEFAULT_ROOT
 
 
+GROUPS = ("long",)   # sub-folders listed after the main checkpoints as "GROUP/NAME" (long: the 50-epoch runs)
+
+
 def checkpoint_names() -> list[str]:
-    """Checkpoint names in the folder (read on every run: a glob, no file is opened), then the
-    models this browser session imported (`uploaded_models`)."""
-    return list_checkpoints(checkpoint_root()) + list(uploaded_models())
+    """Checkpoint names in the folder (read on every run: a glob, no file is opened), then those
+    of each sub-folder in `GROUPS` as `GROUP/NAME` (`long/ape`; other sub-folders, such as
+    `seeds/`, are not listed), then the models this browser session imported (`uploaded_models`)."""
+    root = checkpoint_root()
+    groups = [f"{g}/{n}" for g in GROUPS for n in list_checkpoints(root / g)]
+    return list_checkpoints(root) + groups + list(uploaded_models())
+
+
+def _folder_of(name: str) -> tuple[Path, str]:
+    """(folder, file stem) of a listed name: `long/ape` -> (root/long, "ape"); a name of any
+    other form is looked up in the root (where `resolve_checkpoint` refuses separators)."""
+    root = checkpoint_root()
+    group, sep, stem = name.partition("/")
+    return (root / group, stem) if sep and group in GROUPS else (root, name)
 
 
 # ----------------------------------------------------------------------------- models
@@ -72,7 +86,7 @@ def _file(name: str) -> tuple[str, int]:
     uploads = uploaded_models()
     if name in uploads:
         return UPLOAD_KEY + uploads[name], 0
-    path = resolve_checkpoint(name, checkpoint_root())
+    path = resolve_checkpoint(*reversed(_folder_of(name)))
     return str(path), path.stat().st_mtime_ns
 
 

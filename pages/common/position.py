@@ -19,8 +19,17 @@ EXPLAIN = ("**Position-only kernel**: the part of the attention logit between a 
            "(1 = purely relative, ~0 = it depends on where the query is). [Definitions](docs/encodings.md)")
 
 
+QUERY_EXPLAIN = ("**Per query patch**: the same kernel, read as the chosen query patch (outlined) sees it: its "
+                 "position-only logit to every key on the image grid (blue = less, red = more, each map on its own "
+                 "scale). Move the query to see where a kernel is *not* stationary: a purely relative kernel shows the "
+                 "same pattern shifted with the query. **fit** is the share of this map's variance that an offset "
+                 "kernel (plus a constant per query, which softmax ignores) fitted to all queries explains: 1 for a "
+                 "relative kernel at every query, lower where this query sees something of its own.")
+
+
 def position_section(page: str, names: list[str], ckpts: dict, layer: int, head: int | None,
-                     colors: dict[str, str]) -> None:
+                     colors: dict[str, str], patch: tuple[int, int] | None = None,
+                     ref_grid: tuple[int, int] | None = None) -> None:
     st.subheader("How is position encoded?")
     st.markdown(EXPLAIN)
     results, bar = {}, st.progress(0.0, text="Position analysis…")
@@ -42,6 +51,8 @@ def position_section(page: str, names: list[str], ckpts: dict, layer: int, head:
         head_txt = "mean of heads" if head is None else f"head {head}"
         ui.chart(figures.kernels_fig(kernels, scores, title=f"Position-only kernels, layer {layer} (tables: layer 0), "
                                                            f"{head_txt}"), "position_kernels", key=f"{page}_kernels")
+    if patch is not None:
+        query_kernels(page, results, ckpts, layer, head, patch, ref_grid)
     table = pd.DataFrame({n: views.relative_scores_by_layer(a) for n, a in results.items()}).T
     st.markdown("**Relative score per layer** (mean over heads; tables are defined at layer 0 only)")
     st.dataframe(table.round(3), key=f"{page}_relative", placeholder="—")
@@ -50,3 +61,23 @@ def position_section(page: str, names: list[str], ckpts: dict, layer: int, head:
                                            colors=colors), "attention_distance", key=f"{page}_distance")
     st.caption("As in the ViT paper's Figure 7 (right): how far, in patches, each head looks on average, on the same "
                "17 images. Heads that stay local in early layers and widen with depth are the usual pattern.")
+
+
+def query_kernels(page: str, results: dict, ckpts: dict, layer: int, head: int | None, patch: tuple[int, int],
+                  ref_grid: tuple[int, int] | None) -> None:
+    """Every checkpoint's kernel row of the query patch (the patch under the same point of the
+    image on another grid), side by side on the image grid, with its offset fit."""
+    maps, patches, fits = {}, {}, {}
+    for name, arrays in results.items():
+        cfg = ckpts[name].config
+        p, _, _ = views.clamp_view(cfg, patch, layer, head, ref_grid)
+        qv = views.query_kernel_view(arrays, layer, head, p, cfg.grid)
+        if qv is not None:
+            (maps[name], fits[name]), patches[name] = qv, p
+    if not maps:
+        return
+    head_txt = "mean of heads" if head is None else f"head {head}"
+    ui.chart(figures.query_kernels_fig(maps, patches, fits, title=f"Per query: patch ({patch[0]}, {patch[1]}) to "
+                                       f"every key, layer {layer} (tables: layer 0), {head_txt}"),
+             f"position_kernels_query_p{patch[0]}-{patch[1]}", key=f"{page}_query_kernels")
+    st.markdown(QUERY_EXPLAIN)

@@ -402,8 +402,25 @@ def fit_image(prefix: str, img: Image.Image, key: str, ckpt, is_upload: bool
 
 # ----------------------------------------------------------------------------- output
 def chart(fig, name: str, key: str) -> None:
-    """A Plotly chart whose camera button saves `name`.png."""
-    st.plotly_chart(fig, config=figures.export_config(name), key=key)
+    """A Plotly chart whose camera button saves `name`.png or `name`.svg: the sidebar's "Figure
+    download format" (drawn by a run's first chart, then set aside: a second draw of its key
+    raises; kept for the session in `session_state["_vitpe_figure_format"]`). SVG is drawn by
+    the browser's Plotly, vector and editable, as PNG is: no server-side image export."""
+    from streamlit.errors import StreamlitDuplicateElementKey
+
+    ss, formats = st.session_state, ["png", "svg"]
+    chosen = ss.setdefault("_vitpe_figure_format", "png")
+    try:                                               # the widget starts at the session's choice on every page
+        st.sidebar.radio("Figure download format", formats, index=formats.index(chosen), key="figure_format",
+                         horizontal=True, format_func=str.upper,
+                         on_change=lambda: ss.__setitem__("_vitpe_figure_format", ss["figure_format"]),
+                         help="What the camera button at the top right of every chart saves: PNG (twice the "
+                              "screen size) or SVG (vector, for papers).")
+    except StreamlitDuplicateElementKey:
+        pass                                           # an earlier chart of this run drew it
+    config = figures.export_config(name)
+    config["toImageButtonOptions"]["format"] = ss["_vitpe_figure_format"]
+    st.plotly_chart(fig, config=config, key=key)
 
 
 def _csv(a: np.ndarray) -> bytes:
