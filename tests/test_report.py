@@ -1,8 +1,12 @@
 """The budget-study table (report.budget_table) from checkpoint JSONs, on made-up folders."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
+
+import pytest
 
 from vitpe_core.report import BUDGET_MARKERS, block, budget_table, update_readme
 
@@ -59,3 +63,26 @@ def test_readme_budget_table_is_what_the_checkpoints_say():
     text = (REPO / "README.md").read_text()
     assert block(text, BUDGET_MARKERS).strip() == budget_table(REPO / "checkpoints").strip(), \
         "README.md's budget table is stale: run `python -m vitpe_core table --readme README.md`"
+
+
+def test_scale_cli_measures_what_training_records(tmp_path):
+    """`python -m vitpe_core scale` is the last epoch's `enc_bias_ratio_L*` of a fresh run, and
+    refuses an encoding without a bias."""
+    from test_data import write_tiny_cifar10
+    from vitpe_core.__main__ import main
+    from vitpe_core.checkpoint import load_checkpoint
+    from vitpe_core.train import TrainConfig, train
+    write_tiny_cifar10(tmp_path / "data", per_batch=4, n_test=6)
+    ck = tmp_path / "ck" / "m.safetensors"
+    train(TrainConfig(encoding="sape2", preset="tiny", epochs=1, batch_size=8, eval_batch_size=4, seed=3),
+          data_dir=tmp_path / "data", out=tmp_path / "run", checkpoint=ck, progress=False)
+    recorded = [c[-1] for k, c in load_checkpoint(ck).metrics["curves"].items() if k.startswith("enc_bias_ratio_L")]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["scale", str(ck), "--data-dir", str(tmp_path / "data")]) == 0
+    line = json.loads(out.getvalue())
+    assert line["bias_ratio_per_layer"] == pytest.approx(recorded, rel=1e-3) and len(recorded) == 2
+    ape = tmp_path / "ck" / "a.safetensors"
+    train(TrainConfig(encoding="ape", preset="tiny", epochs=1, batch_size=8, eval_batch_size=4, seed=3),
+          data_dir=tmp_path / "data", out=tmp_path / "run_a", checkpoint=ape, progress=False)
+    assert main(["scale", str(ape), "--data-dir", str(tmp_path / "data")]) == 2

@@ -6,6 +6,7 @@
   structure  2D-structure score of a checkpoint's (or timm ViT weights') position table, as one JSON line
   import     a pretrained timm / DeiT / DINOv2 / Hugging Face / RoPE-ViT model -> a vitpe checkpoint
   analyze    how a checkpoint encodes position: position-only kernels, relative score, attention by depth
+  scale      how loud an encoding's attention bias is next to the q·k logits, per layer, as one JSON line
 """
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     for add in (_add_train, _add_evaluate, _add_table, _add_structure, _add_import,
-                _add_analyze):
+                _add_analyze, _add_scale):
         add(sub)
     return p
 
@@ -300,6 +301,36 @@ def _analyze(args: argparse.Namespace) -> int:
         write_cache(path, arrays)
         print(json.dumps({"checkpoint": path.stem, "cache": str(cache_path(path)),
                           **{k: summary[k] for k in ("kind", "images", "relative_score")}}))
+    return 0
+
+# ----------------------------------------------------------------------------- scale
+def _add_scale(sub) -> None:
+    s = sub.add_parser("scale", help="std of the encoding's attention bias / std of the q·k logits, per layer")
+    s.set_defaults(run=_scale)
+    s.add_argument("checkpoint", nargs="+", help="vitpe checkpoints with a bias (rpb, cope, sape2, ...)")
+    s.add_argument("--data-dir", default="data", help="folder holding the CIFAR test set (see README)")
+
+
+def _scale(args: argparse.Namespace) -> int:
+    """`analysis.encoding_scale` on the first test images of the checkpoint's data set: the same
+    measurement training records each epoch as the `enc_bias_ratio_L*` curves."""
+    from . import data as D
+    from .analysis import encoding_scale
+    from .checkpoint import load_checkpoint
+    from .train import SCALE_IMAGES
+    for path in map(Path, args.checkpoint):
+        if not path.is_file():
+            raise ValueError(f"no file at {path}")
+        ckpt = load_checkpoint(path)
+        dataset = (ckpt.metrics.get("recipe") or {}).get("dataset", "cifar10")
+        ds = D.load_cifar(dataset, args.data_dir, "test")
+        x = D.normalize(ds.images[:SCALE_IMAGES], dataset)
+        scale = encoding_scale(ckpt.model.float(), x)
+        ratios = [v for k, v in scale.items() if k.startswith("enc_bias_ratio_L")]
+        if not ratios:
+            raise ValueError(f"{path.name}: `{ckpt.config.encoding}` adds no attention bias to measure")
+        print(json.dumps({"checkpoint": path.stem, "images": len(x), "bias_ratio_per_layer": ratios,
+                          "bias_ratio_mean": round(sum(ratios) / len(ratios), 4)}))
     return 0
 
 
