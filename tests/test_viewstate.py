@@ -2,13 +2,15 @@
 note, and a view survives the round trip through a real URL."""
 from __future__ import annotations
 
+import hashlib
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vitpe_core.viewstate import KEYS, MAX_VALUE_CHARS, PAGES, ViewState, default_view, parse_view, to_query
+from vitpe_core.viewstate import (KEYS, MAX_VALUE_CHARS, PAGES, ViewState, default_view, is_upload_id, parse_view,
+                                  to_query, upload_id)
 
 CKPTS = ["ape", "none", "rope_mixed", "rpb", "sape2+ape"]
 IMAGES = ["cifar10-test-0000", "cifar10-test-0007", "photo-astronaut"]
@@ -55,7 +57,17 @@ def test_round_trip_through_a_url(view):
     ("ckpt", "../../etc/passwd", "no checkpoint"),
     ("ckpt", "sape2 ape", "no checkpoint"),              # '+' decoded as a space by a careless client
     ("image", "nope", "not a gallery image"),
-    ("image", "upload", "cannot be shared"),
+    ("image", "upload", "not a gallery image"),
+    ("image", "upload:" + "a" * 63, "not an upload id"),                # one digit short
+    ("image", "upload:" + "a" * 65, "not an upload id"),                # one too many
+    ("image", "upload:" + "A" * 64, "not an upload id"),                # uppercase
+    ("image", "upload:" + "g" * 64, "not an upload id"),                # not hex
+    ("image", "upload:../../../etc/passwd", "not an upload id"),
+    ("image", "upload:" + "a" * 60 + "/../", "not an upload id"),
+    ("image", "upload:" + "a" * 64 + "\n", "not an upload id"),
+    ("image", "upload: " + "a" * 64, "not an upload id"),
+    ("image", "UPLOAD:" + "a" * 64, "not a gallery image"),
+    ("image", "upload:" + "a" * 64 + ".png", "longer than"),
     ("patch", "99,99", "outside the 8x6"),
     ("patch", "8,0", "outside"),
     ("patch", "3", "row,col"),
@@ -119,7 +131,7 @@ def test_no_checkpoints_and_no_images():
 
 
 def _valid(view: ViewState, grid, depth, heads, epochs) -> bool:
-    return (view.page in PAGES and view.ckpt in CKPTS and view.image in IMAGES
+    return (view.page in PAGES and view.ckpt in CKPTS and (view.image in IMAGES or is_upload_id(view.image))
             and 0 <= view.patch[0] < grid[0] and 0 <= view.patch[1] < grid[1]
             and 0 <= view.layer < depth and (view.head is None or 0 <= view.head < heads)
             and (view.epoch is None or view.epoch in epochs))
@@ -147,3 +159,18 @@ def test_any_query_gives_a_valid_view(params, grid, depth, heads, epochs):
 def test_every_view_field_is_a_query_key():
     from dataclasses import fields
     assert KEYS == tuple(f.name for f in fields(ViewState)) == tuple(to_query(ViewState(ckpt="a", image="b", epoch=0)))
+
+
+def test_upload_ids_round_trip():
+    digest = hashlib.sha256(b"an image").hexdigest()
+    image = upload_id(digest)
+    assert image == "upload:" + digest and is_upload_id(image)
+    view, notes = parse({"image": image, "patch": "2,3", "layer": "1", "head": "0"})
+    assert notes == [] and view.image == image and (view.patch, view.layer, view.head) == ((2, 3), 1, 0)
+    assert to_query(view)["image"] == image
+    assert parse(to_query(view)) == (view, [])
+    for bad in ("", "A" * 64, "a" * 63, "a" * 65, "../" + "a" * 61, "a" * 64 + "\n"):
+        assert not is_upload_id("upload:" + bad)
+        with pytest.raises(ValueError):
+            upload_id(bad)
+    assert not is_upload_id(None) and not is_upload_id(digest) and not is_upload_id(b"upload:" + digest.encode())

@@ -1,6 +1,7 @@
 """The app's view state and its URL form, without Streamlit.
 
-A view is what a shared link reopens: the page, the checkpoint, the image (a gallery id),
+A view is what a shared link reopens: the page, the checkpoint, the image (a gallery id, or
+`upload:<sha256>` for an upload kept in the server's `store.ImageStore`),
 the query patch `(r, c)` (row-major, docs/encodings.md), the layer, the head (`None` = mean
 over heads) and the training epoch whose recorded table the similarity page shows (`None` =
 the final weights; left out of links). `parse_view` turns a query string (as `st.query_params` or
@@ -17,6 +18,9 @@ Deliberate choices:
   back to the default with a note. Unknown keys are ignored (links may carry tracking tags).
 * A repeated key (`?layer=1&layer=2`) uses the last value, as `st.query_params[key]` does.
 * Notes quote a value shortened to 40 characters, so a hostile URL cannot flood the page.
+* An upload id is accepted on its form alone (`upload:` and exactly 64 lowercase hex digits,
+  `is_upload_id`); whether the store still holds it is the app's question, not the parser's.
+  Nothing else from a link can name a file.
 """
 from __future__ import annotations
 
@@ -27,10 +31,12 @@ from typing import Any, Callable, Mapping, Sequence
 PAGES: tuple[str, ...] = ("similarity", "bias", "compare", "checkpoints")
 DEFAULT_PAGE = "bias"
 PREFERRED_CKPT = "sape2+ape"   # the paper's best model, shown first when it is shipped
-MAX_VALUE_CHARS = 64
+MAX_VALUE_CHARS = 72   # the longest valid value: an upload id, `upload:` + 64 hex digits
 MEAN_HEAD = "mean"
 FINAL_EPOCH = "final"
 _INT = re.compile(r"[+-]?[0-9]{1,6}")
+UPLOAD_PREFIX = "upload:"
+_UPLOAD_ID = re.compile(r"upload:[0-9a-f]{64}")
 
 Grid = tuple[int, int]
 
@@ -108,11 +114,25 @@ def _ckpt(value: str, lim: _Limits) -> str:
     return value
 
 
-def _image(value: str, lim: _Limits) -> str:
-    if value not in lim.images:
-        raise _Invalid("uploaded images cannot be shared by link; upload it again" if value == "upload"
-                       else "not a gallery image")
+def is_upload_id(value: Any) -> bool:
+    """`upload:` + exactly 64 lowercase hexadecimal digits (a SHA-256), nothing more."""
+    return isinstance(value, str) and _UPLOAD_ID.fullmatch(value) is not None
+
+
+def upload_id(digest: str) -> str:
+    """The view's image id of an upload with SHA-256 `digest`."""
+    value = UPLOAD_PREFIX + digest
+    if not is_upload_id(value):
+        raise ValueError("an upload id is 64 lowercase hexadecimal digits")
     return value
+
+
+def _image(value: str, lim: _Limits) -> str:
+    if value in lim.images or is_upload_id(value):
+        return value
+    if value.startswith(UPLOAD_PREFIX):
+        raise _Invalid("not an upload id (expected 'upload:' and 64 lowercase hexadecimal digits)")
+    raise _Invalid("not a gallery image")
 
 
 def _patch(value: str, lim: _Limits) -> tuple[int, int]:
