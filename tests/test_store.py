@@ -59,3 +59,20 @@ def test_upload_dir_defaults_to_the_user_cache_not_the_repository(monkeypatch, t
     assert default_upload_dir() == tmp_path / "vitpe" / "uploads"
     monkeypatch.setenv("VITPE_UPLOAD_DIR", str(tmp_path / "x"))
     assert default_upload_dir() == tmp_path / "x"
+
+
+def test_stores_log_what_they_keep_and_evict(tmp_path, caplog):
+    import logging
+
+    from vitpe_core.store import ImageStore, LRUStore
+    caplog.set_level(logging.INFO, logger="vitpe_core.store")
+    images = ImageStore(tmp_path / "up", max_bytes=150)
+    first = images.put(b"x" * 100)
+    images.put(b"y" * 100)                                  # over the cap: the first goes
+    assert images.get(first) is None
+    text = caplog.text
+    assert f"stored {first[:12]}" in text and f"evicted {first[:12]}" in text
+    models = LRUStore(1, 10)
+    models.put("a" * 64, object(), 5)
+    models.put("b" * 64, object(), 5)
+    assert "evicted aaaaaaaaaaaa" in caplog.text

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import os
 import re
 import threading
@@ -23,6 +24,7 @@ from typing import Generic, TypeVar
 import torch
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 def model_bytes(model: torch.nn.Module) -> int:
@@ -52,6 +54,11 @@ class LRUStore(Generic[T]):
             while self._items and (len(self._items) >= self.max_items or self.bytes_locked() + size > self.max_bytes):
                 evicted.append(self._items.popitem(last=False)[0])
             self._items[key] = (value, size)
+            total, count = self.bytes_locked(), len(self._items)
+        for key_out in evicted:
+            log.info("model store: evicted %s (least recently used) to make room", key_out[:12])
+        log.info("model store: %s stored (%.1f MiB); %d model(s), %.1f of %.0f MiB held",
+                 key[:12], size / 2**20, count, total / 2**20, self.max_bytes / 2**20)
         return evicted
 
     def get(self, key: str) -> T | None:
@@ -120,6 +127,7 @@ class ImageStore:
                 tmp = path.with_suffix(".tmp")
                 tmp.write_bytes(png)
                 os.replace(tmp, path)
+                log.info("upload store: stored %s (%d bytes) in %s", digest[:12], len(png), self.folder)
             else:
                 path.touch()
             self._evict(keep=path)
@@ -141,8 +149,13 @@ class ImageStore:
 
     def size(self) -> tuple[int, int]:
         """(files, bytes) in the store."""
-        files = list(self.folder.glob("*.png")) if self.folder.is_dir() else []
-        return len(files), sum(f.stat().st_size for f in files)
+        sizes = []
+        for f in (self.folder.glob("*.png") if self.folder.is_dir() else []):
+            try:
+                sizes.append(f.stat().st_size)
+            except OSError:          # evicted while we looked
+                pass
+        return len(sizes), sum(sizes)
 
     def _evict(self, keep: Path) -> None:
         files = sorted(self.folder.glob("*.png"), key=lambda f: f.stat().st_mtime_ns)
@@ -151,8 +164,11 @@ class ImageStore:
             if total <= self.max_bytes:
                 break
             if f != keep:
-                total -= f.stat().st_size
+                size = f.stat().st_size
+                total -= size
                 f.unlink(missing_ok=True)
+                log.info("upload store: evicted %s (%d bytes, least recently used; cap %d bytes)",
+                         f.stem[:12], size, self.max_bytes)
 
 
 def png_bytes(img) -> bytes:
