@@ -1,12 +1,13 @@
 """Bias explorer: click a patch of an image and see the encoding's attention bias row for it
 (SaPE² as in the paper's Figure 4: x part, y part, their sum; per head or averaged; per
-layer; normalised to [0, 1]), the full model's attention row, and the prediction."""
+layer; normalised to [0, 1]), the full model's attention row, the prediction, attention
+rollout, and a live stress test (shift or resize the image; the patch follows its content)."""
 from __future__ import annotations
 
 import streamlit as st
 
 from vitpe_core import analysis, figures, views
-from pages.common import cache, ui
+from pages.common import cache, stress, ui
 from vitpe_core.gallery import gallery_label
 from vitpe_core.views import head_text
 
@@ -45,6 +46,8 @@ def main() -> None:
     with right:
         show_bias(ckpt, tr, maps, display, view, layer, head)
     show_attention(tr, maps, display, view, layer, head, grid)
+    stress.rollout_section(PAGE, ckpt, tr, display, view.patch)
+    stress.stress_section(PAGE, ckpt, tr, view.ckpt, key, custom, view.patch, layer, head)
 
 
 def show_prediction(ckpt, tr: analysis.Trace, key: str) -> None:

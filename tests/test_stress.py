@@ -158,3 +158,118 @@ def test_the_difference_figure_leaves_unknown_cells_blank_and_centres_the_differ
     assert fig.data[2].zmin == -fig.data[2].zmax == -np.nanmax(np.abs(sv.bias.diff)) < 0
     assert fig.data[0].zmin == fig.data[1].zmin and fig.data[0].zmax == fig.data[1].zmax
     assert [s.x0 for s in fig.layout.shapes] == [sv.patch[1] - 0.5] * 3
+
+
+# ----------------------------------------------------------------------------- the bias explorer (AppTest)
+REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
+SHIPPED = REPO / "checkpoints" / "sape2.safetensors"
+
+
+@pytest.fixture
+def shipped_sape2(tmp_path, monkeypatch):
+    """A checkpoint folder holding only the shipped (trained) SaPE² model."""
+    if not SHIPPED.exists():
+        pytest.skip("checkpoints/sape2.safetensors is not in this checkout")
+    import shutil
+    for suffix in (".safetensors", ".json"):
+        shutil.copy(SHIPPED.with_suffix(suffix), tmp_path)          # a copy: links out of the folder are refused
+    monkeypatch.setenv("VITPE_CHECKPOINTS", str(tmp_path))
+    return tmp_path
+
+
+def _app(params: dict):
+    from streamlit.testing.v1 import AppTest
+    at = AppTest.from_file(str(REPO / "app.py"), default_timeout=120)
+    for k, v in params.items():
+        at.query_params[k] = v
+    return _ok(at.run())
+
+
+def _ok(at):
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    return at
+
+
+def _chart(at, key: str) -> dict:
+    import json
+    [chart] = [c for c in at.get("plotly_chart") if c.proto.id.endswith(key) or getattr(c, "key", None) == key]
+    return json.loads(chart.proto.spec)
+
+
+def _z(trace: dict) -> np.ndarray:
+    import base64
+    z = trace["z"]
+    if isinstance(z, dict):
+        shape = [int(s) for s in str(z.get("shape", "-1")).split(",")]
+        return np.frombuffer(base64.b64decode(z["bdata"]), dtype=np.dtype(z["dtype"])).reshape(shape)
+    return np.array([[np.nan if v is None else v for v in row] for row in z], dtype=float)
+
+
+def _metrics(at) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def _has(at, key: str) -> bool:
+    return any(c.proto.id.endswith(key) or getattr(c, "key", None) == key for c in at.get("plotly_chart"))
+
+
+def test_the_page_rollout_is_positional_rollout(with_app_ckpts):
+    from vitpe_core import positional
+    from vitpe_core.checkpoint import load_checkpoint
+    from vitpe_core.gallery import gallery_image
+    from vitpe_core.inputs import checkpoint_input
+    at = _app({"page": "bias", "ckpt": "sape2+ape", "patch": "2,5", "image": "cifar10-test-0008"})
+    model = load_checkpoint(with_app_ckpts / "sape2+ape.safetensors").model
+    tr = analysis.trace_image(model, checkpoint_input(gallery_image("cifar10-test-0008"), load_checkpoint(
+        with_app_ckpts / "sape2+ape.safetensors")))
+    full = {f: positional.rollout(tr.attn, f) for f in ("mean", "max")}
+    np.testing.assert_allclose(_z(_chart(at, "bias_rollout")["data"][1]), full["mean"][1 + 2 * 8 + 5, 1:].reshape(8, 8),
+                               rtol=1e-5)
+    at.radio(key="bias_rollout_fusion").set_value("max")
+    at.radio(key="bias_rollout_of_1").set_value("CLS")
+    _ok(at.run())
+    np.testing.assert_allclose(_z(_chart(at, "bias_rollout")["data"][1]), full["max"][0, 1:].reshape(8, 8), rtol=1e-5)
+    assert "Rollout of CLS, heads fused by max" in _chart(at, "bias_rollout")["layout"]["title"]["text"]
+    assert not _has(at, "bias_stress_bias_diff") and not at.metric      # the default view computes no stress test
+
+
+@pytest.fixture
+def with_app_ckpts(app_checkpoint_dir, monkeypatch):
+    monkeypatch.setenv("VITPE_CHECKPOINTS", str(app_checkpoint_dir))
+    return app_checkpoint_dir
+
+
+def test_shift_and_size_controls_on_the_shipped_sape2(shipped_sape2):
+    from vitpe_core.checkpoint import load_checkpoint
+    from vitpe_core.gallery import gallery_image
+    from vitpe_core.inputs import checkpoint_input
+    image = "cifar10-test-0008"
+    at = _app({"page": "bias", "ckpt": "sape2", "patch": "3,4", "image": image})
+    before = _z(_chart(at, "bias_bias_map")["data"][0])
+    assert not at.metric
+    at.select_slider(key="bias_shift_x_32x32p4").set_value(4)             # one patch to the right
+    _ok(at.run())
+    err = _metrics(at)["Bias shift error (all layers and heads)"]
+    ckpt = load_checkpoint(SHIPPED)
+    expected = bias_shift_error(ckpt.model, checkpoint_input(gallery_image(image), ckpt)[None], (0, 1))
+    assert float(err) == pytest.approx(expected, abs=1e-3)               # the README's number, live
+    assert any("patch (3, 4) → (3, 5)" in m.value for m in at.markdown)
+    diff = _chart(at, "bias_stress_bias_diff")
+    assert np.isnan(_z(diff["data"][0])[:, 0]).all()                     # the column that came from outside
+    assert "error" in diff["layout"]["title"]["text"]
+    at.select_slider(key="bias_shift_y_32x32p4").set_value(-6)             # and 1½ patches up: another number
+    _ok(at.run())
+    assert _metrics(at)["Bias shift error (all layers and heads)"] != err
+    assert any("patch (3, 4) → (2, 5)" in m.value for m in at.markdown)
+    at.select_slider(key="bias_size_32x32p4").set_value(40)
+    at.radio(key="bias_fill").set_value("reflect")
+    _ok(at.run())
+    assert _z(_chart(at, "bias_stress_bias_diff")["data"][1]).shape == (10, 10)
+    assert any("Grid 10×10" in m.value for m in at.markdown)
+    for k in ("bias_shift_x_32x32p4", "bias_shift_y_32x32p4"):
+        at.select_slider(key=k).set_value(0)
+    at.select_slider(key="bias_size_32x32p4").set_value(32)           # back to native: the unchanged view
+    _ok(at.run())
+    assert not at.metric and not _has(at, "bias_stress_bias_diff")
+    np.testing.assert_array_equal(_z(_chart(at, "bias_bias_map")["data"][0]), before)

@@ -112,6 +112,16 @@ def transform_input(x: torch.Tensor, tf: Transform) -> torch.Tensor:
     return x if batched else x[0]
 
 
+def input_norm(ckpt) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The per-channel (mean, std) a checkpoint's inputs are normalised with (`inputs`)."""
+    from .data import CIFAR_MEAN, CIFAR_STD
+    from .inputs import dataset_of, preprocess_of
+    pre = preprocess_of(ckpt)
+    if pre is not None:
+        return tuple(pre["mean"]), tuple(pre["std"])
+    return CIFAR_MEAN[dataset_of(ckpt)], CIFAR_STD[dataset_of(ckpt)]
+
+
 def input_rgb(x: torch.Tensor, mean, std) -> np.ndarray:
     """A normalised `(3, H, W)` input back to `(H, W, 3)` uint8 (what the model is shown)."""
     m = torch.as_tensor(mean, dtype=torch.float32)[:, None, None]
@@ -220,7 +230,8 @@ class StressView:
     patch: tuple[int, int]          # the followed patch on it
     inside: bool                    # False: the patch's content left the image
     src: np.ndarray                 # (N',) source_patches
-    bias: MapShift | None           # the shown bias part at (layer, head); None without a bias
+    bias: MapShift | None           # the shown bias part at (layer, head), raw; None without a bias
+    bias_shown: np.ndarray | None   # (H', W') the new bias map normalised to [0, 1], as the page draws maps
     attention: MapShift
     bias_error: float | None        # shift_error over every layer and head (the README's number)
     same_prediction: bool
@@ -236,12 +247,13 @@ def stress_view(before: analysis.Trace, after: analysis.Trace, tf: Transform, na
     src = source_patches(native, tf, patch_size)
     m0, m1 = analysis.patch_maps(before, patch), analysis.patch_maps(after, new_patch)
     attn = map_shift(analysis.reduce_head(m0["attn"][layer], head), analysis.reduce_head(m1["attn"][layer], head), src)
-    bias = err = None
+    bias = shown = err = None
     if before.bias is not None and after.bias is not None:
         part = part or "row"
-        full0, full1 = (bias_view(t, m, "", layer, head, part).full for t, m in ((before, m0), (after, m1)))
-        bias = map_shift(analysis.reduce_head(full0[layer], head), analysis.reduce_head(full1[layer], head), src)
+        bv0, bv1 = (bias_view(t, m, "", layer, head, part) for t, m in ((before, m0), (after, m1)))
+        bias = map_shift(analysis.reduce_head(bv0.full[layer], head), analysis.reduce_head(bv1.full[layer], head), src)
+        shown = bv1.shown
         P0, P1 = before.num_prefix, after.num_prefix
         err = shift_error(before.bias[:, :, P0:, P0:], after.bias[:, :, P1:, P1:], src)
     same = int(np.argmax(before.logits)) == int(np.argmax(after.logits))
-    return StressView(tf, after.grid, new_patch, inside, src, bias, attn, err, same)
+    return StressView(tf, after.grid, new_patch, inside, src, bias, shown, attn, err, same)
