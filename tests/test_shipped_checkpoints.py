@@ -56,16 +56,21 @@ def cifar10_dir(shared_dir, tmp_path_factory) -> Path:
     return out.parent
 
 
+# The shipped rows, then the study's reruns: second seeds (checkpoints/seeds) and 50-epoch runs (checkpoints/long).
+STUDY = sorted((REPO / "checkpoints" / "seeds").glob("*.safetensors")) + sorted(
+    (REPO / "checkpoints" / "long").glob("*.safetensors"))
+EVALUATED = [REPO / "checkpoints" / f"{n}.safetensors" for n in SHIPPED] + STUDY
+
+
 @pytest.mark.slow
 @pytest.mark.shared
-@pytest.mark.parametrize("name", SHIPPED)
-def test_evaluate_reproduces_the_recorded_top1(name, cifar10_dir):
-    path = REPO / "checkpoints" / f"{name}.safetensors"
+@pytest.mark.parametrize("path", EVALUATED, ids=[str(p.relative_to(REPO / "checkpoints")) for p in EVALUATED])
+def test_evaluate_reproduces_the_recorded_top1(path, cifar10_dir):
     out = subprocess.run([sys.executable, "-m", "vitpe_core", "evaluate", str(path),
                           "--data-dir", str(cifar10_dir)], cwd=REPO, check=True, capture_output=True, text=True)
     measured = json.loads(out.stdout.strip().splitlines()[-1])
-    recorded = _metrics(name)["test"]
-    assert abs(measured["top1"] - recorded["top1"]) <= 0.2, (name, measured, recorded)
+    recorded = json.loads(path.with_suffix(".json").read_text())["metrics"]["test"]
+    assert abs(measured["top1"] - recorded["top1"]) <= 0.2, (path.name, measured, recorded)
 
 
 def test_readme_table_is_what_the_checkpoints_say():
@@ -77,6 +82,17 @@ def test_readme_table_is_what_the_checkpoints_say():
 
 
 SEED_RERUNS = sorted((REPO / "checkpoints" / "seeds").glob("*.json"))
+LONG_RUNS = sorted((REPO / "checkpoints" / "long").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", LONG_RUNS, ids=[p.stem for p in LONG_RUNS])
+def test_long_runs_change_only_the_epochs(path):
+    """checkpoints/long/NAME: the shipped row's recipe with 50 epochs instead of 15 (issue #14)."""
+    m = json.loads(path.read_text())["metrics"]
+    row = _metrics(m["recipe"]["encoding"])
+    but = lambda recipe: {k: v for k, v in recipe.items() if k != "epochs"}
+    assert but(m["recipe"]) == but(row["recipe"]) and m["recipe"]["epochs"] == 50 == len(m["curves"]["test_top1"])
+    assert (path.with_suffix(".safetensors")).is_file() and len(m["git_commit"]) == 40
 
 
 @pytest.mark.parametrize("path", SEED_RERUNS, ids=[p.stem for p in SEED_RERUNS])
