@@ -61,7 +61,7 @@ def naive_cope(q, k, e, npos_max):
     return out
 
 
-def _inputs(grid, d=8, B=2, h=2, scale=1.0, npos_max=10, seed=0):
+def _inputs(grid, d=8, B=2, h=2, scale=1.0, npos_max=10, seed=0):  # grid (1, T) for T tokens
     g = torch.Generator().manual_seed(seed)
     N = grid[0] * grid[1]
     q = torch.randn(B, h, N, d, generator=g, dtype=torch.float64) * scale
@@ -193,3 +193,88 @@ def test_positions_never_negative_when_the_last_gates_vanish():
     e = torch.randn(8, 10)
     assert torch.isfinite(sape2_bias(q, k, e, e, (4, 4))).all()
     assert torch.isfinite(cope_bias(q, k, e)).all()
+
+
+# ----------------------------------------------------------------------------- fused attention
+from vitpe_core.encodings.functional import cope_attention, sape2_attention  # noqa: E402
+
+
+def _attention_oracle(q, k, v, bias):
+    d = q.shape[-1]
+    return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d) + bias, dim=-1) @ v
+
+
+def _with_grads(fn, tensors, grad_out_seed=0):
+    leaves = [t.clone().requires_grad_() for t in tensors]
+    out = fn(*leaves)
+    out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(grad_out_seed), dtype=out.dtype))
+    return out.detach(), [t.grad for t in leaves]
+
+
+@pytest.mark.parametrize("grid, P", [((2, 3), 1), ((3, 5), 0), ((4, 4), 2), ((1, 6), 1)])
+@pytest.mark.parametrize("readout", ["query", "key"])
+def test_sape2_attention_matches_naive_bias_attention(grid, P, readout):
+    """The fused function (hand-written backward) against softmax(logits + naive bias) v, float64,
+    values and every gradient (q, k, v, e_x, e_y)."""
+    H, W = grid
+    q, k, e_x, e_y = _inputs((1, P + H * W), scale=1.5)
+    v = torch.randn(q.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+
+    def oracle(q, k, v, e_x, e_y):
+        bias = naive_sape2(q[:, :, P:], k[:, :, P:], e_x, e_y, grid, readout, 10)[0]
+        return _attention_oracle(q, k, v, torch.nn.functional.pad(bias, (P, 0, P, 0)))
+
+    def fused(q, k, v, e_x, e_y):
+        return sape2_attention(q, k, v, e_x, e_y, grid, readout, num_prefix=P)
+
+    want, want_g = _with_grads(oracle, (q, k, v, e_x, e_y))
+    got, got_g = _with_grads(fused, (q, k, v, e_x, e_y))
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
+    for a, b in zip(got_g, want_g):
+        torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-9)
+
+
+@pytest.mark.parametrize("T", [5, 13, 40])
+def test_cope_attention_matches_naive_bias_attention(T):
+    g = torch.Generator().manual_seed(T)
+    q, k, v = (torch.randn(2, 2, T, 8, generator=g, dtype=torch.float64) * 2 for _ in range(3))
+    e = torch.randn(8, 5, generator=g, dtype=torch.float64)
+    want, want_g = _with_grads(lambda q, k, v, e: _attention_oracle(q, k, v, naive_cope(q, k, e, 5)), (q, k, v, e))
+    got, got_g = _with_grads(lambda q, k, v, e: cope_attention(q, k, v, e, npos_max=5), (q, k, v, e))
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
+    for a, b in zip(got_g, want_g):
+        torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-9)
+
+
+def test_fused_attention_float32_matches_bias_functions_and_second_backward():
+    """float32 at the model's shapes (CLS + 8 x 8) against the bias functions the trace path uses."""
+    grid, P = (8, 8), 1
+    q, k, v = (torch.randn(3, 4, 65, 16, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    e_x, e_y = torch.randn(16, 10), torch.randn(16, 10)
+    logits = q @ k.transpose(-1, -2) / 4
+    want = torch.softmax(logits + sape2_bias(q[:, :, P:], k[:, :, P:], e_x, e_y, grid, num_prefix=P), -1) @ v
+    torch.testing.assert_close(sape2_attention(q, k, v, e_x, e_y, grid, num_prefix=P), want, atol=1e-5, rtol=1e-5)
+    want = torch.softmax(logits + cope_bias(q, k, e_x), -1) @ v
+    torch.testing.assert_close(cope_attention(q, k, v, e_x), want, atol=1e-5, rtol=1e-5)
+    out = sape2_attention(q.requires_grad_(), k, v, e_x, e_y, grid, num_prefix=P)
+    out.sum().backward(retain_graph=True)       # its backward reuses saved buffers: a second one is refused
+    with pytest.raises(RuntimeError, match="twice"):
+        out.sum().backward()
+    q.grad = None
+    out = cope_attention(q, k, v, e_x)          # CoPE's backward leaves its saved tensors intact
+    out.sum().backward(retain_graph=True)
+    first, q.grad = q.grad, None
+    out.sum().backward()
+    torch.testing.assert_close(q.grad, first, atol=0, rtol=0)
+
+
+def test_fused_attention_rejects_bad_shapes():
+    q, k, e_x, e_y = _inputs((2, 3))
+    with pytest.raises(ValueError, match="grid"):
+        sape2_attention(q, k, q, e_x, e_y, (3, 3))
+    with pytest.raises(ValueError, match="readout"):
+        sape2_attention(q, k, q, e_x, e_y, (2, 3), readout="value")
+    with pytest.raises(ValueError, match="e_x"):
+        sape2_attention(q, k, q, e_x[:, :5], e_y, (2, 3))
+    with pytest.raises(ValueError, match="e must"):
+        cope_attention(q, k, q, e_x[:, :5])

@@ -6,8 +6,10 @@ keeps timm's `pos_embed` layout, so a timm / DeiT state dict with a learned tabl
 into `encoding="ape"` with `model.load_state_dict(sd)` (the key `pos_embed` is mapped).
 
 One attention class with two paths:
-* fast: `F.scaled_dot_product_attention`, the encoding's bias passed as `attn_mask`; for
-  encodings that reuse the logits (CoPE, SaPE²) an explicit softmax over logits computed once;
+* fast: the encoding's own fused attention when it has one (`attend`: CoPE, SaPE², see
+  vitpe_core/encodings/functional.py), else `F.scaled_dot_product_attention` with the
+  encoding's bias passed as `attn_mask` (an explicit softmax over logits computed once for
+  other encodings that reuse the logits);
 * trace: explicit softmax, recording per layer the bias, its named parts and the weights.
 tests/test_encodings.py (`test_contract_shapes_finite_gradients_and_fast_equals_trace`) checks
 that both give the same logits for every registered encoding and several compositions.
@@ -38,6 +40,10 @@ class Attention(nn.Module):
                 trace: list[dict] | None = None) -> Tensor:
         qkv = rearrange(self.qkv(x), "b t (three h d) -> three b h t d", three=3, h=self.heads)
         q, k, v = qkv.unbind(0)                                      # (B, h, T, d) each
+        if trace is None:  # CoPE / SaPE²: bias, softmax and @ v fused, logits formed once
+            out = pos.attend(q, k, v, grid=grid, layer=layer, scale=self.scale)
+            if out is not None:
+                return self.proj(rearrange(out, "b h t d -> b t (h d)"))  # (B, T, D)
         parts: dict[str, Tensor] | None = {} if trace is not None else None
         # gates of CoPE / SaPE² are σ of these very logits: compute them once (not after a rotation)
         shared = pos.uses_logits and "rotation" not in pos.hooks

@@ -10,6 +10,11 @@ An encoding plugs into attention through up to three hooks (docs/encodings.md):
 * `angles(grid, layer)` -> `(h|1, N, d/2)` float32 rotation angles of q/k pairs, or None.
   `rotate` applies them to the patch tokens (prefix tokens are never rotated).
 
+An encoding may also take over the whole attention on the fast path: `attend(q, k, v, grid=,
+layer=, scale=)` -> `(B, h, T, dv)` or None (CoPE and SaPE² fuse their bias with the softmax,
+vitpe_core/encodings/functional.py); it must equal `softmax(q·kᵀ·scale + bias) v` with this
+encoding's `bias` (tests/test_encodings.py checks fast == trace).
+
 Every hook defaults to "not applicable", so the attention module and the app treat all
 encodings uniformly. `build_encoding("sape2+ape", ctx, **options)` composes by name:
 tables add, biases add, rotations chain (angles of the same pairs add).
@@ -69,6 +74,12 @@ class PositionEncoding(nn.Module):
         return None
 
     def angles(self, grid: Grid, layer: int) -> Tensor | None:
+        return None
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, grid: Grid, layer: int,
+               scale: float) -> Tensor | None:
+        """The whole attention `softmax(q·kᵀ·scale + bias) v: (B, h, T, dv)` when this encoding
+        computes it fused (no trace); None: the attention module does it from `bias`."""
         return None
 
     def rotate(self, q: Tensor, k: Tensor, *, grid: Grid, layer: int) -> tuple[Tensor, Tensor]:
@@ -177,3 +188,12 @@ class Composite(PositionEncoding):
 
     def angles(self, grid: Grid, layer: int) -> Tensor | None:
         return self._sum([p.angles(grid, layer) for p in self.parts])
+
+    def attend(self, q, k, v, *, grid, layer, scale):
+        """One part's fused attention when the other parts add no bias and no rotation (e.g.
+        `sape2+ape`, `cope+ape`: the table is added before block 0)."""
+        fused = [p for p in self.parts if type(p).attend is not PositionEncoding.attend]
+        rest = [p for p in self.parts if p not in fused]
+        if len(fused) != 1 or any({"bias", "rotation"} & set(p.hooks) for p in rest):
+            return None
+        return fused[0].attend(q, k, v, grid=grid, layer=layer, scale=scale)

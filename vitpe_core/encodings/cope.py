@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from ._interp import check_npos_max, interpolate_readout, reverse_cumsum
 from .base import EncodingContext, PositionEncoding, register_encoding
+from .functional import cope_attention
 
 
 def cope_bias(q: Tensor, k: Tensor, e: Tensor, npos_max: int = 10, *, logits: Tensor | None = None) -> Tensor:
@@ -44,3 +45,6 @@ class CoPE(PositionEncoding):
 
     def bias(self, q, k, *, grid, layer, parts=None, logits=None):
         return cope_bias(q, k, self.cope_embed[layer], self.npos_max, logits=logits)
+
+    def attend(self, q, k, v, *, grid, layer, scale):
+        return cope_attention(q, k, v, self.cope_embed[layer], self.npos_max, scale=scale)

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from ._interp import check_npos_max, interpolate_readout, reverse_cumsum
 from .base import EncodingContext, PositionEncoding, register_encoding
+from .functional import sape2_attention
 
 READOUTS = ("query", "key")
 
@@ -209,6 +210,10 @@ class SaPE2(PositionEncoding):
             return out
         bias, parts["x"], parts["y"] = out
         return bias
+
+    def attend(self, q, k, v, *, grid, layer, scale):
+        return sape2_attention(q, k, v, self.sape_x[layer], self.sape_y[layer], grid, self.readout,
+                               self.npos_max, num_prefix=self.ctx.num_prefix, scale=scale)
 
     def extra_repr(self) -> str:
         return f"readout={self.readout!r}, npos_max={self.npos_max}"

@@ -1,0 +1,274 @@
+"""Whole-attention functions for SaPE² and CoPE, for researchers with their own models.
+
+`sape2_attention(q, k, v, e_x, e_y, grid)` and `cope_attention(q, k, v, e)` return
+`softmax(q·kᵀ/sqrt d + bias) v` with the bias of docs/encodings.md, computed with the logits
+shared: `q·kᵀ` is formed once, the bias is added to it in place and the softmax, `@ v` and
+the whole backward are hand-written (`torch.autograd.Function`), so no `(B, h, T, T)` tensor
+is allocated that the attention itself does not need. The modules (`SaPE2`, `CoPE`) call them
+on the model's fast path; `sape2_bias` / `cope_bias` stay for the trace path and for using
+the bias alone (e.g. as an SDPA mask). Exact against those (tests/test_cope_sape2.py).
+
+Where the time goes and why (measured, BENCHMARKS.md "profile" section):
+* SaPE²: the gates need only the same-row and same-column logits, `N·(H+W)` of the `T²`:
+  they come from one small batched matmul per axis on the `(H, W, d)` view of q and k
+  (a quarter of the `q·kᵀ` multiply-adds on an 8 x 8 grid, no `N x N` tensor in their
+  forward or backward; extracting them from the `T x T` logits instead costs a `T x T`
+  zero tensor and an extra `T x T` gradient sum in the backward). Line sums, read-outs and
+  interpolation run on `(B, h, N, W)`-sized tensors under autograd. The distances are one
+  matmul of augmented vectors per axis; their forward keeps `1/distance` (0 at zero
+  distance, as torch.cdist's gradient), so the backward is one multiply per axis and two
+  narrow matmuls, and the `(B, h, N, N)` bias is never stored: it is added into the logits.
+* CoPE: everything runs in *reversed key order* (k and v flipped along the tokens, which
+  changes no softmax): the reverse cumulative sum of the gates is then a plain contiguous
+  `cumsum` and no `T x T` tensor is flipped in the forward. The interpolation
+  `z[⌊p⌋] + f·(z[⌊p⌋+1] − z[⌊p⌋])` needs one integer index per pair (kept for the
+  backward); the gate gradient is `σ'` times the suffix sum of `∂/∂p` (in reversed order,
+  a flip–cumsum–flip).
+"""
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+from torch import Tensor
+
+from ._interp import check_npos_max, interpolate_readout, reverse_cumsum
+
+__all__ = ["sape2_attention", "cope_attention"]
+
+
+# ----------------------------------------------------------------------------- shared pieces
+def _softmax_(x: Tensor) -> Tensor:
+    """Softmax over the last axis, in place on CPU (ATen's CPU kernel reads each row before it
+    writes it; one `(B, h, T, T)` allocation less per layer), else a new tensor."""
+    if x.device.type == "cpu":
+        return torch.ops.aten._softmax.out(x, -1, False, out=x)
+    return torch.softmax(x, dim=-1)
+
+
+def _softmax_backward_(grad_attn: Tensor, attn: Tensor) -> Tensor:
+    """`attn · (grad − Σ grad·attn)`, in place over `grad_attn` on CPU (as `_softmax_`)."""
+    if grad_attn.device.type == "cpu":
+        return torch.ops.aten._softmax_backward_data.out(grad_attn, attn, -1, attn.dtype, grad_input=grad_attn)
+    return torch._softmax_backward_data(grad_attn, attn, -1, attn.dtype)
+
+
+def _consume(ctx) -> None:
+    """The backwards below overwrite saved buffers in place (fewer `T x T` allocations): a
+    second backward through the same graph (`retain_graph=True`) is refused, not wrong."""
+    if getattr(ctx, "consumed", False):
+        raise RuntimeError("sape2_attention / cope_attention: backward through the same graph twice "
+                           "is not supported (their backward reuses saved buffers); run the forward again")
+    ctx.consumed = True
+
+
+def _add_distances_(out: Tensor, s: Tensor) -> Tensor:
+    """Add the Euclidean distances `‖s_i − s_n‖` of `s: (..., N, m)` to `out: (..., N, N)` (any
+    strides) and return `1/distance` (0 where the distance is 0: torch.cdist's gradient
+    there) in the one new `(..., N, N)` tensor. Squared distances come from one matmul of
+    augmented vectors `[−2s_i, |s_i|², 1]·[s_n, 1, |s_n|²]`; the diagonal is exactly 0."""
+    sq = (s * s).sum(-1, keepdim=True)                                        # (..., N, 1)
+    one = torch.ones_like(sq)
+    left = torch.cat((s * -2.0, sq, one), dim=-1)                             # (..., N, m+2)
+    right = torch.cat((s, one, sq), dim=-1)                                   # (..., N, m+2)
+    dist = torch.matmul(left, right.transpose(-1, -2))                        # (..., N, N) squared
+    dist.diagonal(dim1=-2, dim2=-1).zero_()
+    dist.clamp_min_(0.0).sqrt_()
+    out += dist
+    return dist.reciprocal_().nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def _distance_grad_(s: Tensor, inv: Tensor, grad: Tensor) -> Tensor:
+    """Gradient of `sum(grad · dist)` w.r.t. `s: (..., N, m)` from `inv = 1/dist` (0 at 0),
+    which it overwrites with `w = grad · inv`: `s_i · Σ_n (w + wᵀ)_in − ((w + wᵀ) s)_i`;
+    `[s, 1]ᵀ` times `w` and `wᵀ` (narrow outputs, `wᵀ` a view) gives both terms."""
+    w = inv.mul_(grad)                                                        # (..., N, N)
+    s_t = torch.cat((s, torch.ones_like(s[..., :1])), dim=-1).transpose(-1, -2)  # (..., m+1, N)
+    ws_t = torch.matmul(s_t, w.transpose(-1, -2)).add_(torch.matmul(s_t, w))  # (..., m+1, N)
+    rows = ws_t[..., -1:, :].transpose(-1, -2)                                # (..., N, 1)
+    return s * rows - ws_t[..., :-1, :].transpose(-1, -2)                     # (..., N, m)
+
+
+# ----------------------------------------------------------------------------- SaPE²
+def _lines(logits: Tensor, grid: tuple[int, int], P: int) -> tuple[Tensor, Tensor]:
+    """Views of the patch block of `logits: (B, h, P+N, P+N)`: same-row entries
+    `(B, h, H, W, W)` (`[y, x, u]`: patch (y, x) to (y, u)) and same-column entries
+    `(B, h, W, H, H)` (`[x, y, v]`: (y, x) to (v, x)), diagonals of its `(H, W, H, W)` view."""
+    H, W = grid
+    l6 = logits[..., P:, P:].unflatten(-1, (H, W)).unflatten(-3, (H, W))     # (B, h, H, W, H, W)
+    return (l6.diagonal(dim1=2, dim2=4).permute(0, 1, 4, 2, 3),
+            l6.diagonal(dim1=3, dim2=5).permute(0, 1, 4, 2, 3))
+
+
+def _steps(z: Tensor) -> Tensor:
+    """`z: (..., M+1)` -> `z[t+1] − z[t]` for `t < M`, 0 at `M`."""
+    return torch.cat((z[..., 1:] - z[..., :-1], torch.zeros_like(z[..., :1])), dim=-1)
+
+
+def _line_forward(line: Tensor, z: Tensor, M: int):
+    """SaPE² steps 1, 2, 4 on one axis. `line: (B, h, L, A, A)` gate logits, `z: (B, h, L, A, M+1)`
+    read-outs -> descriptors `(B, h, L, A, A)` and what the backward needs."""
+    gates = torch.sigmoid(line)
+    pos = reverse_cumsum(gates).clamp_max_(M)                                # Σ_{u >= m} g[u], capped
+    lo = pos.floor()
+    frac = pos.sub_(lo)
+    lo = lo.long()
+    step_lo = torch.gather(_steps(z), -1, lo)                                 # z[lo+1] − z[lo] (0 at M)
+    desc = torch.gather(z, -1, lo).addcmul_(step_lo, frac)                    # z[lo] + f (z[lo+1] − z[lo])
+    return desc, (gates, frac, lo, step_lo)
+
+
+def _line_backward(grad: Tensor, saved, M: int) -> tuple[Tensor, Tensor]:
+    """Gradients of the gate logits `(B, h, L, A, A)` and the read-outs `(B, h, L, A, M+1)`."""
+    gates, frac, lo, step_lo = saved
+    g_frac = grad * frac
+    grad_z = grad.new_zeros(*grad.shape[:-1], M + 1).scatter_add_(-1, lo, grad)
+    grad_step = torch.zeros_like(grad_z).scatter_add_(-1, lo, g_frac)[..., :-1]
+    grad_z[..., 1:] += grad_step
+    grad_z[..., :-1] -= grad_step
+    # ∂pos = grad · (z[lo+1] − z[lo]) (0 when capped); the reverse cumsum's adjoint is a cumsum
+    grad_gates = g_frac.copy_(step_lo).mul_(grad).cumsum(-1)
+    return torch.ops.aten.sigmoid_backward(grad_gates, gates), grad_z
+
+
+class _SaPE2Attend(torch.autograd.Function):
+    """SaPE² attention, forward and backward by hand (docs/encodings.md steps 1–5, then
+    softmax and `@ v`). The gates are read from the attention's own logits (strided views of
+    its `T x T` block); their gradient is added into the logits' gradient in place."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, e_x, e_y, grid, scale: float, num_prefix: int, npos_max: int, readout: str):
+        H, W = grid
+        P, M = num_prefix, npos_max - 1
+        logits = torch.matmul(q * scale, k.transpose(-1, -2))                 # (B, h, T, T)
+        row, col = (t.contiguous() for t in _lines(logits, grid, P))          # (B,h,H,W,W), (B,h,W,H,H)
+        r = (q if readout == "query" else k)[:, :, P:]                        # (B, h, N, d)
+        z = r @ torch.cat((e_x, e_y), dim=1).to(r.dtype)                      # (B, h, N, 2(M+1))
+        z_x = rearrange(z[..., :npos_max], "b h (y x) t -> b h y x t", y=H)  # (B, h, H, W, M+1)
+        z_y = rearrange(z[..., npos_max:], "b h (y x) t -> b h x y t", y=H)  # (B, h, W, H, M+1)
+        s_x, saved_x = _line_forward(row, z_x, M)                             # (B, h, H, W, W)
+        s_y, saved_y = _line_forward(col, z_y, M)                             # (B, h, W, H, H)
+        s_x = rearrange(s_x, "b h y x m -> b h (y x) m")                     # (B, h, N, W)
+        s_y = rearrange(s_y, "b h x y m -> b h (y x) m").contiguous()        # (B, h, N, H)
+        patch = logits[..., P:, P:]                                           # (B, h, N, N) view
+        inv_x = _add_distances_(patch, s_x)                                   # (B, h, N, N)
+        inv_y = _add_distances_(patch, s_y)
+        attn = _softmax_(logits)                                              # (B, h, T, T)
+        del logits, patch, row, col
+        ctx.save_for_backward(q, k, v, attn, e_x, e_y, r, s_x, s_y, inv_x, inv_y, *saved_x, *saved_y)
+        ctx.args = grid, scale, P, npos_max, readout
+        return torch.matmul(attn, v)                                          # (B, h, T, dv)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        _consume(ctx)
+        q, k, v, attn, e_x, e_y, r, s_x, s_y, inv_x, inv_y, *saved = ctx.saved_tensors
+        (H, W), scale, P, npos_max, readout = ctx.args
+        M = npos_max - 1
+        grad_v = torch.matmul(attn.transpose(-1, -2), grad_out)
+        grad_logits = _softmax_backward_(torch.matmul(grad_out, v.transpose(-1, -2)), attn)
+        del attn
+        g = grad_logits[..., P:, P:]                                          # the bias's gradient
+        grad_sx = _distance_grad_(s_x, inv_x, g)                              # (B, h, N, W)
+        grad_sy = _distance_grad_(s_y, inv_y, g)                              # (B, h, N, H)
+        del inv_x, inv_y
+        grad_row, grad_zx = _line_backward(rearrange(grad_sx, "b h (y x) m -> b h y x m", y=H), saved[:4], M)
+        grad_col, grad_zy = _line_backward(rearrange(grad_sy, "b h (y x) m -> b h x y m", y=H), saved[4:], M)
+        row, col = _lines(grad_logits, (H, W), P)                             # the gates' logits: add in place
+        row += grad_row                                                       # (i, i) lies on both: both add
+        col += grad_col
+        grad_z = torch.cat((rearrange(grad_zx, "b h y x t -> b h (y x) t"),
+                            rearrange(grad_zy, "b h x y t -> b h (y x) t")), dim=-1)  # (B, h, N, 2(M+1))
+        e = torch.cat((e_x, e_y), dim=1).to(r.dtype)                          # (d, 2(M+1))
+        grad_r = grad_z @ e.transpose(0, 1)                                   # (B, h, N, d)
+        grad_e = (r.transpose(-1, -2) @ grad_z).sum((0, 1)).to(e_x.dtype)    # (d, 2(M+1))
+        grad_q = torch.matmul(grad_logits, k).mul_(scale)
+        grad_k = torch.matmul(grad_logits.transpose(-1, -2), q).mul_(scale)
+        (grad_q if readout == "query" else grad_k)[:, :, P:] += grad_r
+        return (grad_q, grad_k, grad_v, grad_e[:, :npos_max], grad_e[:, npos_max:],
+                None, None, None, None, None)
+
+
+def sape2_attention(q: Tensor, k: Tensor, v: Tensor, e_x: Tensor, e_y: Tensor, grid: tuple[int, int],
+                    readout: str = "query", npos_max: int = 10, *, num_prefix: int = 0,
+                    scale: float | None = None) -> Tensor:
+    """Attention with the SaPE² bias, `(B, h, T, dv)`.
+
+    `q, k: (B, h, T, d)`, `v: (B, h, T, dv)` with `T = num_prefix + H·W` (prefix tokens first,
+    patches row-major; prefix tokens take part in the attention but not in SaPE², and get
+    zero bias), `e_x, e_y: (d, npos_max)`. `scale` defaults to `d^-1/2`; the gates are
+    `σ(q·k·scale)` with the same scale. Equal (to rounding) to
+    `softmax(q·kᵀ·scale + sape2_bias(q_p, k_p, e_x, e_y, grid, num_prefix=P)) @ v`.
+    """
+    H, W = grid
+    B, h, T, d = q.shape
+    P = num_prefix
+    if T != P + H * W:
+        raise ValueError(f"q has {T} tokens but num_prefix {P} + grid {grid} make {P + H * W}")
+    if readout not in ("query", "key"):
+        raise ValueError(f"unknown readout {readout!r}; valid: ('query', 'key')")
+    check_npos_max(npos_max)
+    for name, e in (("e_x", e_x), ("e_y", e_y)):
+        if e.shape != (d, npos_max):
+            raise ValueError(f"{name} must have shape (d, npos_max) = {(d, npos_max)}, got {tuple(e.shape)}")
+    scale = d ** -0.5 if scale is None else scale
+    return _SaPE2Attend.apply(q, k, v, e_x, e_y, (H, W), scale, P, npos_max, readout)
+
+
+# ----------------------------------------------------------------------------- CoPE
+class _CoPEAttend(torch.autograd.Function):
+    """CoPE attention over all T tokens, in reversed key order (see the module docstring).
+    Inputs `k_r, v_r` are the flipped keys and values; `z = q·e: (B, h, T, M+1)`."""
+
+    @staticmethod
+    def forward(ctx, q, k_r, v_r, z, scale: float, npos_max: int):
+        M = npos_max - 1
+        logits = torch.matmul(q * scale, k_r.transpose(-1, -2))              # (B, h, T, T) reversed keys
+        gates = torch.sigmoid(logits)
+        pos = gates.cumsum(-1).clamp_max_(M)                                  # = Σ_{t >= j} g_it
+        lo = pos.floor()
+        frac = pos.sub_(lo)                                                   # in place: pos is not needed again
+        lo = lo.long()
+        z_step = torch.cat((z[..., 1:] - z[..., :-1], torch.zeros_like(z[..., :1])), dim=-1)  # (B, h, T, M+1)
+        logits += torch.gather(z, -1, lo)
+        logits.addcmul_(torch.gather(z_step, -1, lo), frac)                  # z[lo] + f (z[lo+1] - z[lo])
+        attn = _softmax_(logits)
+        del logits
+        ctx.save_for_backward(q, k_r, v_r, z_step, attn, gates, frac, lo)
+        ctx.scale = scale
+        return torch.matmul(attn, v_r)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k_r, v_r, z_step, attn, gates, frac, lo = ctx.saved_tensors
+        scale = ctx.scale
+        grad_v = torch.matmul(attn.transpose(-1, -2), grad_out)
+        grad_logits = _softmax_backward_(torch.matmul(grad_out, v_r.transpose(-1, -2)), attn)  # = ∂/∂bias
+        del attn
+        # read-outs: ∂z[lo] += g, ∂z_step[lo] += g f, z_step[t] = z[t+1] - z[t] (t < M)
+        g_frac = grad_logits * frac
+        grad_z = torch.zeros_like(z_step).scatter_add_(-1, lo, grad_logits)
+        grad_step = torch.zeros_like(z_step).scatter_add_(-1, lo, g_frac)[..., :-1]
+        grad_z[..., 1:] += grad_step
+        grad_z[..., :-1] -= grad_step
+        # positions: ∂p = g · z_step[lo] (0 at the cap: z_step[M] = 0); gates: suffix sums
+        grad_pos = g_frac.copy_(torch.gather(z_step, -1, lo)).mul_(grad_logits)
+        grad_gates = grad_pos.flip(-1).cumsum(-1).flip(-1)
+        grad_logits += torch.ops.aten.sigmoid_backward(grad_gates, gates)
+        grad_q = torch.matmul(grad_logits, k_r).mul_(scale)
+        grad_k = torch.matmul(grad_logits.transpose(-1, -2), q).mul_(scale)
+        return grad_q, grad_k, grad_v, grad_z, None, None
+
+
+def cope_attention(q: Tensor, k: Tensor, v: Tensor, e: Tensor, npos_max: int = 10, *,
+                   scale: float | None = None) -> Tensor:
+    """Non-causal CoPE attention over all T tokens, `(B, h, T, dv)`: equal (to rounding) to
+    `softmax(q·kᵀ·scale + cope_bias(q, k, e)) @ v`. `q, k: (B, h, T, d)`, `v: (B, h, T, dv)`,
+    `e: (d, npos_max)`; `scale` defaults to `d^-1/2` (gates `σ(q·k·scale)` with the same)."""
+    d = q.shape[-1]
+    check_npos_max(npos_max)
+    if e.shape != (d, npos_max):
+        raise ValueError(f"e must have shape (d, npos_max) = {(d, npos_max)}, got {tuple(e.shape)}")
+    scale = d ** -0.5 if scale is None else scale
+    z = q @ e.to(q.dtype)                                                     # (B, h, T, M+1)
+    out = _CoPEAttend.apply(q, k.flip(2), v.flip(2), z, scale, npos_max)
+    return out
