@@ -585,14 +585,14 @@ def figure7_film_fig(grids: Mapping[int, np.ndarray], *, title: str, frame_ms: i
     step = dict(mode="immediate", frame=dict(duration=frame_ms, redraw=True), transition=dict(duration=0))
     fig.update_layout(
         updatemenus=[dict(type="buttons", direction="left", x=0, xanchor="left", y=0, yanchor="top",
-                          pad=dict(t=8), showactive=False,
+                          pad=dict(t=34), showactive=False,
                           buttons=[dict(label="▶ play", method="animate", args=[None, {**step, "fromcurrent": True}]),
                                    dict(label="❚❚ pause", method="animate",
                                         args=[[None], dict(mode="immediate", frame=dict(duration=0, redraw=False))])])],
-        sliders=[dict(active=0, x=0.22, len=0.78, y=0, yanchor="top", pad=dict(t=8),
+        sliders=[dict(active=0, x=0.22, len=0.78, y=0, yanchor="top", pad=dict(t=30),   # below the x title
                       currentvalue=dict(prefix="epoch ", font=dict(size=12)),
                       steps=[dict(label=str(e), method="animate", args=[[str(e)], step]) for e in epochs])],
-        height=560, margin={**fig.layout.margin.to_plotly_json(), "b": 90})
+        height=580, margin={**fig.layout.margin.to_plotly_json(), "b": 110})
     return fig
 
 
