@@ -214,7 +214,16 @@ def wait_script_run(page: Any, timeout_s: float = 180.0, text: str | None = None
     return page.wait_for_function(_IDLE_WITH_TEXT_JS, arg=text, timeout=timeout_s * 1e3)
 
 
-IMAGE_FRAME = "iframe[title*='streamlit_image_coordinates']"   # the clickable image component
+IMAGE_FRAME = "iframe[title*='streamlit_image_coordinates']"   # the old clickable image component (iframe)
+# The patch picker (`st.plotly_chart(..., on_select="rerun")`, key `<page>_click`): its plot area,
+# Plotly's drag layer, spans exactly the image (no margins), so a patch's centre is `click_point`
+# of its bounding box.
+PICKER_AREA = ".st-key-{key} .nsewdrag"
+
+
+def picker_area(page: Any, key: str = "bias_click") -> Any:
+    """The patch picker's clickable plot area on a playwright page (sync or async locator)."""
+    return page.locator(PICKER_AREA.format(key=key)).first
 
 
 def patch_label(patch: tuple[int, int]) -> str:

@@ -56,8 +56,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from benchmarks.harness import (IMAGE_FRAME, REPO, Server, background_jobs, checkpoint_grids, click_point,
-                                health_ok, launch_chromium, patch_label, proc_memory, share_url, streamlit_server,
+from benchmarks.harness import (REPO, Server, background_jobs, checkpoint_grids, click_point,
+                                health_ok, launch_chromium, patch_label, picker_area, proc_memory, share_url,
+                                streamlit_server,
                                 url_params, wait_script_run, write_random_checkpoints)
 
 PATCH_TEXT = re.compile(r"^Patch \(\d+, \d+\)$")
@@ -195,7 +196,7 @@ async def _session(browser, base: str, spec: Spec, gate: Gate, click_timeout: fl
     page = await ctx.new_page()
     page.on("pageerror", lambda e: res.page_errors.append(str(e)[:200]))
     rng = random.Random(spec.seed)
-    img = page.frame_locator(IMAGE_FRAME).locator("#image")
+    img = picker_area(page, "bias_click")
     try:
         t0 = time.monotonic()
         for attempt in range(2):
@@ -207,7 +208,7 @@ async def _session(browser, base: str, spec: Spec, gate: Gate, click_timeout: fl
                 await page.reload(timeout=load_timeout * 1000)
             await page.get_by_text(patch_label(spec.patch), exact=True).wait_for(timeout=load_timeout * 1000)
             await wait_script_run(page, load_timeout)
-            try:   # the component can miss its first render under load (see RELIABILITY.md): reload once
+            try:   # the clickable image must appear; if it does not within 30 s, reload once
                 await img.wait_for(timeout=(30 if not attempt else load_timeout) * 1000)
                 break
             except Exception:  # noqa: BLE001
@@ -470,9 +471,13 @@ def click_state(session, page: str, target: tuple[int, int], grid: tuple[int, in
                                       "height": height, "unix_time": int(time.time() * 1000)})
         return "component", {}
     if w is not None and w.kind == "plotly_chart":
-        point = {"curve_number": 0, "point_number": r * W + c, "point_index": r * W + c, "x": c, "y": r}
-        session.set_selection(w.id, {"selection": {"points": [point], "point_indices": [r * W + c],
-                                                   "box": [], "lasso": []}})
+        # what Streamlit's frontend sends for a click on one marker of the picker's scatter trace
+        # (trace 1, over the image trace 0): the point's index, position and customdata [r, c]
+        n = r * W + c
+        point = {"curve_number": 1, "point_number": n, "point_index": n, "x": (c + 0.5) * 20, "y": (r + 0.5) * 20,
+                 "customdata": [r, c]}
+        session.set_selection(w.id, {"selection": {"points": [point], "point_indices": [n], "box": [],
+                                                   "lasso": []}})
         return "plotly", {}
     session.set_number(f"{page}_row", r)
     session.set_number(f"{page}_col", c)

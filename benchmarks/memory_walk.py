@@ -174,22 +174,28 @@ async def walk(base: str, names: list[str], pid: int, limit: Limit, timeout: flo
     # a visitor's image and model
     t0 = time.perf_counter()
     s, _ = await open_session(base, "/?page=bias", timeout)
-    await s.upload("bias_upload", "walk.png", upload_png(0, 0, side=1024), "image/png")
-    await s.run(timeout=timeout)
-    record("bias + a 1024 px upload", time.perf_counter() - t0, s.page.exceptions())
-    t0 = time.perf_counter()
-    await s.run(page="checkpoints", timeout=timeout)
-    await s.upload("checkpoints_model_upload", f"{MODEL_NAME}.npz", tiny_model_npz())
-    await s.run(timeout=timeout)
-    await s.run(timeout=timeout, trigger=s.trigger("checkpoints_model_import"))
-    ok = f"Imported as `{MODEL_NAME}-upload`" in s.page.text()
-    record("checkpoints + a model import", time.perf_counter() - t0,
-           s.page.exceptions() + ([] if ok else ["import not confirmed"]))
-    for page in ("bias", "similarity", "compare"):
+    try:
+        await s.upload("bias_upload", "walk.png", upload_png(0, 0, side=1024), "image/png")
+        await s.run(timeout=timeout)
+        record("bias + a 1024 px upload", time.perf_counter() - t0, s.page.exceptions())
         t0 = time.perf_counter()
-        await s.run(page=page, timeout=timeout)
-        record(f"{page} with the imported model", time.perf_counter() - t0, s.page.exceptions())
-    await s.close()
+        await s.run(page="checkpoints", timeout=timeout)
+        await s.upload("checkpoints_model_upload", f"{MODEL_NAME}.npz", tiny_model_npz())
+        await s.run(timeout=timeout)
+        await s.run(timeout=timeout, trigger=s.trigger("checkpoints_model_import"))
+        ok = f"Imported as `{MODEL_NAME}-upload`" in s.page.text()
+        record("checkpoints + a model import", time.perf_counter() - t0,
+               s.page.exceptions() + ([] if ok else ["import not confirmed"]))
+        for page in ("bias", "similarity", "compare"):
+            t0 = time.perf_counter()
+            await s.run(page=page, timeout=timeout)
+            title = {"bias": "Bias explorer", "similarity": "Embedding similarity", "compare": "Compare encodings"}
+            missing = [] if title[page] in s.page.texts() else [f"not the {page} page: {s.notices[-1:]}"]
+            record(f"{page} with the imported model", time.perf_counter() - t0, s.page.exceptions() + missing)
+    except Exception as e:  # noqa: BLE001 — recorded, the report is still written
+        record("upload / import steps", time.perf_counter() - t0, [f"{type(e).__name__}: {e}"])
+    finally:
+        await s.close()
     return steps
 
 

@@ -124,6 +124,7 @@ class Session:
         self._reader: asyncio.Task | None = None
         self.closed_reason: str | None = None
         self.total_bytes = 0
+        self.notices: list[str] = []             # what the tab would show beside the page (page not found)
 
     # ------------------------------------------------------------------ connection
     async def connect(self) -> None:
@@ -257,8 +258,8 @@ class Session:
                 self.page = page
                 self._drop_stale(page)
                 return stats
-            elif kind == "page_not_found":
-                raise StreamlitError(f"page not found: {msg.page_not_found.page_name}")
+            elif kind == "page_not_found":   # the tab shows a notice; the script runs the default page
+                self.notices.append(f"page not found: {msg.page_not_found.page_name!r}")
 
     def _sync_widget(self, kind: str | None, el: Any) -> None:
         """A widget the server set (`set_value`): the tab now holds that value."""
