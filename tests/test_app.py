@@ -5,6 +5,7 @@ through session_state, widgets driven by key, uploads. Checkpoints: tests/confte
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import json
 from pathlib import Path
@@ -16,11 +17,20 @@ from PIL import Image
 from streamlit.testing.v1 import AppTest
 
 from vitpe_core import figures, gallery
+from vitpe_core.store import png_bytes
 from vitpe_core.viewstate import PAGES
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 TITLES = {"bias": "Bias explorer", "similarity": "Position-embedding similarity", "compare": "Compare encodings",
           "checkpoints": "Checkpoints"}
+
+
+@pytest.fixture(autouse=True)
+def upload_dir(tmp_path, monkeypatch):
+    """Every test's own upload store (never the user's cache folder)."""
+    folder = tmp_path / "uploads"
+    monkeypatch.setenv("VITPE_UPLOAD_DIR", str(folder))
+    return folder
 
 
 @pytest.fixture
@@ -207,7 +217,7 @@ def test_decode_upload():
     assert ui.decode_upload("text")[0] is None
 
 
-def test_image_upload_in_the_app(with_ckpts):
+def test_image_upload_in_the_app(with_ckpts, upload_dir):
     at = ok(run({"ckpt": "sape2+ape"}))
     at.file_uploader(key="bias_upload").set_value(("bad.png", b"\x89PNG broken", "image/png"))
     ok(at.run())
@@ -223,7 +233,40 @@ def test_image_upload_in_the_app(with_ckpts):
     at.file_uploader(key="bias_upload").set_value(("red.png", _png(), "image/png"))
     ok(at.run())
     assert not at.error
-    assert any("cannot be shared" in c.value for c in at.caption)
+    digest = hashlib.sha256(png_bytes(Image.open(io.BytesIO(_png())))).hexdigest()
+    assert at.session_state["image"] == f"upload:{digest}" == _qp(at, "image")
+    assert (upload_dir / f"{digest}.png").is_file()                  # in the store, under its hash
+    assert any("red.png" in c.value for c in at.caption)
+
+
+def _qp(at: AppTest, key: str) -> str:
+    value = at.query_params[key]
+    return value[-1] if isinstance(value, list) else value
+
+
+def test_a_shared_upload_opens_in_another_session(with_ckpts, upload_dir):
+    """Upload, pick a patch, layer and head; a new session (another visitor) opening the link's
+    query string sees the same image and view; an unknown hash falls back with a warning."""
+    at = ok(run({"ckpt": "sape2+ape"}))
+    at.file_uploader(key="bias_upload").set_value(("photo.png", _png((48, 40), (10, 200, 90)), "image/png"))
+    ok(at.run())
+    at.session_state["patch"] = (2, 5)
+    at.select_slider(key="bias_layer").set_value(1)
+    ok(at.run())
+    link = {k: _qp(at, k) for k in ("page", "ckpt", "image", "patch", "layer", "head")}
+    assert link["image"].startswith("upload:") and link["patch"] == "2,5" and link["layer"] == "1"
+    mine = chart_spec(at, "bias_attn_map")["data"][0]["z"]
+    other = ok(run(link))                                          # a new AppTest = a new browser session
+    assert not other.warning, [w.value for w in other.warning]
+    assert other.session_state["image"] == link["image"] and other.session_state["patch"] == (2, 5)
+    assert other.session_state["layer"] == 1
+    assert chart_spec(other, "bias_attn_map")["data"][0]["z"] == mine    # the same image through the model
+    assert any("Patch (2, 5)" in t for t in patch_texts(other))
+    gone = ok(run({**link, "image": "upload:" + "0" * 64}))
+    assert any("not on this server" in w.value for w in gone.warning)
+    assert gone.session_state["image"] == gallery.gallery_ids()[0]
+    bad = ok(run({**link, "image": "upload:../../etc/passwd"}))
+    assert any("not an upload id" in w.value for w in bad.warning)
 
 
 def _timm_npz(model) -> bytes:
@@ -456,7 +499,8 @@ def _title_lines(spec: dict) -> list[str]:
 @pytest.mark.parametrize("page", PAGES)
 def test_every_chart_title_fits_a_phone_below_the_modebar(with_ckpts, page):
     at = ok(run({"page": page, "ckpt": "sape2+ape", "image": "photo-rocket"}))
-    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")
+             if json.loads(c.proto.config).get("displayModeBar") is not False]   # not the untitled patch picker
     assert specs or page == "checkpoints"
     for spec in specs:
         lines = _title_lines(spec)

@@ -13,6 +13,7 @@ The checkpoint folder is `$VITPE_CHECKPOINTS`, default `checkpoints/` in the rep
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import re
 import tempfile
@@ -29,7 +30,8 @@ from vitpe_core.checkpoint import (Checkpoint, CheckpointError, list_checkpoints
 from vitpe_core.gallery import gallery_image
 from vitpe_core.inputs import checkpoint_input, class_names, dataset_of, image_key, model_crop  # noqa: F401
 from vitpe_core.model import ViT
-from vitpe_core.store import LRUStore
+from vitpe_core.store import ImageStore, LRUStore, default_upload_dir, png_bytes
+from vitpe_core.viewstate import UPLOAD_PREFIX, is_upload_id
 
 ENV_VAR = "VITPE_CHECKPOINTS"
 DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "checkpoints"
@@ -173,6 +175,50 @@ def import_upload(filename: str, data: bytes, *, family: str = "auto", img_size:
                      "models.")
     mine[name] = sha
     return name, notes
+
+
+# ----------------------------------------------------------------------------- uploaded images
+MAX_STORED_UPLOAD_BYTES = 500 * 2**20     # the upload store's cap on disk, least recently used out
+
+
+@st.cache_resource
+def _image_store(folder: str) -> ImageStore:
+    return ImageStore(folder, max_bytes=MAX_STORED_UPLOAD_BYTES)
+
+
+def image_store() -> ImageStore:
+    """The server's store of uploaded images (`$VITPE_UPLOAD_DIR`, default the user's cache folder)."""
+    return _image_store(str(default_upload_dir()))
+
+
+def store_upload(img: Image.Image) -> str:
+    """Put an accepted, decoded upload in the store; its view id `upload:<sha256>`. OSError if
+    the folder cannot be written."""
+    return UPLOAD_PREFIX + image_store().put(png_bytes(img))
+
+
+class _NotStored(LookupError):
+    """Raised inside the cache so that a missing image is not cached."""
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def _stored_image(image_id: str, folder: str) -> Image.Image:
+    data = _image_store(folder).get(image_id[len(UPLOAD_PREFIX):])
+    if data is None:
+        raise _NotStored(image_id)
+    with Image.open(io.BytesIO(data)) as img:       # a PNG this server wrote
+        return img.convert("RGB")
+
+
+def stored_image(image_id: str) -> Image.Image | None:
+    """The uploaded image with view id `upload:<sha256>`, or None if the store does not hold it
+    (never stored here, or evicted). Only a validated id reaches the store."""
+    if not is_upload_id(image_id):
+        return None
+    try:
+        return _stored_image(image_id, str(image_store().folder))
+    except _NotStored:
+        return None
 
 
 # ----------------------------------------------------------------------------- traces

@@ -19,13 +19,22 @@ The view state (`viewstate.ViewState`) lives in `st.session_state` under the pla
   older one), and writes the view back in its `on_change` callback, so views survive page
   switches.
 
-An uploaded image is kept for the browser session (one image, at most `MAX_UPLOAD_SIDE` px a
-side) until another is uploaded, a sample image is chosen or it is cleared: it follows the
-visitor from page to page.
+An accepted image upload (decoded, at most `MAX_UPLOAD_SIDE` px a side) is put, as PNG, in the
+server's upload store (`cache.image_store`) and becomes the view's image `upload:<sha256>`: it
+follows the visitor from page to page until another is uploaded, a sample image is chosen or it
+is cleared, and a share link carrying it opens the same image for anyone on this server (an
+evicted one falls back to the first sample image with a warning).
+
+The patch picker (`clickable`) is a Plotly chart of the image with one invisible marker per
+patch centre and `on_select="rerun"`: no iframe. Its axes are the image's pixels; hover picks
+the nearest centre anywhere on the image (`hoverdistance=-1`), so a click anywhere in a patch
+selects it.
 """
 from __future__ import annotations
 
+import base64
 import io
+import logging
 import re
 from typing import Any, Callable, Sequence
 from urllib.parse import quote, urlencode, urlsplit, urlunsplit
@@ -41,11 +50,14 @@ from vitpe_core.checkpoint import CheckpointError
 from vitpe_core.gallery import gallery_caption, gallery_ids, gallery_image
 from vitpe_core.images import ALLOWED_FORMATS, ImageError, load_image_info
 from vitpe_core.inputs import preprocess_of
-from vitpe_core.viewstate import FINAL_EPOCH, KEYS, MEAN_HEAD, PAGES, ViewState, parse_view, to_query
+from vitpe_core.viewstate import (FINAL_EPOCH, KEYS, MEAN_HEAD, PAGES, ViewState, is_upload_id, parse_view,
+                                  to_query)
+
+log = logging.getLogger(__name__)
 
 VIEW_KEYS = ("ckpt", "image", "patch", "layer", "head", "epoch")
 SYNCED = "_vitpe_synced_query"
-UPLOAD = "_vitpe_upload"           # this session's uploaded image: {"name", "image", "key", "notes"}
+UPLOAD = "_vitpe_upload"           # this session's uploaded image: {"name", "id" (upload:<sha256>), "notes"}
 UPLOAD_GEN = "_vitpe_upload_gen"   # bumped when the upload is set aside: the uploaders start empty
 UPLOAD_ERROR = "_vitpe_upload_error"   # (uploader key, why its file was refused), shown while the file is there
 FIT = "_vitpe_fit"                 # "crop" (the model's centre crop) or "pad" (letterbox): for every page
@@ -156,6 +168,11 @@ def current_view(page: str, checkpoints: Sequence[str], *,
         params.pop("epoch", None)            # another checkpoint, another history: quietly the final table
     view, notes = parse_view(params, checkpoints=checkpoints, images=images, grid=grid, depth=depth, heads=heads,
                              epochs=epochs)
+    if is_upload_id(view.image) and cache.stored_image(view.image) is None:
+        notes.append(f"The uploaded image of this link ({view.image[7:19]}…) is not on this server: it was "
+                     "never uploaded here, or removed to make room for newer uploads. Showing the sample image "
+                     "instead; upload the photo again to share it.")
+        view = ViewState(**{**view.__dict__, "image": images[0] if images else ""})
     show_notes(notes)
     view = ViewState(**{**view.__dict__, "page": page})
     commit(view)
@@ -190,12 +207,13 @@ def share_link(view: ViewState, url: str | None = None) -> str:
 
 
 def render_share(view: ViewState, *, upload_active: bool = False) -> None:
+    """The sidebar's link to `view` (an uploaded image included: `image=upload:<sha256>`)."""
     with st.sidebar:
         st.markdown("**Link to this view**")
         st.code(share_link(view), language=None, wrap_lines=True)
         if upload_active:
-            st.caption("Uploaded images cannot be shared by link: the link opens the gallery image "
-                       f"{view.image!r} instead.")
+            st.caption("The link opens your uploaded image for anyone on this server, as long as the server "
+                       "keeps it (the oldest uploads make room for new ones).")
 
 
 # ----------------------------------------------------------------------------- controlled widgets
@@ -274,16 +292,72 @@ def patch_text(patch: tuple[int, int], grid: tuple[int, int]) -> None:
     st.markdown(f"**Patch ({r}, {c})** — token n = r·W + c = {r * grid[1] + c} of {grid[0]}×{grid[1]}")
 
 
-def clickable(img: Image.Image, key: str, to_patch: Callable[[float, float, float, float], tuple[int, int]]) -> None:
-    """An image that sets `session_state["patch"]` where it is clicked."""
-    from streamlit_image_coordinates import streamlit_image_coordinates
+def _centres(to_patch: Callable[[float, float, float, float], tuple[int, int]], w: int, h: int
+             ) -> tuple[dict[int, float], dict[int, float]]:
+    """Pixel centre of every column and row of patches, from `to_patch` sampled along the image's
+    middle row and column (pickers map x to a column and y to a row independently)."""
+    cols: dict[int, list[float]] = {}
+    rows: dict[int, list[float]] = {}
+    for x in range(w):
+        cols.setdefault(to_patch(x + 0.5, h / 2, w, h)[1], []).append(x + 0.5)
+    for y in range(h):
+        rows.setdefault(to_patch(w / 2, y + 0.5, w, h)[0], []).append(y + 0.5)
+    return ({c: (v[0] + v[-1]) / 2 for c, v in cols.items()}, {r: (v[0] + v[-1]) / 2 for r, v in rows.items()})
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def _picker_spec(png: bytes, w: int, h: int, cols: dict[int, float], rows: dict[int, float]) -> dict:
+    """The picker's Plotly figure as a dict (built once per image; the selected patch is added
+    per run): the image, and one transparent marker per patch centre carrying `(r, c)`."""
+    pts = [(r, c) for r in sorted(rows) for c in sorted(cols)]
+    hidden = {"marker": {"opacity": 0}}
+    return {"data": [
+        {"type": "image", "source": "data:image/png;base64," + base64.b64encode(png).decode(), "x0": 0.5, "dx": 1,
+         "y0": 0.5, "dy": 1, "hoverinfo": "skip"},
+        {"type": "scatter", "mode": "markers", "x": [cols[c] for _, c in pts], "y": [rows[r] for r, _ in pts],
+         "customdata": [[r, c] for r, c in pts], "marker": {"size": 12, "opacity": 0, "color": "#ffffff"},
+         "selected": hidden, "unselected": hidden, "showlegend": False,
+         "hovertemplate": "patch (%{customdata[0]}, %{customdata[1]}) — click to select<extra></extra>"}],
+        "layout": {"xaxis": {"range": [0, w], "visible": False, "fixedrange": True, "constrain": "domain"},
+                   "yaxis": {"range": [h, 0], "visible": False, "fixedrange": True, "scaleanchor": "x",
+                             "constrain": "domain"},
+                   "margin": {"l": 0, "r": 0, "t": 0, "b": 0}, "height": min(h, 420), "hovermode": "closest",
+                   "hoverdistance": -1, "clickmode": "event+select", "dragmode": False,
+                   "plot_bgcolor": "rgba(0,0,0,0)", "paper_bgcolor": "rgba(0,0,0,0)"}}
+
+
+def _png(img: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    img.convert("RGB").save(buf, "PNG", optimize=False, compress_level=1)
+    return buf.getvalue()
+
+
+def clickable(img: Image.Image, key: str, to_patch: Callable[[float, float, float, float], tuple[int, int]], *,
+              selected: tuple[int, int] | None = None, box: tuple[float, float, float, float] | None = None) -> None:
+    """An image that sets `session_state["patch"]` where it is clicked: a Plotly chart with one
+    invisible marker per patch (selection event, no iframe). `to_patch(x, y, width, height)` maps
+    a pixel to its patch; `box` (x0, y0, x1, y1 in pixels) outlines the `selected` patch."""
+    import plotly.graph_objects as go
+
+    w, h = img.size
+    cols, rows = _centres(to_patch, w, h)
+    spec = _picker_spec(_png(img), w, h, cols, rows)
+    if box is not None:
+        x0, y0, x1, y1 = box
+        spec = {**spec, "layout": {**spec["layout"], "shapes": [
+            {"type": "rect", "x0": x0, "y0": y0, "x1": x1, "y1": y1,
+             "line": {"color": figures.HIGHLIGHT, "width": 3}}]}}
+    valid = {(r, c) for r in rows for c in cols}
 
     def clicked() -> None:
-        v = st.session_state.get(key)
-        if isinstance(v, dict) and all(isinstance(v.get(k), (int, float)) for k in ("x", "y", "width", "height")):
-            st.session_state["patch"] = to_patch(v["x"], v["y"], v["width"], v["height"])
+        points = ((st.session_state.get(key) or {}).get("selection") or {}).get("points") or []
+        for p in points[:1]:
+            rc = p.get("customdata") if isinstance(p, dict) else None
+            if isinstance(rc, (list, tuple)) and len(rc) == 2 and tuple(rc) in valid:
+                st.session_state["patch"] = (int(rc[0]), int(rc[1]))
 
-    streamlit_image_coordinates(img, key=key, on_click=clicked, cursor="crosshair")
+    st.plotly_chart(go.Figure(spec, _validate=False), key=key, on_select=clicked, selection_mode="points",
+                    config={"displayModeBar": False, "scrollZoom": False, "doubleClick": False})
 
 
 # ----------------------------------------------------------------------------- images
@@ -313,11 +387,14 @@ def decode_upload_notes(data: bytes) -> tuple[Image.Image | None, str | None, li
 
 
 def clear_upload() -> None:
-    """Set this session's uploaded image aside (the sample image is shown again); the
-    uploaders start empty."""
+    """Set this session's uploaded image aside (the first sample image is shown again, unless a
+    sample was just chosen); the uploaders start empty. The store keeps the file for links."""
     ss = st.session_state
     if ss.pop(UPLOAD, None) is not None:
         ss[UPLOAD_GEN] = ss.get(UPLOAD_GEN, 0) + 1
+    if is_upload_id(ss.get("image")):
+        ids = gallery_ids()
+        ss["image"] = ids[0] if ids else ""
 
 
 def _uploader_key(prefix: str) -> str:
@@ -339,7 +416,14 @@ def _upload_changed(key: str) -> None:
         ss[UPLOAD_ERROR] = (key, f"{up.name}: {err}")
         ss.pop(UPLOAD, None)
         return
-    ss[UPLOAD] = {"name": up.name, "image": img, "key": cache.image_key(img), "notes": notes}
+    try:
+        image_id = cache.store_upload(img)
+    except OSError as e:
+        log.warning("upload store not writable: %s", e)
+        ss[UPLOAD_ERROR] = (key, f"{up.name} could not be kept on the server ({type(e).__name__}); try again later.")
+        return
+    ss[UPLOAD] = {"name": up.name, "id": image_id, "notes": notes}
+    ss["image"] = image_id
 
 
 def image_source(prefix: str) -> tuple[Image.Image, str, str, bool]:
@@ -348,26 +432,36 @@ def image_source(prefix: str) -> tuple[Image.Image, str, str, bool]:
     Returns (image, cache key, caption, is_upload)."""
     ss = st.session_state
     ids = gallery_ids()
-    bound(st.selectbox, f"{prefix}_image", "image", label="Sample image", options=ids, format_func=gallery_caption,
-          then=clear_upload)
+    current = ss.get("image", "")
+    held = ss.get(UPLOAD) if (ss.get(UPLOAD) or {}).get("id") == current else None
+    img = cache.stored_image(current) if is_upload_id(current) else None
+    if img is None and is_upload_id(current):          # evicted since the view was checked
+        clear_upload()
+        current, held = ss.get("image", ""), None
+    name = held["name"] if held else (f"shared upload {current[7:19]}…" if img is not None else "")
+
+    def label(i: str) -> str:
+        return f"your upload: {name}" if is_upload_id(i) else gallery_caption(i)
+
+    bound(st.selectbox, f"{prefix}_image", "image", label="Sample image", options=ids + ([current] if img else []),
+          format_func=label, then=clear_upload)
     key = _uploader_key(prefix)
     st.file_uploader(f"…or upload an image ({', '.join(sorted(ALLOWED_FORMATS))})", type=UPLOAD_TYPES,
                      key=key, max_upload_size=MAX_IMAGE_UPLOAD_MB, on_change=_upload_changed, args=(key,),
-                     help="Kept for this browser session only (it follows you to the other pages); "
-                          "it is not stored and cannot be shared by link.")
+                     help="Kept on this server (the oldest uploads make room for new ones): the share link "
+                          "opens it for anyone who can reach this server.")
     st.caption(f"Images up to {MAX_IMAGE_UPLOAD_MB} MB. A larger file is refused by the browser before it is "
                "sent (its name turns red, nothing else happens): shrink the image or save it as JPEG, and "
                "upload it again.")
     error = ss.get(UPLOAD_ERROR)
     if error and error[0] == key and ss.get(key) is not None:
         st.error(error[1])
-    held = ss.get(UPLOAD)
-    if held is None:
-        image_id = ss["image"]
-        return gallery_image(image_id), image_id, gallery_caption(image_id), False
-    st.caption(f"Showing your upload **{escape_md(held['name'])}** on every page of this session.")
+    if img is None:
+        return gallery_image(current), current, gallery_caption(current), False
+    st.caption(f"Showing {'your upload' if held else 'the shared upload'} **{escape_md(name)}** "
+               f"(`{current[7:19]}`) on every page of this session.")
     st.button("Clear the upload (back to the sample image)", key=f"{prefix}_clear_upload", on_click=clear_upload)
-    return held["image"], held["key"], f"uploaded: {held['name']}", True
+    return img, current, f"uploaded: {name}", True
 
 
 def fit_image(prefix: str, img: Image.Image, key: str, ckpt, is_upload: bool
@@ -471,6 +565,11 @@ def load_checkpoints(names: Sequence[str]) -> dict:
     return {name: ckpt for name, ckpt in loaded.items() if ckpt is not None}
 
 
+@st.cache_data(max_entries=32, show_spinner=False)
+def _grid_picture(display: np.ndarray, grid: tuple[int, int]) -> Image.Image:
+    return figures.grid_image(display, grid)
+
+
 def patch_picker(page: str, img: Image.Image, ckpt, patch: tuple[int, int], caption: str, *,
                  max_side: int = 320) -> np.ndarray:
     """The image as `ckpt`'s model sees it (its crop, at least 20 px per patch) with its patch
@@ -480,8 +579,12 @@ def patch_picker(page: str, img: Image.Image, ckpt, patch: tuple[int, int], capt
     st.caption(caption)
     display = figures.display_image(cache.model_crop(img, ckpt), ckpt.config.img_size,
                                     max_side=max(max_side, 20 * max(grid)))
-    clickable(figures.grid_image(display, grid, patch), f"{page}_click",
-              lambda x, y, w, h: figures.pixel_to_patch(x, y, w, h, grid))
+    H, W = grid
+    h_px, w_px = display.shape[:2]
+    ph, pw = h_px / H, w_px / W
+    clickable(_grid_picture(display, grid), f"{page}_click",
+              lambda x, y, w, h: figures.pixel_to_patch(x, y, w, h, grid),
+              box=(patch[1] * pw, patch[0] * ph, (patch[1] + 1) * pw, (patch[0] + 1) * ph))
     patch_controls(page, grid)
     patch_text(patch, grid)
     return display
