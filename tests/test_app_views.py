@@ -121,8 +121,6 @@ def test_every_page_and_share_link_work_with_a_long_checkpoint(ckpts, page):
     assert at.session_state["ckpt"] == "long/ape"
     [link] = [c.value for c in at.sidebar.code]
     assert "ckpt=long%2Fape" in link and "long/ape" in unquote(link)
-    for c in at.get("download_button"):
-        assert "/" not in c.proto.file_name if hasattr(c.proto, "file_name") else True
     if page == "checkpoints":
         assert any(h.value == "long/ape" for h in at.header)
 

@@ -178,3 +178,15 @@ def test_encoding_scale_series_per_quantity_and_layer_skipping_missing_epochs():
     assert s["bias std / logit std"]["L1"] == ([2, 3], [0.2, 0.3])
     assert views.encoding_scale_series({"epoch": [1], "test_top1": [5.0]}) == {}
     assert views.encoding_scale_series({"epoch": [1, 2], "enc_bias_ratio_L0": [None, None]}) == {}
+
+
+def test_encoding_scale_series_reads_what_training_records():
+    """The keys `analysis.encoding_scale` writes into the curves (train.py) are the ones read."""
+    torch.manual_seed(0)
+    model = build_model(ViTConfig(img_size=(16, 24), patch_size=4, dim=32, depth=3, heads=2, mlp_dim=64,
+                                  encoding="sape2+ape")).eval()
+    rec = analysis.encoding_scale(model, torch.randn(2, 3, 16, 24))
+    curves = {"epoch": [1, 2], **{k: [v, v * 2] for k, v in rec.items()}}
+    s = views.encoding_scale_series(curves)
+    assert {q: list(v) for q, v in s.items()} == {q: ["L0", "L1", "L2"] for q in views.SCALE_SERIES.values()}
+    assert s["bias std / logit std"]["L1"] == ([1, 2], [rec["enc_bias_ratio_L1"], 2 * rec["enc_bias_ratio_L1"]])
