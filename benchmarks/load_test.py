@@ -355,8 +355,7 @@ def page_memory(server: Server, pages: tuple[str, ...] = ("compare", "similarity
 
 
 # ----------------------------------------------------------------------------- websocket sessions
-PAGE_TITLES = {"bias": "Bias explorer", "similarity": "Embedding similarity", "compare": "Compare encodings",
-               "checkpoints": "Checkpoints"}
+PAGES = ("bias", "similarity", "compare", "checkpoints")
 ACTIONS = ("click", "page", "upload", "share")
 WEIGHTS = (0.6, 0.15, 0.1, 0.15)            # the mix of actions a session draws from
 PATCH_MD = re.compile(r"\*\*Patch \((\d+), (\d+)\)\*\*")
@@ -432,8 +431,8 @@ def check_page(session, res: WsResult, *, page: str, ckpt: str | None = None, pa
     p = session.page
     wrong = [f"exception on {page}: {e}" for e in p.exceptions(trace=True)]
     texts = p.texts()
-    if PAGE_TITLES[page] not in texts:
-        wrong.append(f"{page}: title {PAGE_TITLES[page]!r} not among the page's text")
+    if session.pages.get(page) and p.page_script_hash != session.pages[page]:
+        wrong.append(f"{page}: the server ran another page ({session.notices[-1:]})")
     text = "\n".join(texts)
     seen = {m for m in UPLOAD_NAME.findall(text)}
     if seen - {str(res.index)}:
@@ -535,7 +534,7 @@ async def ws_user(base: str, spec: Spec, index: int, gate: "Gate", *, think: tup
                 res.bytes += st.bytes
                 res.errors += check_page(s, res, page="bias", ckpt=ckpt, patch=patch, upload=upload)
             elif action == "page":
-                page = rng.choice([p for p in PAGE_TITLES if p != page])
+                page = rng.choice([p for p in PAGES if p != page])
                 st = await s.run(page=page, timeout=click_timeout)
                 res.bytes += st.bytes
                 res.errors += check_page(s, res, page=page, upload=upload if page != "checkpoints" else None)

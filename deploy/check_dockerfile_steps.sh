@@ -17,19 +17,23 @@ PORT=${PORT:-8599}
 UID_=${UID_:-1000}
 PY=${PY:-python3.11}   # a Python that uid 1000 can run (the image has it under /usr/local)
 
-if [[ -n "${FRESH:-}" || ! -x "$VENV/bin/streamlit" ]]; then
-  rm -rf "$VENV"
-  "$PY" -m venv "$VENV"
-  # RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu && pip install -r requirements.txt
-  PIP_NO_CACHE_DIR=1 "$VENV/bin/pip" install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
-  PIP_NO_CACHE_DIR=1 "$VENV/bin/pip" install -r "$REPO/requirements.txt"
-fi
-"$VENV/bin/python" -c "import torch, streamlit; print('torch', torch.__version__, 'cuda', torch.version.cuda, '| streamlit', streamlit.__version__)"
-
-# COPY --chown=user . .   (the committed tree; .dockerignore's folders left out)
+# The build context: the committed tree (what a Space or a clean clone builds), .dockerignore's
+# folders left out. COPY requirements.txt and COPY . . both read it.
 rm -rf "$APP" && mkdir -p "$APP"
 git -C "$REPO" archive HEAD | tar -x -C "$APP"
 (cd "$APP" && rm -rf .git runs data artifacts docs .venv .pytest_cache .hypothesis .benchmarks)
+
+if [[ -n "${FRESH:-}" || ! -x "$VENV/bin/streamlit" ]]; then
+  rm -rf "$VENV"
+  "$PY" -m venv "$VENV"
+  # RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu && ...
+  PIP_NO_CACHE_DIR=1 "$VENV/bin/pip" install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+fi
+# ... && pip install -r requirements.txt   (run every time: the context's requirements may have changed)
+PIP_NO_CACHE_DIR=1 "$VENV/bin/pip" install -q -r "$APP/requirements.txt"
+"$VENV/bin/python" -c "import torch, streamlit; print('torch', torch.__version__, 'cuda', torch.version.cuda, '| streamlit', streamlit.__version__)"
+
+# COPY --chown=user . .
 mkdir -p "$HOME_1000/uploads"
 chown -R "$UID_:$UID_" "$APP" "$HOME_1000"
 
