@@ -410,6 +410,7 @@ class WsResult:
     bytes: int = 0
     uploads: list[str] = field(default_factory=list)
     phase_clicks: int = 0                     # clicks in the click-only phase
+    reloads: int = 0                          # a broken page (no patch picker) opened again
 
 
 def _link(page_text_code: list[str]) -> str | None:
@@ -425,9 +426,11 @@ def share_link_of(session) -> str | None:
 
 
 def check_page(session, res: WsResult, *, page: str, ckpt: str | None = None, patch: tuple[int, int] | None = None,
-               upload: str | None = None) -> list[str]:
-    """What on the page is wrong: an exception, not this page's title, another session's
-    patch, checkpoint, upload or model (cross-talk goes to `res.crosstalk`)."""
+               upload: str | None = None, owners: dict[str, int] | None = None) -> list[str]:
+    """What on the page is wrong: an exception, another page than asked for, a missing own
+    upload; and cross-talk (to `res.crosstalk`): another session's patch, checkpoint, upload
+    (by name on the page, or its `upload:<sha256>` in the view; `owners`: id -> session) or
+    imported model."""
     p = session.page
     wrong = [f"exception on {page}: {e}" for e in p.exceptions(trace=True)]
     texts = p.texts()
@@ -446,6 +449,9 @@ def check_page(session, res: WsResult, *, page: str, ckpt: str | None = None, pa
                 res.crosstalk.append(f"{page}: imported models {models} in session {res.index}'s list")
     link = share_link_of(session)
     q = url_params(link) if link else {}
+    image = q.get("image") or ""
+    if image.startswith("upload:") and owners is not None and owners.get(image, res.index) != res.index:
+        res.crosstalk.append(f"{page}: session {owners[image]}'s upload {image[:15]}... in session {res.index}'s view")
     if patch is not None:
         shown = PATCH_MD.findall(text)
         if shown != [(str(patch[0]), str(patch[1]))]:
@@ -483,7 +489,7 @@ def click_state(session, page: str, target: tuple[int, int], grid: tuple[int, in
     return "inputs", {}
 
 
-async def ws_user(base: str, spec: Spec, index: int, gate: "Gate", *, think: tuple[float, float],
+async def ws_user(base: str, spec: Spec, index: int, gate: "PhaseGate", *, think: tuple[float, float],
                   click_timeout: float, load_timeout: float, model_npz: bytes | None,
                   click_phase: float) -> WsResult:
     """One visitor: opens a share link, then until the deadline draws actions (clicks, page
@@ -499,7 +505,7 @@ async def ws_user(base: str, spec: Spec, index: int, gate: "Gate", *, think: tup
         s, _ = await open_session(base, "/?" + share_url(base, ckpt=spec.ckpt, image=spec.image,
                                                            patch=spec.patch).split("?", 1)[1], load_timeout)
         res.latency["open"].append(time.monotonic() - t0)
-        res.errors += check_page(s, res, page="bias", ckpt=ckpt, patch=patch)
+        res.errors += check_page(s, res, owners=gate.owners, page="bias", ckpt=ckpt, patch=patch)
     except Exception as e:  # noqa: BLE001 — every failure is recorded, the run goes on
         res.errors.append(f"open: {type(e).__name__}: {e}")
         gate.leave_early()
@@ -522,6 +528,13 @@ async def ws_user(base: str, spec: Spec, index: int, gate: "Gate", *, think: tup
                 if page != "bias":
                     await s.run(page="bias", timeout=click_timeout)
                     page = "bias"
+                if not any(k in s.page.widgets() for k in ("bias_click", "bias_row")):
+                    # the page broke (an exception box, no picker): reload it, as a visitor would
+                    link = share_link_of(s) or share_url(base, ckpt=ckpt, image=spec.image, patch=patch)
+                    await s.close()
+                    s, _ = await open_session(base, "/?" + link.split("?", 1)[1], load_timeout)
+                    res.reloads += 1
+                    res.errors += check_page(s, res, owners=gate.owners, page="bias", ckpt=ckpt, patch=patch)
                 H, W = grid
                 target = patch
                 while target == patch:
@@ -532,12 +545,13 @@ async def ws_user(base: str, spec: Spec, index: int, gate: "Gate", *, think: tup
                 patch = target
                 res.clicks += 1
                 res.bytes += st.bytes
-                res.errors += check_page(s, res, page="bias", ckpt=ckpt, patch=patch, upload=upload)
+                res.errors += check_page(s, res, owners=gate.owners, page="bias", ckpt=ckpt, patch=patch, upload=upload)
             elif action == "page":
                 page = rng.choice([p for p in PAGES if p != page])
                 st = await s.run(page=page, timeout=click_timeout)
                 res.bytes += st.bytes
-                res.errors += check_page(s, res, page=page, upload=upload if page != "checkpoints" else None)
+                res.errors += check_page(s, res, owners=gate.owners, page=page,
+                                         upload=upload if page != "checkpoints" else None)
             elif action == "upload":
                 n_up += 1
                 name = f"load-s{index}-u{n_up}.png"
@@ -548,15 +562,21 @@ async def ws_user(base: str, spec: Spec, index: int, gate: "Gate", *, think: tup
                 res.bytes += st.bytes
                 upload = name
                 res.uploads.append(name)
+                image = url_params(share_link_of(s) or "").get("image", "")
+                if image.startswith("upload:"):                  # a shareable upload: its id is this session's
+                    gate.owners.setdefault(image, index)
                 text = s.page.text()
                 m = PATCH_MD.findall(text)
                 patch = (int(m[0][0]), int(m[0][1])) if m else patch
-                res.errors += check_page(s, res, page=page, upload=upload)
+                res.errors += check_page(s, res, owners=gate.owners, page=page, upload=upload)
             elif action == "share":
                 link = share_link_of(s)
                 other, _ = await open_session(base, "/?" + link.split("?", 1)[1], load_timeout)
                 try:
-                    res.errors += check_page(other, res, page="bias", ckpt=ckpt, patch=patch)
+                    res.errors += check_page(other, res, owners=gate.owners, page="bias", ckpt=ckpt, patch=patch)
+                    theirs, mine = url_params(share_link_of(other) or "").get("image"), url_params(link).get("image")
+                    if theirs != mine:                           # an upload's link opens the same upload
+                        res.errors.append(f"share: the link's image {mine} opened as {theirs}")
                 finally:
                     await other.close()
             elif action == "model":
@@ -568,7 +588,7 @@ async def ws_user(base: str, spec: Spec, index: int, gate: "Gate", *, think: tup
                 text = s.page.text()
                 if f"Imported as `{MODEL_NAME}-upload`" not in text:
                     res.errors.append(f"model import not confirmed: {[t for t in s.page.texts() if 'mport' in t]}")
-                res.errors += check_page(s, res, page="checkpoints")
+                res.errors += check_page(s, res, owners=gate.owners, page="checkpoints")
                 ck = s.page.widgets().get("checkpoints_ckpt")
                 if ck is None or f"{MODEL_NAME}-upload" not in ck.proto.options:
                     res.errors.append("the imported model is not in its own session's checkpoint list")
@@ -603,7 +623,7 @@ async def ws_user(base: str, spec: Spec, index: int, gate: "Gate", *, think: tup
                 res.latency["click"].append(time.monotonic() - t0)
                 res.clicks += 1
                 res.phase_clicks += 1
-                res.errors += check_page(s, res, page="bias", ckpt=ckpt, patch=patch, upload=upload)
+                res.errors += check_page(s, res, owners=gate.owners, page="bias", ckpt=ckpt, patch=patch, upload=upload)
                 await asyncio.sleep(rng.uniform(*think))
         except Exception as e:  # noqa: BLE001
             res.errors.append(f"click phase: {type(e).__name__}: {str(e)[:200]}")
@@ -624,6 +644,7 @@ class PhaseGate(Gate):
         self.phase_deadline = float("inf")
         self.phase_cpu = [0.0, 0.0]
         self.phase_time = [0.0, 0.0]
+        self.owners: dict[str, int] = {}        # upload:<sha256> -> the session that uploaded it
 
     def _open_phase(self) -> None:
         if not self.phase_open.is_set():
@@ -726,6 +747,7 @@ def run_ws_load(server: Server, specs: list[Spec], seconds: float, *, browsers: 
         "clicks": clicks, "clicks_sent": sum(r.clicks_sent for r in results),
         "unanswered_clicks": sum(r.clicks_sent - r.clicks for r in results),
         "uploads": sum(len(r.uploads) for r in results),
+        "reloads": sum(r.reloads for r in results),
         "cpu": {"server_s": round(server_cpu, 1), "server_cores": round(server_cpu / wall, 2),
                 "client_cores": round(own / wall, 2), "machine_busy_cores": round(busy / wall, 2),
                 "click_phase": {"clicks": phase_clicks, "wall_s": round(phase_wall, 1),
