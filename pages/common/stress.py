@@ -141,11 +141,14 @@ def stress_section(page: str, ckpt, tr: analysis.Trace, name: str, key: str, cus
         ui.chart(figures.overlay_fig(display, sv.attention.new, sv.grid, patch=sv.patch, colorbar_title="attention",
                                      title=f"Attention after the change, {where}", colorscale=figures.ATTENTION_SCALE,
                                      zmin=0, zmax=None), base + "_attn", key=f"{page}_stress_attn")
-    shown = [("bias", "Bias map", sv.bias, figures.BIAS_SCALE), ("attn", "Attention row", sv.attention,
-                                                                  figures.ATTENTION_SCALE)]
-    for short, label, ms, scale in shown:
+    st.caption("Below, raw values on the new grid: the original map moved with the content, the map after the "
+               "change, and their difference (white: moved exactly; grey: content that came from outside the image, "
+               "not compared).")
+    shown = [("bias", "Bias map", sv.bias, figures.BIAS_SCALE, "bias"),
+             ("attn", "Attention row", sv.attention, figures.ATTENTION_SCALE, "attention")]
+    for short, label, ms, scale, unit in shown:
         if ms is not None:
             ui.chart(figures.shift_diff_fig(ms.expected, ms.new, ms.diff, patch=sv.patch, colorscale=scale,
-                                            colorbar_title=short, title=f"{label}, {where}: did it move with the "
+                                            colorbar_title=unit, title=f"{label}, {where}: did it move with the "
                                             f"content? (error {ms.error:.3f})"),
                      f"{base}_{short}_diff", key=f"{page}_stress_{short}_diff")

@@ -1,0 +1,111 @@
+"""The bias explorer's stress test in a real browser: `streamlit run app.py` on the shipped
+checkpoints (the repository's `checkpoints/`, its `.streamlit/config.toml`), the bias page on
+the trained `sape2`, the shift control moved with the keyboard as a user would; the followed
+patch, the maps and the live bias shift error update with no exception. A screenshot of the
+rollout and stress-test sections goes to pytest's temporary folder, and to the path in
+`$VITPE_STRESS_SCREENSHOT` when it is set (how docs/screenshot_stress.png is made:
+`VITPE_STRESS_SCREENSHOT=docs/screenshot_stress.png python -m pytest tests/test_browser_stress.py`).
+
+Skips with a reason where chromium or playwright is missing, or the shipped checkpoint is.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from benchmarks import harness as lt
+
+REPO = Path(__file__).resolve().parents[1]
+TIMEOUT_MS = 180_000            # the first run loads the checkpoint and traces, on a loaded 2-core machine
+KEY = "bias_shift_x_32x32p4"    # the shift-right control of a 32-px, patch-4 model
+ERROR = "Bias shift error (all layers and heads)"
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+lt.skip_module_without_browser(pytest)
+from playwright.sync_api import expect  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def shipped_url(tmp_path_factory):
+    if not (REPO / "checkpoints" / "sape2.safetensors").exists():
+        pytest.skip("checkpoints/sape2.safetensors is not in this checkout")
+    log = tmp_path_factory.mktemp("streamlit_stress") / "server.log"
+    with lt.streamlit_server(REPO / "checkpoints", log=log, timeout=120) as server:
+        yield server.url
+
+
+def settle(page) -> None:
+    page.wait_for_function(lt.IDLE_JS, timeout=TIMEOUT_MS)
+
+
+def metric(page, label: str) -> str:
+    box = page.locator("[data-testid='stMetric']", has_text=label)
+    return box.locator("[data-testid='stMetricValue']").inner_text().strip()
+
+
+def plot_data(page, key: str) -> str:
+    return page.locator(f".st-key-{key} .js-plotly-plot").evaluate("e => JSON.stringify(e.data[1].z)")
+
+
+def test_shift_control_moves_the_maps_and_the_number(browser, shipped_url, tmp_path):
+    page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    expect.set_options(timeout=TIMEOUT_MS)
+    page.goto(lt.share_url(shipped_url, ckpt="sape2", image="cifar10-test-0008", patch=(3, 4), layer=0,
+                           head="mean"))
+    expect(page.get_by_role("heading", name="Stress test: shift and resize")).to_be_visible()
+    settle(page)
+    expect(page.locator("[data-testid='stMetric']")).to_have_count(0)          # the default view: no stress run
+    expect(page.locator(".st-key-bias_rollout .js-plotly-plot")).to_be_attached()
+
+    thumb = page.locator(f".st-key-{KEY} input[type=range]")
+    thumb.focus()
+    for _ in range(4):                                                         # 0 -> +4 px: one patch right
+        page.keyboard.press("ArrowRight")
+    expect(page.get_by_text("patch (3, 4) → (3, 5)", exact=False)).to_be_visible()
+    expect(page.locator("[data-testid='stMetric']", has_text=ERROR)).to_be_visible()
+    settle(page)
+    first = metric(page, ERROR)
+    assert 0 < float(first) < 1
+    bias_before = plot_data(page, "bias_stress_bias")
+
+    thumb.focus()
+    for _ in range(2):                                                         # +4 -> +6 px: 1½ patches
+        page.keyboard.press("ArrowRight")
+    expect(page.locator(f".st-key-{KEY} input[type=range]")).to_have_attribute("aria-valuetext", "+6 px (1½ patches)")
+    page.wait_for_function("([label, before]) => { const m = [...document.querySelectorAll('[data-testid=stMetric]')]"
+                           ".find(e => e.innerText.includes(label)); return m && !m.innerText.includes(before); }",
+                           arg=[ERROR, first], timeout=TIMEOUT_MS)
+    settle(page)
+    assert metric(page, ERROR) != first
+    assert plot_data(page, "bias_stress_bias") != bias_before
+    expect(page.locator("[data-testid='stException']")).to_have_count(0)
+    expect(page.locator("[data-testid='stAlertContentError']")).to_have_count(0)
+    page.keyboard.press("ArrowLeft")
+    page.keyboard.press("ArrowLeft")                                           # back to one patch for the picture
+    expect(page.get_by_text(f"{ERROR}").first).to_be_visible()
+    page.wait_for_function("([label, v]) => [...document.querySelectorAll('[data-testid=stMetric]')]"
+                           ".some(e => e.innerText.includes(label) && e.innerText.includes(v))",
+                           arg=[ERROR, first], timeout=TIMEOUT_MS)
+    settle(page)
+    shot = tmp_path / "screenshot_stress.png"
+    section_screenshot(page, shot)
+    target = os.environ.get("VITPE_STRESS_SCREENSHOT")
+    if target:
+        shutil.copy(shot, REPO / target)
+
+
+def section_screenshot(page, path: Path) -> None:
+    """From the "Attention rollout" heading to the end of the page, at the viewport's width."""
+    vp = page.viewport_size
+    height = int(page.evaluate(lt.CONTENT_HEIGHT_JS))
+    page.set_viewport_size({"width": vp["width"], "height": height})
+    page.wait_for_timeout(800)                                                 # charts re-layout
+    top = page.get_by_role("heading", name="Attention rollout").bounding_box()["y"] - 16
+    page.screenshot(path=str(path), clip={"x": 0, "y": top, "width": vp["width"], "height": height - top},
+                    full_page=True)
+    page.set_viewport_size(vp)
