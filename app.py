@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import streamlit as st   # `streamlit run app.py` puts this folder on sys.path: pages/ and vitpe_core import
 
-from pages.common import cache
+from pages.common import cache, status
 from vitpe_core.viewstate import DEFAULT_PAGE, PAGES as PAGE_NAMES
 
 st.set_page_config(page_title="vitpe — position encodings in ViTs", page_icon="🧭", layout="wide")
@@ -39,3 +39,4 @@ with st.sidebar:
                f"Set `{cache.ENV_VAR}` to use another folder.")
 
 nav.run()
+status.render()

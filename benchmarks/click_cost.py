@@ -15,8 +15,8 @@ effects.
 
 Also the helpers a driver needs to click the patch picker (`click_patch`, `PICKER_JS`), used by
 tests/test_browser*.py: the picker is a Plotly chart (widget key `<page>_click`) whose axes are
-in patch units, x = column in [0, W], y = row in [0, H] (downwards), so patch (r, c) is the cell
-[c, c+1] x [r, r+1].
+the image's pixels (y downwards); its second trace has one marker per patch centre with
+`customdata = [r, c]`.
 """
 from __future__ import annotations
 
@@ -29,13 +29,19 @@ from pathlib import Path
 
 from benchmarks import harness
 
-# Page coordinates of a point (x, y) given in the picker's data units (column, row), inside
-# the Plotly chart element `el` (`.st-key-KEY .js-plotly-plot`); null until Plotly has drawn it.
-PICKER_JS = """([el, x, y]) => {
-  const fl = el && el._fullLayout;
-  if (!fl || !fl.xaxis || !fl.xaxis.l2p) return null;
-  const r = el.getBoundingClientRect();
-  return {x: r.left + fl._size.l + fl.xaxis.l2p(x), y: r.top + fl._size.t + fl.yaxis.l2p(y)};
+# Page coordinates inside patch (r, c) of the picker chart `el` (`.st-key-KEY .js-plotly-plot`):
+# its marker for (r, c) (customdata) plus `where` - 0.5 of a cell (cell = the axis range / grid);
+# null until Plotly has drawn it.
+PICKER_JS = """([el, r, c, fy, fx, H, W]) => {
+  const fl = el && el._fullLayout, tr = el && el.data && el.data[1];
+  if (!fl || !fl.xaxis || !fl.xaxis.l2p || !tr || !tr.customdata) return null;
+  const i = tr.customdata.findIndex(d => d[0] === r && d[1] === c);
+  if (i < 0) return null;
+  const cw = Math.abs(fl.xaxis.range[1] - fl.xaxis.range[0]) / W;
+  const ch = Math.abs(fl.yaxis.range[1] - fl.yaxis.range[0]) / H;
+  const b = el.getBoundingClientRect();
+  return {x: b.left + fl.xaxis._offset + fl.xaxis.l2p(tr.x[i] + (fx - 0.5) * cw),
+          y: b.top + fl.yaxis._offset + fl.yaxis.l2p(tr.y[i] + (fy - 0.5) * ch)};
 }"""
 OLD_FRAME = "iframe[title*='streamlit_image_coordinates']"   # the component used before (0.4.1)
 
@@ -44,14 +50,13 @@ def picker_selector(key: str) -> str:
     return f".st-key-{key} .js-plotly-plot"
 
 
-def picker_point(page, key: str, patch: tuple[int, int], where: tuple[float, float] = (0.5, 0.5),
-                 timeout_s: float = 90.0) -> dict[str, float]:
-    """Page coordinates inside `patch`'s cell of the picker with key `key` (`where`: the
-    fraction across the cell, (0.5, 0.5) = its centre); waits until the chart is drawn."""
-    r, c = patch
+def picker_point(page, key: str, patch: tuple[int, int], grid: tuple[int, int],
+                 where: tuple[float, float] = (0.5, 0.5), timeout_s: float = 90.0) -> dict[str, float]:
+    """Page coordinates inside `patch`'s cell of the picker with key `key` (`where`: (down,
+    across) as fractions of the cell, (0.5, 0.5) = its centre); waits until the chart is drawn."""
     handle = page.wait_for_function(
-        "([sel, x, y]) => (" + PICKER_JS + ")([document.querySelector(sel), x, y])",
-        arg=[picker_selector(key), c + where[1], r + where[0]], timeout=timeout_s * 1e3)
+        "([sel, ...a]) => (" + PICKER_JS + ")([document.querySelector(sel), ...a])",
+        arg=[picker_selector(key), patch[0], patch[1], where[0], where[1], grid[0], grid[1]], timeout=timeout_s * 1e3)
     return handle.json_value()
 
 
@@ -65,7 +70,7 @@ def click_patch(page, key: str, patch: tuple[int, int], grid: tuple[int, int],
         image.click(position={"x": box["width"] * (patch[1] + where[1]) / grid[1],
                               "y": box["height"] * (patch[0] + where[0]) / grid[0]})
         return
-    pt = picker_point(page, key, patch, where, timeout_s)
+    pt = picker_point(page, key, patch, grid, where, timeout_s)
     page.mouse.click(pt["x"], pt["y"])
 
 

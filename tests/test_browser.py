@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from benchmarks import harness as lt  # the server, browser and page helpers
+from benchmarks.click_cost import click_patch, picker_selector
 
 REPO = Path(__file__).resolve().parents[1]
 SHOTS: Path  # set by the `_screenshot_dir` fixture, under pytest's temporary folder
@@ -96,15 +97,14 @@ def argmin2(z: np.ndarray) -> tuple[int, int]:
 def test_click_changes_patch_and_heatmap(page, app_url):
     page.goto(lt.share_url(app_url, ckpt="sape2+ape", image="cifar10-test-0008", patch=(3, 4), layer=1, head="mean"))
     expect(page.get_by_text("Patch (3, 4)", exact=True)).to_be_visible()
-    image = page.frame_locator(lt.IMAGE_FRAME).locator("#image")
-    expect(image).to_be_visible()
+    expect(page.locator(picker_selector("bias_click"))).to_be_visible()
     settle(page)
     raw0, z0 = heatmap(page, "bias_bias_map")
     assert z0.shape == (8, 8)
     assert argmin2(z0) == (3, 4)        # SaPE²'s bias row is 0 at the query patch itself ("0 = near")
     shot(page, "bias_1_before_click")
 
-    image.click(position=lt.click_point(image.bounding_box(), (1, 6), (8, 8)))
+    click_patch(page, "bias_click", (1, 6), (8, 8), where=(0.15, 0.85))   # near a corner: anywhere in the patch
     expect(page.get_by_text("Patch (1, 6)", exact=True)).to_be_visible()
     page.wait_for_function(f"([sel, before]) => {{ const e = document.querySelector(sel); "
                            f"return !!(e && e.data) && ({HEATMAP_Z})(e) !== before; }}",
@@ -143,7 +143,7 @@ def test_share_link_restores_the_view(page, app_url):
 def test_bad_link_warns_without_exception(page, app_url):
     page.goto(app_url + "/?page=bias&ckpt=../../etc/passwd&patch=99,99")
     expect(page.get_by_text("Patch (4, 4)", exact=True)).to_be_visible()      # the default: the grid's centre
-    expect(page.frame_locator(lt.IMAGE_FRAME).locator("#image")).to_be_visible()
+    expect(page.locator(picker_selector("bias_click"))).to_be_visible()
     settle(page)
     warnings = page.locator("[data-testid='stAlertContentWarning']")
     expect(warnings.filter(has_text="Ignored ckpt=")).to_be_visible()

@@ -1,0 +1,89 @@
+"""Upload -> click -> share -> open elsewhere, in a real browser (issue 16, part 1): a photo
+uploaded on the bias page, a patch clicked on the picker, a layer and head chosen; the sidebar's
+share link opened in a NEW browser context (another visitor, another Streamlit session) shows
+the same image (the same upload id and the same picture in the picker), patch, layer and head.
+The server runs from the repository root with its own `.streamlit/config.toml` and a temporary
+`VITPE_UPLOAD_DIR`. Skips without chromium / playwright, like tests/test_browser.py."""
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+from PIL import Image
+
+from benchmarks import harness as lt
+from benchmarks.click_cost import click_patch, picker_selector
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+lt.skip_module_without_browser(pytest)
+from playwright.sync_api import expect  # noqa: E402
+
+TIMEOUT_MS = 90_000
+PICKER_IMAGE_JS = "e => e.data[0].source"      # the picker's image (a PNG data URI)
+
+
+@pytest.fixture(scope="module")
+def server(app_checkpoint_dir, tmp_path_factory):
+    uploads = tmp_path_factory.mktemp("uploads")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("VITPE_UPLOAD_DIR", str(uploads))
+    try:
+        with lt.streamlit_server(app_checkpoint_dir, log=uploads.parent / "server.log", timeout=90) as srv:
+            yield srv, uploads
+    finally:
+        mp.undo()
+
+
+def _photo() -> bytes:
+    img = Image.new("RGB", (96, 80))
+    img.putdata([((x * 5) % 256, (y * 7) % 256, ((x + y) * 3) % 256) for y in range(80) for x in range(96)])
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    return buf.getvalue()
+
+
+def _idle(page) -> None:
+    page.wait_for_function(lt.IDLE_JS, timeout=TIMEOUT_MS)
+
+
+def test_an_uploaded_photo_is_shared_by_link(browser, server):
+    srv, uploads = server
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = ctx.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(lt.share_url(srv.url, ckpt="sape2+ape", image="cifar10-test-0008", patch=(4, 4)))
+    expect(page.get_by_text("Patch (4, 4)", exact=True)).to_be_visible()
+    _idle(page)
+    page.locator(".st-key-bias_upload input[type=file]").set_input_files(
+        files=[{"name": "photo.png", "mimeType": "image/png", "buffer": _photo()}])
+    page.wait_for_function("() => /image=upload(:|%3A)[0-9a-f]{64}/.test(location.search)", timeout=TIMEOUT_MS)
+    _idle(page)
+    click_patch(page, "bias_click", (2, 5), (8, 8), where=(0.8, 0.2))
+    expect(page.get_by_text("Patch (2, 5)", exact=True)).to_be_visible()
+    _idle(page)
+    page.locator(".st-key-bias_head").click()
+    page.get_by_role("option", name="head 1", exact=True).click()
+    page.wait_for_function("() => new URLSearchParams(location.search).get('head') === '1'", timeout=TIMEOUT_MS)
+    _idle(page)
+    link = page.locator("[data-testid='stSidebar'] [data-testid='stCode']").first.inner_text().strip()
+    digest = re.search(r"image=upload(?::|%3A)([0-9a-f]{64})", link).group(1)
+    assert (uploads / f"{digest}.png").is_file()
+    assert "patch=2,5" in link and "head=1" in link
+    picture = page.locator(picker_selector("bias_click")).evaluate(PICKER_IMAGE_JS)
+    ctx.close()
+
+    other = browser.new_context(viewport={"width": 1400, "height": 1000})   # another visitor
+    page2 = other.new_page()
+    page2.set_default_timeout(TIMEOUT_MS)
+    page2.goto(link)
+    expect(page2.get_by_text("Patch (2, 5)", exact=True)).to_be_visible()
+    _idle(page2)
+    expect(page2.locator("[data-testid='stAlertContentWarning']")).to_have_count(0)
+    expect(page2.locator(".st-key-bias_head input")).to_have_value("head 1")
+    expect(page2.locator(".st-key-bias_row input")).to_have_value("2")
+    expect(page2.locator(".st-key-bias_col input")).to_have_value("5")
+    expect(page2.get_by_text(digest[:12]).first).to_be_visible()
+    assert page2.locator(picker_selector("bias_click")).evaluate(PICKER_IMAGE_JS) == picture   # same pixels
+    assert lt.url_params(page2.url)["image"] == f"upload:{digest}"
+    other.close()
