@@ -104,30 +104,48 @@ def _steps(z: Tensor) -> Tensor:
     return torch.cat((z[..., 1:] - z[..., :-1], torch.zeros_like(z[..., :1])), dim=-1)
 
 
-def _line_forward(line: Tensor, z: Tensor, M: int):
-    """SaPE² steps 1, 2, 4 on one axis. `line: (B, h, L, A, A)` gate logits, `z: (B, h, L, A, M+1)`
-    read-outs -> descriptors `(B, h, L, A, A)` and what the backward needs."""
+def _line_forward(line: Tensor, z: Tensor, z_step: Tensor, M: int):
+    """SaPE² steps 1, 2, 4 on one axis. `line: (B, h, L, A, A)` gate logits, `z, z_step:
+    (B, h, L, A, M+1)` read-outs and their steps `z[t+1] − z[t]` -> descriptors
+    `(B, h, L, A, A)` and what the backward needs."""
     gates = torch.sigmoid(line)
     pos = reverse_cumsum(gates).clamp_max_(M)                                # Σ_{u >= m} g[u], capped
     lo = pos.floor()
     frac = pos.sub_(lo)
     lo = lo.long()
-    step_lo = torch.gather(_steps(z), -1, lo)                                 # z[lo+1] − z[lo] (0 at M)
+    step_lo = torch.gather(z_step, -1, lo)                                    # z[lo+1] − z[lo] (0 at M)
     desc = torch.gather(z, -1, lo).addcmul_(step_lo, frac)                    # z[lo] + f (z[lo+1] − z[lo])
     return desc, (gates, frac, lo, step_lo)
 
 
-def _line_backward(grad: Tensor, saved, M: int) -> tuple[Tensor, Tensor]:
-    """Gradients of the gate logits `(B, h, L, A, A)` and the read-outs `(B, h, L, A, M+1)`."""
+def _line_backward(grad: Tensor, saved, M: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of the gate logits `(B, h, L, A, A)`, the read-outs and their steps
+    (`(B, h, L, A, M+1)` each)."""
     gates, frac, lo, step_lo = saved
     g_frac = grad * frac
     grad_z = grad.new_zeros(*grad.shape[:-1], M + 1).scatter_add_(-1, lo, grad)
-    grad_step = torch.zeros_like(grad_z).scatter_add_(-1, lo, g_frac)[..., :-1]
-    grad_z[..., 1:] += grad_step
-    grad_z[..., :-1] -= grad_step
+    grad_step = torch.zeros_like(grad_z).scatter_add_(-1, lo, g_frac)
     # ∂pos = grad · (z[lo+1] − z[lo]) (0 when capped); the reverse cumsum's adjoint is a cumsum
     grad_gates = g_frac.copy_(step_lo).mul_(grad).cumsum(-1)
-    return torch.ops.aten.sigmoid_backward(grad_gates, gates), grad_z
+    return torch.ops.aten.sigmoid_backward(grad_gates, gates), grad_z, grad_step
+
+
+def _tables(e_x: Tensor, e_y: Tensor, dtype: torch.dtype) -> Tensor:
+    """`[E_x, ΔE_x, E_y, ΔE_y]: (d, 4(M+1))` with `ΔE[:, t] = E[:, t+1] − E[:, t]` (0 at M): one
+    matmul with it gives every read-out and every step between neighbouring read-outs."""
+    return torch.cat([t for e in (e_x, e_y) for t in (e, _steps(e))], dim=1).to(dtype)
+
+
+def _tables_grad(grad: Tensor, npos_max: int) -> tuple[Tensor, Tensor]:
+    """Gradient w.r.t. `(E_x, E_y)` from the gradient of `_tables`' output `(d, 4(M+1))`."""
+    out = []
+    parts = grad.split(npos_max, dim=1)                                       # E_x, ΔE_x, E_y, ΔE_y
+    for g, g_step in ((parts[0], parts[1]), (parts[2], parts[3])):
+        g = g.clone()
+        g[:, 1:] += g_step[:, :-1]
+        g[:, :-1] -= g_step[:, :-1]
+        out.append(g)
+    return out[0], out[1]
 
 
 class _SaPE2Attend(torch.autograd.Function):
@@ -142,11 +160,11 @@ class _SaPE2Attend(torch.autograd.Function):
         logits = torch.matmul(q * scale, k.transpose(-1, -2))                 # (B, h, T, T)
         row, col = (t.contiguous() for t in _lines(logits, grid, P))          # (B,h,H,W,W), (B,h,W,H,H)
         r = (q if readout == "query" else k)[:, :, P:]                        # (B, h, N, d)
-        z = r @ torch.cat((e_x, e_y), dim=1).to(r.dtype)                      # (B, h, N, 2(M+1))
-        z_x = rearrange(z[..., :npos_max], "b h (y x) t -> b h y x t", y=H)  # (B, h, H, W, M+1)
-        z_y = rearrange(z[..., npos_max:], "b h (y x) t -> b h x y t", y=H)  # (B, h, W, H, M+1)
-        s_x, saved_x = _line_forward(row, z_x, M)                             # (B, h, H, W, W)
-        s_y, saved_y = _line_forward(col, z_y, M)                             # (B, h, W, H, H)
+        z = r @ _tables(e_x, e_y, r.dtype)                                    # (B, h, N, 4(M+1))
+        z_x, zs_x = (rearrange(t, "b h (y x) t -> b h y x t", y=H) for t in z.split(npos_max, -1)[:2])
+        z_y, zs_y = (rearrange(t, "b h (y x) t -> b h x y t", y=H) for t in z.split(npos_max, -1)[2:])
+        s_x, saved_x = _line_forward(row, z_x, zs_x, M)                       # (B, h, H, W, W)
+        s_y, saved_y = _line_forward(col, z_y, zs_y, M)                       # (B, h, W, H, H)
         s_x = rearrange(s_x, "b h y x m -> b h (y x) m")                     # (B, h, N, W)
         s_y = rearrange(s_y, "b h x y m -> b h (y x) m").contiguous()        # (B, h, N, H)
         patch = logits[..., P:, P:]                                           # (B, h, N, N) view
@@ -169,22 +187,23 @@ class _SaPE2Attend(torch.autograd.Function):
         del attn
         g = grad_logits[..., P:, P:]                                          # the bias's gradient
         grad_sx = _distance_grad_(s_x, inv_x, g)                              # (B, h, N, W)
+        del inv_x
         grad_sy = _distance_grad_(s_y, inv_y, g)                              # (B, h, N, H)
-        del inv_x, inv_y
-        grad_row, grad_zx = _line_backward(rearrange(grad_sx, "b h (y x) m -> b h y x m", y=H), saved[:4], M)
-        grad_col, grad_zy = _line_backward(rearrange(grad_sy, "b h (y x) m -> b h x y m", y=H), saved[4:], M)
+        del inv_y
+        grad_row, gz_x, gzs_x = _line_backward(rearrange(grad_sx, "b h (y x) m -> b h y x m", y=H), saved[:4], M)
+        grad_col, gz_y, gzs_y = _line_backward(rearrange(grad_sy, "b h (y x) m -> b h x y m", y=H), saved[4:], M)
         row, col = _lines(grad_logits, (H, W), P)                             # the gates' logits: add in place
         row += grad_row                                                       # (i, i) lies on both: both add
         col += grad_col
-        grad_z = torch.cat((rearrange(grad_zx, "b h y x t -> b h (y x) t"),
-                            rearrange(grad_zy, "b h x y t -> b h (y x) t")), dim=-1)  # (B, h, N, 2(M+1))
-        e = torch.cat((e_x, e_y), dim=1).to(r.dtype)                          # (d, 2(M+1))
-        grad_r = grad_z @ e.transpose(0, 1)                                   # (B, h, N, d)
-        grad_e = (r.transpose(-1, -2) @ grad_z).sum((0, 1)).to(e_x.dtype)    # (d, 2(M+1))
+        grad_z = torch.cat([rearrange(t, "b h y x t -> b h (y x) t") for t in (gz_x, gzs_x)]
+                           + [rearrange(t, "b h x y t -> b h (y x) t") for t in (gz_y, gzs_y)], dim=-1)
+        grad_r = grad_z @ _tables(e_x, e_y, r.dtype).transpose(0, 1)          # (B, h, N, d)
+        grad_tables = r.reshape(-1, r.shape[-1]).transpose(0, 1) @ grad_z.reshape(-1, grad_z.shape[-1])
+        grad_ex, grad_ey = _tables_grad(grad_tables, npos_max)                # (d, M+1) each
         grad_q = torch.matmul(grad_logits, k).mul_(scale)
         grad_k = torch.matmul(grad_logits.transpose(-1, -2), q).mul_(scale)
         (grad_q if readout == "query" else grad_k)[:, :, P:] += grad_r
-        return (grad_q, grad_k, grad_v, grad_e[:, :npos_max], grad_e[:, npos_max:],
+        return (grad_q, grad_k, grad_v, grad_ex.to(e_x.dtype), grad_ey.to(e_y.dtype),
                 None, None, None, None, None)
 
 
