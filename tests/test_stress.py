@@ -273,3 +273,26 @@ def test_shift_and_size_controls_on_the_shipped_sape2(shipped_sape2):
     _ok(at.run())
     assert not at.metric and not _has(at, "bias_stress_bias_diff")
     np.testing.assert_array_equal(_z(_chart(at, "bias_bias_map")["data"][0]), before)
+
+
+def test_rollout_and_stress_on_a_model_with_several_prefix_tokens_and_a_wide_grid(tmp_path, monkeypatch):
+    """An imported-style model: CLS + distillation + 2 register tokens, 8-px patches on a 24 x 32 input
+    (3 x 4 grid): the rollout offers every prefix token, the controls its own shifts and sizes."""
+    from vitpe_core.checkpoint import save_checkpoint
+    torch.manual_seed(0)
+    model = build_model(ViTConfig(img_size=(24, 32), patch_size=8, dim=32, depth=2, heads=2, mlp_dim=32,
+                                  encoding="sape2+ape", dist_token=True, reg_tokens=2))
+    save_checkpoint(tmp_path / "wide.safetensors", model, metrics={"recipe": {"dataset": "cifar10"}})
+    monkeypatch.setenv("VITPE_CHECKPOINTS", str(tmp_path))
+    at = _app({"page": "bias", "ckpt": "wide", "patch": "1,2"})
+    radio = at.radio(key="bias_rollout_of_4")
+    assert list(radio.options) == ["the query patch (1, 2)", "CLS", "dist", "reg 0", "reg 1"]
+    radio.set_value("reg 1")
+    _ok(at.run())
+    assert _z(_chart(at, "bias_rollout")["data"][1]).shape == (3, 4)
+    at.select_slider(key="bias_shift_x_24x32p8").set_value(-8)
+    at.select_slider(key="bias_size_24x32p8").set_value(32)                # 4 x 5 patches
+    _ok(at.run())
+    assert any("Grid 4×5" in m.value for m in at.markdown)
+    assert _z(_chart(at, "bias_stress_attn_diff")["data"][1]).shape == (4, 5)
+    assert float(_metrics(at)["Bias shift error (all layers and heads)"]) > 0

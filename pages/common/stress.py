@@ -53,7 +53,7 @@ def rollout_section(page: str, ckpt, tr: analysis.Trace, display, patch: tuple[i
     m, prefix_share = positional.rollout_map(tr.attn, grid, tr.num_prefix, token, fusion)
     what = f"patch ({patch[0]}, {patch[1]})" if src == "patch" else src
     st.caption(f"How much of {what}'s output comes from each input patch" +
-               (f"; {100 * prefix_share:.0f} % comes from the prefix tokens, not drawn." if tr.num_prefix else "."))
+               (f"; {100 * prefix_share:.1f} % comes from the prefix tokens, not drawn." if tr.num_prefix else "."))
     title = f"Rollout of {what}, heads fused by {fusion}, {len(tr.attn)} layers"
     ui.chart(figures.overlay_fig(display, m, grid, patch=patch if src == "patch" else None, title=title,
                                  colorbar_title="rollout", colorscale=figures.ATTENTION_SCALE, zmin=0, zmax=None),
