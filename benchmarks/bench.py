@@ -80,7 +80,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
 from benchmarks.harness import (REPO, Server, background_jobs, chromium_or_reason, launch_chromium, patch_label,
                                 proc_memory, streamlit_server, wait_script_run, write_random_checkpoints)
@@ -122,12 +122,17 @@ class Plan:
     vit_b_images: int = 0     # new images timed on the ViT-B/16-sized model (after one untimed); 0: no section 6
     vit_b_clicks: int = 0     # clicks per click kind on it
     vit_b_sape2_images: int = 0   # new images timed with `sape2+ape` at that size (while one takes < 10 s)
+    functional_rounds: int = 0    # timed rounds of the functional attentions (section 7); 0: no section
+    profile_steps: int = 0        # profiled fwd+bwd steps of the SaPE² layer, before and now (section 8); 0: none
+    analysis: bool = False        # time `positional.analyze` on a shipped checkpoint (section 9)
 
 
 FULL = Plan(attn_rounds=7, attn_min_sample_s=0.1, train_rounds=8, warmup=1, clicks=50, app_runs=3, e2e_clicks=6,
-            memory_steps=3, vit_b_images=20, vit_b_clicks=50, vit_b_sape2_images=5)
+            memory_steps=3, vit_b_images=20, vit_b_clicks=50, vit_b_sape2_images=5, functional_rounds=7,
+            profile_steps=5, analysis=True)
 QUICK = Plan(attn_rounds=2, attn_min_sample_s=0.0, train_rounds=1, warmup=0, clicks=8, app_runs=1, e2e_clicks=2,
-             memory_steps=1, memory_encodings=("sape2+ape",), vit_b_images=2, vit_b_clicks=4, vit_b_sape2_images=1)
+             memory_steps=1, memory_encodings=("sape2+ape",), vit_b_images=2, vit_b_clicks=4, vit_b_sape2_images=1,
+             functional_rounds=2, profile_steps=1, analysis=True)
 
 
 # ----------------------------------------------------------------------------- timing
@@ -306,6 +311,140 @@ def bench_training(plan: Plan, encodings: list[str]) -> list[dict]:
                      **ratios(s, name, "ape", "throughput_vs_ape", invert=True),
                      "samples_ms": [1e3 * t for t in s[name]]})
     return rows
+
+
+# ----------------------------------------------------------------------------- 7. functional attention
+FUNCTIONAL_BASE = "SDPA + `rpb` mask"
+
+
+def functional_steps(batch: int = TRAIN_BATCH, dim: int = 128, heads: int = 4, grid: tuple[int, int] = GRID
+                     ) -> dict[str, Callable[[], None]]:
+    """Forward + backward of attention as a researcher calls it in their own model, compact shapes:
+    `q, k, v: (B, h, 1 + H·W, d)` leaves; every variant's gradients flow into q, k, v and its tables."""
+    from vitpe_core.encodings import cope_bias, sape2_bias
+    from vitpe_core.encodings.functional import cope_attention, sape2_attention
+    torch.manual_seed(0)
+    d, P, T = dim // heads, 1, 1 + grid[0] * grid[1]
+    q, k, v = (torch.randn(batch, heads, T, d, requires_grad=True) for _ in range(3))
+    e_x, e_y, e = (torch.empty(d, 10).normal_(std=0.02).requires_grad_() for _ in range(3))
+    rpb = build_encoding("rpb", EncodingContext(dim, heads, 1, grid, P))
+    grad = torch.randn(batch, heads, T, d)
+    leaves = [q, k, v, e_x, e_y, e, *rpb.parameters()]
+
+    def step(fn: Callable[[], Tensor]) -> Callable[[], None]:
+        def run() -> None:
+            for t in leaves:
+                t.grad = None
+            fn().backward(grad)
+        return run
+
+    sdpa = F.scaled_dot_product_attention
+    return {
+        "SDPA (no bias)": step(lambda: sdpa(q, k, v)),
+        FUNCTIONAL_BASE: step(lambda: sdpa(q, k, v, attn_mask=rpb.bias(q, k, grid=grid, layer=0))),
+        "`sape2_attention`": step(lambda: sape2_attention(q, k, v, e_x, e_y, grid, num_prefix=P)),
+        "SDPA + `sape2_bias` mask": step(lambda: sdpa(q, k, v, attn_mask=sape2_bias(
+            q[:, :, P:], k[:, :, P:], e_x, e_y, grid, num_prefix=P))),
+        "`cope_attention`": step(lambda: cope_attention(q, k, v, e)),
+        "SDPA + `cope_bias` mask": step(lambda: sdpa(q, k, v, attn_mask=cope_bias(q, k, e))),
+    }
+
+
+def bench_functional(plan: Plan) -> list[dict]:
+    log.info("functional attention: %d variants, batch %d", 6, TRAIN_BATCH)
+    fns = functional_steps()
+    s = interleaved(fns, rounds=plan.functional_rounds, warmup=plan.warmup, min_sample_s=plan.attn_min_sample_s)
+    return [{"variant": name, "median_ms": 1e3 * float(np.median(s[name])), "min_ms": 1e3 * min(s[name]),
+             **ratios(s, name, FUNCTIONAL_BASE, "vs_base"), "samples_ms": [1e3 * t for t in s[name]]}
+            for name in fns]
+
+
+# ----------------------------------------------------------------------------- 8. profile of the SaPE² layer
+PROFILE_BEFORE = "5405daa"   # main before the fused SaPE² / CoPE attention (issue 14): the "before" profile
+PROFILE_TOP = 12
+_PROFILE_CHILD = r"""
+import json, sys, torch
+from torch.profiler import ProfilerActivity, profile, record_function
+from vitpe_core.encodings import EncodingContext, build_encoding
+from vitpe_core.model import Attention
+steps, threads = int(sys.argv[1]), int(sys.argv[2])
+torch.set_num_threads(threads)
+torch.manual_seed(0)
+dim, heads, batch, grid = 128, 4, 128, (8, 8)
+attn, pos = Attention(dim, heads), build_encoding("sape2", EncodingContext(dim, heads, 1, grid, 1))
+x, grad = torch.randn(batch, 65, dim, requires_grad=True), torch.randn(batch, 65, dim)
+for _ in range(2):
+    attn(x, pos, grid, layer=0).backward(grad)
+with profile(activities=[ProfilerActivity.CPU]) as prof:
+    for _ in range(steps):
+        with record_function("phase:forward"):
+            out = attn(x, pos, grid, layer=0)
+        with record_function("phase:backward"):
+            out.backward(grad)
+events = prof.events()
+phases = [(e.time_range.start, e.time_range.end, e.name[6:]) for e in events if e.name.startswith("phase:")]
+acc = {"forward": {}, "backward": {}}
+for e in events:
+    if e.name.startswith("phase:"):
+        continue
+    ph = next((p for a, b, p in phases if a <= e.time_range.start <= b), None)
+    if ph is not None:
+        row = acc[ph].setdefault(e.name, [0.0, 0])
+        row[0] += e.self_cpu_time_total / 1e3 / steps
+        row[1] += 1
+wall = {p: sum(b - a for a, b, q in phases if q == p) / 1e3 / steps for p in acc}
+print(json.dumps({p: {"wall_ms": wall[p], "ops": {n: {"self_ms": v[0], "calls": v[1] / steps}
+                                                    for n, v in ops.items()}} for p, ops in acc.items()}))
+"""
+
+
+def profile_layer(root: Path, steps: int, threads: int) -> dict:
+    """`torch.profiler` op table of the compact SaPE² layer (batch 128) by phase, in a child
+    process importing `vitpe_core` from `root`."""
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": str(threads)}
+    done = subprocess.run([sys.executable, "-c", _PROFILE_CHILD, str(steps), str(threads)], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=900)
+    if done.returncode:
+        raise RuntimeError(f"profile child failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def bench_profile(plan: Plan) -> dict:
+    """The SaPE² layer profiled at `PROFILE_BEFORE` (its `vitpe_core` taken with `git archive`)
+    and as it is now; the "before" is skipped with a reason where git or the commit is missing."""
+    threads = torch.get_num_threads()
+    res: dict[str, Any] = {"steps": plan.profile_steps, "threads": threads, "before_commit": PROFILE_BEFORE}
+    log.info("profile: SaPE² layer now")
+    res["after"] = profile_layer(REPO, plan.profile_steps, threads)
+    with tempfile.TemporaryDirectory(prefix="vitpe-before-") as tmp:
+        try:
+            archive = subprocess.run(["git", "archive", PROFILE_BEFORE, "vitpe_core"], cwd=REPO, capture_output=True,
+                                     check=True, timeout=60).stdout
+            subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True, timeout=60)
+        except (OSError, subprocess.SubprocessError) as e:
+            res["before_reason"] = f"no `git archive {PROFILE_BEFORE}` here ({type(e).__name__})"
+            return res
+        log.info("profile: SaPE² layer at %s", PROFILE_BEFORE)
+        res["before"] = profile_layer(Path(tmp), plan.profile_steps, threads)
+    return res
+
+
+# ----------------------------------------------------------------------------- 9. analysis budget
+ANALYSIS_CHECKPOINT = "sape2+ape"
+
+
+def bench_analysis(checkpoints: Path) -> dict:
+    """Wall time of `vitpe_core.positional.analyze` (what `python -m vitpe_core analyze` runs, without
+    its cache) on a compact shipped checkpoint."""
+    from vitpe_core.positional import analyze
+    path = checkpoints / f"{ANALYSIS_CHECKPOINT}.safetensors"
+    if not path.exists():
+        return {"checkpoint": ANALYSIS_CHECKPOINT, "reason": f"{path} not found"}
+    ckpt = load_checkpoint(path)
+    t0, c0 = time.perf_counter(), time.process_time()
+    summary, _ = analyze(ckpt)
+    return {"checkpoint": ANALYSIS_CHECKPOINT, "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
+            "images": summary["images"]}
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -923,6 +1062,10 @@ def targets(res: dict) -> list[Target]:
         Target("app_memory_rss", "app server resident (VmRSS) after the compare page", mib_1gb, "max", "MiB",
                after.get("VmRSS"), no_browser),
     ]
+    an = res.get("analysis")
+    if an:
+        out.append(Target("analysis_budget", f"`python -m vitpe_core analyze` (`positional.analyze`, no cache), "
+                          f"`{an['checkpoint']}`", 30, "max", "s", an.get("wall_s"), an.get("reason", "")))
     return out + vit_b_targets(res)
 
 
@@ -983,7 +1126,8 @@ GENERATOR = "`python -m benchmarks.bench` (benchmarks/bench.py)"
 def render_markdown(res: dict, tgts: list[Target], whys: dict[str, str] | None = None) -> str:
     """BENCHMARKS.md from a run's results (`run`'s dict), its targets and the kept **Why** texts."""
     sections = (_md_header(res), _md_machine(res), _md_targets(tgts, whys or {}), _md_attention(res),
-                _md_training(res), _md_clicks(res), _md_app(res), _md_memory(res), _md_vit_b(res))
+                _md_training(res), _md_clicks(res), _md_app(res), _md_memory(res), _md_vit_b(res),
+                _md_functional(res), _md_profile(res), _md_analysis(res))
     return "\n".join(line for section in sections for line in section)
 
 
@@ -1077,6 +1221,65 @@ def _md_training(res: dict) -> list[str]:
     if any(r[f"{k}_noisy"] for r in res["training"] for k in ("throughput_vs_none", "throughput_vs_ape")):
         out += [NOISY_NOTE, ""]
     return out
+
+
+def _md_functional(res: dict) -> list[str]:
+    rows = res.get("functional")
+    if not rows:
+        return []
+    return ["## 7. SaPE² and CoPE as functions (for your own model)", "",
+            "`vitpe_core.encodings.functional.sape2_attention(q, k, v, e_x, e_y, grid, num_prefix=1)` and "
+            "`cope_attention(q, k, v, e)` (the whole attention, logits formed once, hand-written backward) "
+            "against `F.scaled_dot_product_attention` with an additive mask: `rpb`'s bias (the floor for a "
+            "bias encoding), or the bias functions `sape2_bias` / `cope_bias` (what plugging the bias into "
+            f"one's own SDPA layer costs). Compact shapes: batch {TRAIN_BATCH}, 4 heads, 65 tokens, d 32; "
+            "forward + backward into q, k, v and the tables; paired medians.", "",
+            md_table(["variant", f"× {FUNCTIONAL_BASE}", "best-of-N", "median ms", "min ms"],
+                     [[r["variant"], _ratio(r, "vs_base"), f"{r['vs_base_best']:.2f}", f"{r['median_ms']:.2f}",
+                       f"{r['min_ms']:.2f}"] for r in rows]), ""]
+
+
+def _profile_rows(phase: dict, top: int = PROFILE_TOP) -> list[list[Any]]:
+    ops = sorted(phase["ops"].items(), key=lambda kv: -kv[1]["self_ms"])
+    total = sum(v["self_ms"] for v in phase["ops"].values()) or 1.0
+    return [[f"`{name}`", f"{v['self_ms']:.2f}", f"{100 * v['self_ms'] / total:.1f} %", f"{v['calls']:g}"]
+            for name, v in ops[:top]]
+
+
+def _md_profile(res: dict) -> list[str]:
+    pr = res.get("profile")
+    if not pr:
+        return []
+    out = ["## 8. Profile of the SaPE² attention layer", "",
+           f"`torch.profiler` (CPU) over {pr['steps']} forward + backward steps of the compact `sape2` layer of "
+           f"section 1 (batch {TRAIN_BATCH}, {pr['threads']} threads), in a child process; ops by self CPU time "
+           f"per step, top {PROFILE_TOP} per phase. **Before**: `vitpe_core` at {pr['before_commit']} (the "
+           "bias computed apart, then SDPA-style softmax under autograd); **now**: this commit (fused "
+           "`sape2_attention`). Self times include the profiler's overhead and, on a loaded machine, time "
+           "waiting for a CPU: compare the shares and the phases' totals, not single rows.", ""]
+    for label, key in (("Before", "before"), ("Now", "after")):
+        if key not in pr:
+            out += [f"**{label}**: {pr.get('before_reason', 'not measured')}.", ""]
+            continue
+        for phase in ("forward", "backward"):
+            ph = pr[key][phase]
+            out += [f"**{label}, {phase}** (phase wall time {ph['wall_ms']:.1f} ms per step)", "",
+                    md_table(["op", "self ms / step", "share", "calls / step"], _profile_rows(ph)), ""]
+    return out
+
+
+def _md_analysis(res: dict) -> list[str]:
+    an = res.get("analysis")
+    if not an:
+        return []
+    if "wall_s" not in an:
+        return ["## 9. Analysis budget", "", f"Not measured: {an['reason']}.", ""]
+    return ["## 9. Analysis budget", "",
+            f"`vitpe_core.positional.analyze` on `checkpoints/{an['checkpoint']}.safetensors` (what `python -m "
+            "vitpe_core analyze` runs, without its cache): position-only kernels, relative score, attention "
+            f"distance and entropy over {an['images']} gallery images, in this process.", "",
+            md_table(["checkpoint", "wall s", "CPU s (all threads)", "limit"],
+                     [[f"`{an['checkpoint']}`", f"{an['wall_s']:.1f}", f"{an['cpu_s']:.1f}", "30 s"]]), ""]
 
 
 CLICK_ROWS = (("bias explorer", "single", "new patch (trace cached)", "bias_patch"),
@@ -1350,6 +1553,12 @@ def run(plan: Plan, *, out: Path, skip_app: bool, argv: list[str], checkpoints: 
         res["app"] = {"skipped": True} if skip_app else section("app", lambda: bench_app(plan, cs, Path(work)))
     if plan.vit_b_images > 0:
         res["vit_b"] = section("vit_b", lambda: vit_b_section(plan, argv, mode))
+    if plan.functional_rounds > 0:
+        res["functional"] = section("functional", lambda: bench_functional(plan))
+    if plan.profile_steps > 0:
+        res["profile"] = section("profile", lambda: bench_profile(plan))
+    if plan.analysis:
+        res["analysis"] = section("analysis", lambda: bench_analysis(checkpoints))
     env["loadavg_end"] = list(os.getloadavg())
     env["background_end"] = background_jobs()
     res["wall_time_s"] = time.perf_counter() - t_start

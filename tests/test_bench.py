@@ -359,3 +359,32 @@ def test_a_tiny_run_writes_the_report_and_sane_numbers(app_checkpoint_dir, tmp_p
     assert by_key["cope_training_vs_ape"]["status"] == "NOT MEASURED"
     assert all(by_key[k]["status"] == "NOT MEASURED" for k in APP_KEYS)
     assert all(math.isfinite(v) for v in numbers(data))
+
+
+def test_functional_profile_and_analysis_sections_and_the_analysis_target():
+    """Sections 7-9 (issue 14) render from their results; the analysis budget becomes a target."""
+    res = fake_results()
+    res["functional"] = [{"variant": name, "median_ms": 10.0 * x, "min_ms": 9.0 * x,
+                          **_ratio_cols("vs_base", x), "samples_ms": [10.0 * x]}
+                         for name, x in (("SDPA (no bias)", 0.9), (bench.FUNCTIONAL_BASE, 1.0),
+                                         ("`sape2_attention`", 1.2), ("`cope_attention`", 1.4))]
+    phase = {"wall_ms": 12.0, "ops": {f"aten::op{i}": {"self_ms": float(i), "calls": 2.0} for i in range(20)}}
+    res["profile"] = {"steps": 2, "threads": 2, "before_commit": bench.PROFILE_BEFORE,
+                      "after": {"forward": phase, "backward": phase}, "before": {"forward": phase, "backward": phase}}
+    res["analysis"] = {"checkpoint": "sape2+ape", "wall_s": 12.5, "cpu_s": 20.0, "images": 17}
+    tgts = targets(res)
+    assert tgts[-1].key == "analysis_budget" and tgts[-1].status == "PASS"
+    md = render_markdown(res, tgts)
+    check_tables(md)
+    for heading in ("## 7. SaPE² and CoPE as functions", "## 8. Profile of the SaPE² attention layer",
+                    "## 9. Analysis budget"):
+        assert heading in md
+    profile = md_section(md, "## 8. Profile")
+    assert profile.count("| `aten::op19` | 19.00 |") == 4                          # top op of each of 4 tables
+    assert "`aten::op7`" not in profile                                           # only the top 12
+    assert "| `sape2_attention` | 1.20 |" in md_section(md, "## 7.")
+    del res["profile"]["before"]
+    res["profile"]["before_reason"] = "no `git archive` here"
+    assert "**Before**: no `git archive` here." in render_markdown(res, targets(res))
+    res["analysis"] = {"checkpoint": "sape2+ape", "reason": "not found"}
+    assert targets(res)[-1].status == "NOT MEASURED"
