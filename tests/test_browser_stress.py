@@ -52,7 +52,7 @@ def plot_data(page, key: str) -> str:
 
 
 def test_shift_control_moves_the_maps_and_the_number(browser, shipped_url, tmp_path):
-    page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+    page = browser.new_context(viewport={"width": 1700, "height": 1000}).new_page()   # a main area ~1400 px wide
     page.set_default_timeout(TIMEOUT_MS)
     expect.set_options(timeout=TIMEOUT_MS)
     page.goto(lt.share_url(shipped_url, ckpt="sape2", image="cifar10-test-0008", patch=(3, 4), layer=0,
@@ -100,12 +100,13 @@ def test_shift_control_moves_the_maps_and_the_number(browser, shipped_url, tmp_p
 
 
 def section_screenshot(page, path: Path) -> None:
-    """From the "Attention rollout" heading to the end of the page, at the viewport's width."""
+    """From the "Attention rollout" heading to the end of the page, the main area only."""
     vp = page.viewport_size
     height = int(page.evaluate(lt.CONTENT_HEIGHT_JS))
     page.set_viewport_size({"width": vp["width"], "height": height})
     page.wait_for_timeout(800)                                                 # charts re-layout
     top = page.get_by_role("heading", name="Attention rollout").bounding_box()["y"] - 16
-    page.screenshot(path=str(path), clip={"x": 0, "y": top, "width": vp["width"], "height": height - top},
+    left = page.locator("[data-testid='stMain']").bounding_box()["x"]        # leave the sidebar out
+    page.screenshot(path=str(path), clip={"x": left, "y": top, "width": vp["width"] - left, "height": height - top},
                     full_page=True)
     page.set_viewport_size(vp)
