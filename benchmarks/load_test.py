@@ -452,14 +452,16 @@ def check_page(session, res: WsResult, *, page: str, ckpt: str | None = None, pa
     image = q.get("image") or ""
     if image.startswith("upload:") and owners is not None and owners.get(image, res.index) != res.index:
         res.crosstalk.append(f"{page}: session {owners[image]}'s upload {image[:15]}... in session {res.index}'s view")
+    # Not this session's patch or checkpoint: a wrong view (an error). Only what identifies
+    # another session (its upload, its model) counts as cross-talk: starting views repeat.
     if patch is not None:
         shown = PATCH_MD.findall(text)
         if shown != [(str(patch[0]), str(patch[1]))]:
-            (res.crosstalk if shown else wrong).append(f"{page}: patch texts {shown}, expected {patch}")
+            wrong.append(f"{page}: patch texts {shown}, expected {patch}")
         if q.get("patch") != f"{patch[0]},{patch[1]}":
-            res.crosstalk.append(f"{page}: link {link} does not carry patch {patch}")
+            wrong.append(f"{page}: link {link} does not carry patch {patch}")
     if ckpt is not None and q.get("ckpt") != ckpt:
-        res.crosstalk.append(f"{page}: link {link} does not carry ckpt {ckpt}")
+        wrong.append(f"{page}: link {link} does not carry ckpt {ckpt}")
     return wrong
 
 
@@ -489,6 +491,26 @@ def click_state(session, page: str, target: tuple[int, int], grid: tuple[int, in
     return "inputs", {}
 
 
+async def _reload(s, base: str, spec: Spec, ckpt: str, grid: tuple[int, int], patch: tuple[int, int],
+                  timeout: float):
+    """Close the tab and open its last link (bias page) again: (session, page, ckpt, grid, patch)
+    as the reloaded page shows them."""
+    from benchmarks.st_client import open_session
+
+    link = share_link_of(s) if s.page.elements else None
+    q = url_params(link) if link else {}
+    q = {"ckpt": q.get("ckpt", ckpt), "image": q.get("image", spec.image), "patch": q.get("patch")}
+    await s.close()
+    url = share_url(base, ckpt=q["ckpt"], image=q["image"],
+                    patch=tuple(int(x) for x in q["patch"].split(",")) if q["patch"] else patch)
+    s, _ = await open_session(base, "/?" + url.split("?", 1)[1], timeout)
+    shown = url_params(share_link_of(s) or "")
+    ckpt = shown.get("ckpt", q["ckpt"])
+    grid = MODEL_GRID if ckpt == f"{MODEL_NAME}-upload" else spec.grid
+    patch = tuple(int(x) for x in shown["patch"].split(",")) if shown.get("patch") else patch
+    return s, "bias", ckpt, grid, patch
+
+
 async def ws_user(base: str, spec: Spec, index: int, gate: "PhaseGate", *, think: tuple[float, float],
                   click_timeout: float, load_timeout: float, model_npz: bytes | None,
                   click_phase: float) -> WsResult:
@@ -514,7 +536,7 @@ async def ws_user(base: str, spec: Spec, index: int, gate: "PhaseGate", *, think
             await s.close()
         return res
     await gate.arrive()
-    model_at = gate.opened_at + 5.0 if (model_npz is not None and index == 0) else None
+    model_at = gate.opened_at if (model_npz is not None and index == 0) else None   # its first action
     while time.monotonic() < gate.deadline:
         if model_at is not None and time.monotonic() >= model_at:
             action, model_at = "model", None
@@ -530,9 +552,7 @@ async def ws_user(base: str, spec: Spec, index: int, gate: "PhaseGate", *, think
                     page = "bias"
                 if not any(k in s.page.widgets() for k in ("bias_click", "bias_row")):
                     # the page broke (an exception box, no picker): reload it, as a visitor would
-                    link = share_link_of(s) or share_url(base, ckpt=ckpt, image=spec.image, patch=patch)
-                    await s.close()
-                    s, _ = await open_session(base, "/?" + link.split("?", 1)[1], load_timeout)
+                    s, page, ckpt, grid, patch = await _reload(s, base, spec, ckpt, grid, patch, load_timeout)
                     res.reloads += 1
                     res.errors += check_page(s, res, owners=gate.owners, page="bias", ckpt=ckpt, patch=patch)
                 H, W = grid
@@ -599,7 +619,13 @@ async def ws_user(base: str, spec: Spec, index: int, gate: "PhaseGate", *, think
             res.latency[action].append(time.monotonic() - t0)
         except Exception as e:  # noqa: BLE001
             res.errors.append(f"{action}: {type(e).__name__}: {str(e)[:200]}")
-            if s.closed_reason:
+            # The tab no longer knows what the server is doing (a late answer would be taken for
+            # the next one's): reload it from its last link, as a visitor would, and carry on.
+            try:
+                s, page, ckpt, grid, patch = await _reload(s, base, spec, ckpt, grid, patch, load_timeout)
+                res.reloads += 1
+            except Exception as e2:  # noqa: BLE001
+                res.errors.append(f"reload: {type(e2).__name__}: {str(e2)[:200]}")
                 break
         await asyncio.sleep(rng.uniform(*think))
     # the click-only phase: server CPU per click without page views, uploads or new sessions
@@ -707,11 +733,18 @@ async def _run_ws(base: str, specs: list[Spec], browser_specs: list[Spec], secon
 
 def run_ws_load(server: Server, specs: list[Spec], seconds: float, *, browsers: int = 0,
                 think: tuple[float, float] = (1.0, 3.0), click_timeout: float = 60.0, load_timeout: float = 180.0,
-                model_upload: bool = True, click_phase: float = 15.0) -> dict:
+                model_upload: bool = True, click_phase: float = 15.0, warm: bool = False) -> dict:
     """Drive `server` with one websocket session per spec (and `browsers` chromium pages) for
     `seconds` after all have loaded, then the click-only phase; returns the report."""
     from vitpe_core.gallery import gallery_ids
 
+    if warm:   # one visitor before the crowd: the server's first script run (its imports) is over
+        from benchmarks.st_client import open_session
+
+        async def first_visit():
+            s, _ = await open_session(server.url, "/?page=bias", load_timeout)
+            await s.close()
+        asyncio.run(first_visit())
     grids = {s.ckpt: s.grid for s in specs}
     browser_specs = make_specs(len(specs) + browsers, grids, gallery_ids())[len(specs):] if browsers else []
     loadavg = os.getloadavg()
@@ -738,7 +771,7 @@ def run_ws_load(server: Server, specs: list[Spec], seconds: float, *, browsers: 
     phase_wall = gate.phase_time[1] - gate.phase_time[0]
     click_bytes = [r.bytes / r.clicks for r in results if r.clicks]
     report = {
-        "engine": "websocket (benchmarks.st_client)", "sessions": len(specs), "browsers": browsers,
+        "engine": "websocket (benchmarks.st_client)", "sessions": len(specs), "browsers": browsers, "warm": warm,
         "seconds": seconds, "click_phase_s": click_phase, "think_s": list(think), "wall_s": round(wall, 1),
         "cpu_model": cpu_model(), "cpus": os.cpu_count(), "loadavg_before": [round(x, 2) for x in loadavg],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()], "background_jobs": background_jobs(),
@@ -798,10 +831,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--think", default="1,3", help="think time between a session's actions: MIN,MAX seconds")
     ap.add_argument("--click-phase", type=float, default=15.0, help="seconds of clicks only, for CPU per click")
     ap.add_argument("--no-model", action="store_true", help="no model import by session 0")
+    ap.add_argument("--warm", action="store_true",
+                    help="one visitor opens the bias page before the sessions start (a server that has served "
+                         "before; default: all sessions arrive at a cold server at once)")
     ap.add_argument("--port", type=int, default=None, help="server port (default: a free one)")
     ap.add_argument("--checkpoints", default=str(REPO / "checkpoints"),
                     help="checkpoint folder (tiny random-weight models if it holds none)")
-    ap.add_argument("--click-timeout", type=float, default=60.0, help="seconds before an action counts as an error")
+    ap.add_argument("--click-timeout", type=float, default=120.0,
+                    help="seconds before an action counts as an error")
     ap.add_argument("--out", default=None, help="report file (default artifacts/load_test.json, "
                                                 "or artifacts/memory.json with --memory-only)")
     ap.add_argument("--memory-only", action="store_true",
@@ -839,7 +876,7 @@ def main(argv: list[str] | None = None) -> int:
                 lo, hi = (float(x) for x in args.think.split(","))
                 report = run_ws_load(server, specs, args.seconds, browsers=args.browsers, think=(lo, hi),
                                      click_timeout=args.click_timeout, model_upload=not args.no_model,
-                                     click_phase=args.click_phase)
+                                     click_phase=args.click_phase, warm=args.warm)
                 ok = passed(report)
             report["server_log_tail"] = server.log_tail(1500)
     report["checkpoints"] = "tiny random-weight (harness.write_random_checkpoints)" if tiny else str(folder)
