@@ -46,7 +46,7 @@ def main() -> None:
     with right:
         show_bias(ckpt, tr, maps, display, view, layer, head)
     show_attention(tr, maps, display, view, layer, head, grid)
-    stress.rollout_section(PAGE, ckpt, tr, display, view.patch)
+    stress.rollout_section(PAGE, ckpt, tr, view.ckpt, key, display, view.patch)
     stress.stress_section(PAGE, ckpt, tr, view.ckpt, key, custom, view.patch, layer, head)
 
 

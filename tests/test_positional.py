@@ -168,3 +168,4 @@ def test_rollout_maps_for_any_prefix_on_a_non_square_grid(cfg, names):
         np.testing.assert_allclose(m.ravel(), full[token, P:])
         assert m.sum() + prefix == pytest.approx(1.0)
         assert (prefix == 0.0) == (P == 0)
+        np.testing.assert_array_equal(Pos.rollout_row(full, GRID, P, token)[0], m)

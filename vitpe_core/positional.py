@@ -180,7 +180,12 @@ def rollout_map(attn: np.ndarray, grid: Grid, num_prefix: int, token: int, fusio
     """Rollout of token `token` (an index into the `T = P + N` tokens) over the input patches:
     `(H, W)` (row `token` of `rollout(attn, fusion)`, patch columns), and the share of its
     flow that comes from the prefix tokens (the map sums to 1 minus that share)."""
-    row = rollout(attn, fusion)[token]                                           # (T,)
+    return rollout_row(rollout(attn, fusion), grid, num_prefix, token)
+
+
+def rollout_row(rolled: np.ndarray, grid: Grid, num_prefix: int, token: int) -> tuple[np.ndarray, float]:
+    """`rollout_map` from an already computed `rollout` `(T, T)` (the app caches it per image)."""
+    row = rolled[token]                                                          # (T,)
     return row[num_prefix:].reshape(grid), float(row[:num_prefix].sum())
 
 

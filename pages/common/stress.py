@@ -38,7 +38,19 @@ ERROR_HELP = ("The README's *bias shift err*: Σ over layers of mean |b′ − b
 
 
 # ----------------------------------------------------------------------------- rollout
-def rollout_section(page: str, ckpt, tr: analysis.Trace, display, patch: tuple[int, int]) -> None:
+@st.cache_data(max_entries=16, show_spinner=False)
+def _rollout(path: str, mtime_ns: int, key: str, fusion: str, _tr: analysis.Trace):
+    return positional.rollout(_tr.attn, fusion)                                   # (T, T)
+
+
+def rollout(name: str, key: str, fusion: str, tr: analysis.Trace):
+    """`positional.rollout` `(T, T)` of the page's trace of image `key`, cached (a 224-px ViT's
+    takes a tenth of a second)."""
+    return _rollout(*cache._file(name), key, fusion, tr)
+
+
+def rollout_section(page: str, ckpt, tr: analysis.Trace, name: str, key: str, display, patch: tuple[int, int]
+                    ) -> None:
     grid = tr.grid
     st.subheader("Attention rollout")
     st.markdown(ROLLOUT_TEXT)
@@ -50,7 +62,7 @@ def rollout_section(page: str, ckpt, tr: analysis.Trace, display, patch: tuple[i
     with b:
         fusion = st.radio("Head fusion", FUSIONS, key=f"{page}_rollout_fusion", horizontal=True)
     token = tr.num_prefix + analysis.patch_index(patch, grid) if src == "patch" else sources.index(src) - 1
-    m, prefix_share = positional.rollout_map(tr.attn, grid, tr.num_prefix, token, fusion)
+    m, prefix_share = positional.rollout_row(rollout(name, key, fusion, tr), grid, tr.num_prefix, token)
     what = f"patch ({patch[0]}, {patch[1]})" if src == "patch" else src
     st.caption(f"How much of {what}'s output comes from each input patch" +
                (f"; {100 * prefix_share:.1f} % comes from the prefix tokens, not drawn." if tr.num_prefix else "."))
