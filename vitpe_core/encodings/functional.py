@@ -243,36 +243,38 @@ class _CoPEAttend(torch.autograd.Function):
         M = npos_max - 1
         logits = torch.matmul(q * scale, k_r.transpose(-1, -2))              # (B, h, T, T) reversed keys
         gates = torch.sigmoid(logits)
-        pos = gates.cumsum(-1).clamp_max_(M)                                  # = Σ_{t >= j} g_it
-        lo = pos.floor()
-        frac = pos.sub_(lo)                                                   # in place: pos is not needed again
-        lo = lo.long()
-        z_step = torch.cat((z[..., 1:] - z[..., :-1], torch.zeros_like(z[..., :1])), dim=-1)  # (B, h, T, M+1)
-        logits += torch.gather(z, -1, lo)
-        logits.addcmul_(torch.gather(z_step, -1, lo), frac)                  # z[lo] + f (z[lo+1] - z[lo])
+        frac = gates.cumsum(-1).clamp_max_(M)                                 # positions Σ_{t >= j} g_it
+        buf = frac.floor()
+        frac -= buf                                                           # the interpolation weight f
+        lo = buf.long()                                                       # ⌊p⌋
+        z_step = _steps(z)                                                    # (B, h, T, M+1)
+        logits += torch.gather(z, -1, lo, out=buf)                            # z[lo] (buf reused)
+        step_lo = torch.gather(z_step, -1, lo, out=buf)                       # z[lo+1] − z[lo], 0 at M
+        logits.addcmul_(step_lo, frac)
         attn = _softmax_(logits)
         del logits
-        ctx.save_for_backward(q, k_r, v_r, z_step, attn, gates, frac, lo)
-        ctx.scale = scale
+        ctx.save_for_backward(q, k_r, v_r, attn, gates, frac, lo, step_lo)
+        ctx.scale, ctx.npos_max = scale, npos_max
         return torch.matmul(attn, v_r)
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k_r, v_r, z_step, attn, gates, frac, lo = ctx.saved_tensors
-        scale = ctx.scale
+        q, k_r, v_r, attn, gates, frac, lo, step_lo = ctx.saved_tensors
+        scale, npos_max = ctx.scale, ctx.npos_max
         grad_v = torch.matmul(attn.transpose(-1, -2), grad_out)
         grad_logits = _softmax_backward_(torch.matmul(grad_out, v_r.transpose(-1, -2)), attn)  # = ∂/∂bias
         del attn
-        # read-outs: ∂z[lo] += g, ∂z_step[lo] += g f, z_step[t] = z[t+1] - z[t] (t < M)
-        g_frac = grad_logits * frac
-        grad_z = torch.zeros_like(z_step).scatter_add_(-1, lo, grad_logits)
-        grad_step = torch.zeros_like(z_step).scatter_add_(-1, lo, g_frac)[..., :-1]
+        # read-outs: ∂z[lo] += g, ∂z_step[lo] += g f, z_step[t] = z[t+1] − z[t] (t < M)
+        buf = grad_logits * frac
+        shape = (*grad_logits.shape[:-1], npos_max)
+        grad_z = grad_logits.new_zeros(shape).scatter_add_(-1, lo, grad_logits)
+        grad_step = grad_logits.new_zeros(shape).scatter_add_(-1, lo, buf)[..., :-1]
         grad_z[..., 1:] += grad_step
         grad_z[..., :-1] -= grad_step
-        # positions: ∂p = g · z_step[lo] (0 at the cap: z_step[M] = 0); gates: suffix sums
-        grad_pos = g_frac.copy_(torch.gather(z_step, -1, lo)).mul_(grad_logits)
-        grad_gates = grad_pos.flip(-1).cumsum(-1).flip(-1)
-        grad_logits += torch.ops.aten.sigmoid_backward(grad_gates, gates)
+        # positions: ∂p = g · z_step[lo] (0 at the cap); gates: suffix sums (reversed order: a flip,
+        # cumsum, flip), then σ′
+        grad_gates = torch.mul(step_lo, grad_logits, out=buf).flip(-1).cumsum_(-1).flip(-1)
+        grad_logits += torch.ops.aten.sigmoid_backward.grad_input(grad_gates, gates, grad_input=grad_gates)
         grad_q = torch.matmul(grad_logits, k_r).mul_(scale)
         grad_k = torch.matmul(grad_logits.transpose(-1, -2), q).mul_(scale)
         return grad_q, grad_k, grad_v, grad_z, None, None
