@@ -1,5 +1,5 @@
 """Upload -> click -> share -> open elsewhere, in a real browser (issue 16, part 1): a photo
-uploaded on the bias page, a patch clicked on the picker, a layer and head chosen; the sidebar's
+uploaded on the bias page, a patch clicked on the picker (layer 1, head 1 from the opening link); the sidebar's
 share link opened in a NEW browser context (another visitor, another Streamlit session) shows
 the same image (the same upload id and the same picture in the picker), patch, layer and head.
 The server runs from the repository root with its own `.streamlit/config.toml` and a temporary
@@ -52,7 +52,7 @@ def test_an_uploaded_photo_is_shared_by_link(browser, server):
     ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = ctx.new_page()
     page.set_default_timeout(TIMEOUT_MS)
-    page.goto(lt.share_url(srv.url, ckpt="sape2+ape", image="cifar10-test-0008", patch=(4, 4)))
+    page.goto(lt.share_url(srv.url, ckpt="sape2+ape", image="cifar10-test-0008", patch=(4, 4), layer=1, head="1"))
     expect(page.get_by_text("Patch (4, 4)", exact=True)).to_be_visible()
     _idle(page)
     page.locator(".st-key-bias_upload input[type=file]").set_input_files(
@@ -62,14 +62,10 @@ def test_an_uploaded_photo_is_shared_by_link(browser, server):
     click_patch(page, "bias_click", (2, 5), (8, 8), where=(0.8, 0.2))
     expect(page.get_by_text("Patch (2, 5)", exact=True)).to_be_visible()
     _idle(page)
-    page.locator(".st-key-bias_head").click()
-    page.get_by_role("option", name="head 1", exact=True).click()
-    page.wait_for_function("() => new URLSearchParams(location.search).get('head') === '1'", timeout=TIMEOUT_MS)
-    _idle(page)
     link = page.locator("[data-testid='stSidebar'] [data-testid='stCode']").first.inner_text().strip()
     digest = re.search(r"image=upload(?::|%3A)([0-9a-f]{64})", link).group(1)
     assert (uploads / f"{digest}.png").is_file()
-    assert "patch=2,5" in link and "head=1" in link
+    assert "patch=2,5" in link and "layer=1" in link and "head=1" in link
     picture = page.locator(picker_selector("bias_click")).evaluate(PICKER_IMAGE_JS)
     ctx.close()
 
@@ -80,6 +76,7 @@ def test_an_uploaded_photo_is_shared_by_link(browser, server):
     expect(page2.get_by_text("Patch (2, 5)", exact=True)).to_be_visible()
     _idle(page2)
     expect(page2.locator("[data-testid='stAlertContentWarning']")).to_have_count(0)
+    expect(page2.locator(".st-key-bias_layer input[type=range]")).to_have_value("1")
     expect(page2.locator(".st-key-bias_head input")).to_have_value("head 1")
     expect(page2.locator(".st-key-bias_row input")).to_have_value("2")
     expect(page2.locator(".st-key-bias_col input")).to_have_value("5")
