@@ -77,23 +77,28 @@ def show_bias(ckpt, tr, maps, display, view, layer, head) -> None:
     st.caption(views.bias_caption(bv))
     base = f"{ckpt.name}_bias_{bv.part}_p{view.patch[0]}-{view.patch[1]}_l{layer}_{head_text(head)}"
     cbar = "bias<br>(0-1)"
-    tab_overlay, tab_map, tab_layers, tab_heads = st.tabs(["On the image", "Heatmap", "All layers", "All heads"])
-    with tab_overlay:
-        ui.chart(figures.overlay_fig(display, bv.shown, grid, patch=view.patch, title=title, colorbar_title=cbar),
-                 base + "_overlay", key=f"{PAGE}_bias_overlay")
-    with tab_map:
-        ui.chart(figures.patch_map_fig(bv.shown, title=title, colorbar_title=cbar, patch=view.patch, zmin=0, zmax=1),
-                 base, key=f"{PAGE}_bias_map")
-        ui.downloads(base, bv.shown, key=f"{PAGE}_bias_dl", full=bv.full, shown_what="shown map, normalised 0–1",
-                     full_what="raw bias, all layers × heads")
-    with tab_layers:
-        ui.chart(figures.layers_fig(bv.per_layer, title=f"{short}, every layer, {head_text(head)}",
-                                    colorbar_title=cbar, patch=view.patch), base + "_layers", key=f"{PAGE}_bias_layers")
-    with tab_heads:
-        ui.chart(figures.layers_fig(bv.per_head, title=f"{short}, layer {layer}, every head",
-                                    colorbar_title=cbar, patch=view.patch,
-                                    labels=[f"head {i}" for i in range(bv.per_head.shape[0])]),
-                 base + "_heads", key=f"{PAGE}_bias_heads")
+    # Only the open tab runs (on_change="rerun"): a click rebuilds one figure here, not four.
+    tabs = st.tabs(["On the image", "Heatmap", "All layers", "All heads"], key=f"{PAGE}_bias_tab", on_change="rerun")
+    with tabs[0]:
+        if tabs[0].open:
+            ui.chart(figures.overlay_fig(display, bv.shown, grid, patch=view.patch, title=title, colorbar_title=cbar),
+                     base + "_overlay", key=f"{PAGE}_bias_overlay")
+    with tabs[1]:
+        if tabs[1].open:
+            ui.chart(figures.patch_map_fig(bv.shown, title=title, colorbar_title=cbar, patch=view.patch, zmin=0,
+                                           zmax=1), base, key=f"{PAGE}_bias_map")
+            ui.downloads(base, bv.shown, key=f"{PAGE}_bias_dl", full=bv.full, shown_what="shown map, normalised 0–1",
+                         full_what="raw bias, all layers × heads")
+    with tabs[2]:
+        if tabs[2].open:
+            ui.chart(figures.layers_fig(bv.per_layer, title=f"{short}, every layer, {head_text(head)}",
+                                        colorbar_title=cbar, patch=view.patch), base + "_layers",
+                     key=f"{PAGE}_bias_layers")
+    with tabs[3]:
+        if tabs[3].open:
+            ui.chart(figures.layers_fig(bv.per_head, title=f"{short}, layer {layer}, every head", colorbar_title=cbar,
+                                        patch=view.patch, labels=[f"head {i}" for i in range(bv.per_head.shape[0])]),
+                     base + "_heads", key=f"{PAGE}_bias_heads")
 
 
 def show_attention(tr, maps, display, view, layer, head, grid) -> None:

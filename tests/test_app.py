@@ -45,6 +45,9 @@ def without_ckpts(tmp_path, monkeypatch):
     return tmp_path
 
 
+HEATMAP = {"bias_bias_tab": "Heatmap"}   # the bias tab with the `bias_bias_map` chart (only the open tab runs)
+
+
 def run(params: dict | None = None, session: dict | None = None) -> AppTest:
     at = AppTest.from_file(APP, default_timeout=60)
     for k, v in (params or {}).items():
@@ -121,7 +124,7 @@ def test_compare_page_draws_every_run_epoch_by_epoch(with_ckpts):
 # ----------------------------------------------------------------------------- URL
 def test_url_restores_the_view(with_ckpts):
     at = ok(run({"page": "bias", "ckpt": "sape2+ape", "patch": "3,4", "layer": "1", "head": "1",
-                 "image": "cifar10-test-0008"}))
+                 "image": "cifar10-test-0008"}, HEATMAP))
     assert not at.warning
     assert any("Patch (3, 4)" in t for t in patch_texts(at))
     assert at.selectbox(key="bias_ckpt").value == "sape2+ape"
@@ -155,7 +158,7 @@ def test_bad_page_parameter_warns(with_ckpts):
 
 # ----------------------------------------------------------------------------- interaction
 def test_session_state_patch_changes_text_and_map(with_ckpts):
-    at = ok(run({"ckpt": "sape2+ape"}))
+    at = ok(run({"ckpt": "sape2+ape"}, HEATMAP))
     before = z_of(chart_spec(at, "bias_bias_map"))
     at.session_state["patch"] = (1, 6)
     ok(at.run())
@@ -166,8 +169,30 @@ def test_session_state_patch_changes_text_and_map(with_ckpts):
     assert (at.number_input(key="bias_row").value, at.number_input(key="bias_col").value) == (1, 6)
 
 
-def test_widgets_by_key_update_view_and_url(with_ckpts):
+def chart_keys(at: AppTest) -> set[str]:
+    return {k for c in at.get("plotly_chart") for k in ("bias_bias_overlay", "bias_bias_map", "bias_bias_layers",
+                                                       "bias_bias_heads") if c.proto.id.endswith(k)}
+
+
+def test_only_the_open_bias_tab_builds_its_figure(with_ckpts):
+    """A click rebuilt all four tabs' figures (~50 % of the server's CPU per click was the two
+    hidden small-multiples grids); the tabs now rerun on a switch and only the open one runs."""
     at = ok(run({"ckpt": "sape2+ape"}))
+    assert chart_keys(at) == {"bias_bias_overlay"}
+    assert [t.label for t in at.tabs] == ["On the image", "Heatmap", "All layers", "All heads"]
+    for label, key in (("All layers", "bias_bias_layers"), ("All heads", "bias_bias_heads"),
+                       ("Heatmap", "bias_bias_map")):
+        at.session_state["bias_bias_tab"] = label
+        ok(at.run())
+        assert chart_keys(at) == {key}, label
+    at.session_state["patch"] = (0, 1)
+    ok(at.run())
+    assert chart_keys(at) == {"bias_bias_map"}                      # the tab stays open across a click
+    assert len(chart_spec(at, "bias_bias_map")["layout"]["shapes"]) == 1
+
+
+def test_widgets_by_key_update_view_and_url(with_ckpts):
+    at = ok(run({"ckpt": "sape2+ape"}, HEATMAP))
     at.number_input(key="bias_row").set_value(6)
     ok(at.run())
     assert at.query_params["patch"] == "6,4"
@@ -387,7 +412,7 @@ def test_a_stale_address_bar_neither_resets_the_view_nor_loses_the_next_action(w
     has already replaced. Only a session's first run and back/forward read it."""
     from pages.common import ui
 
-    at = ok(run({"ckpt": "sape2+ape"}))
+    at = ok(run({"ckpt": "sape2+ape"}, HEATMAP))
     at.select_slider(key="bias_layer").set_value(1)
     ok(at.run())
     assert at.query_params["layer"] == "1"

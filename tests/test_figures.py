@@ -185,3 +185,32 @@ def test_query_kernels_fig_outlines_each_query_and_scales_without_it():
     assert fig.data[0].zmax < 2                                                  # scaled on the other keys
     rects = [s for s in fig.layout.shapes if s.type == "rect"]
     assert (rects[0].x0, rects[0].y0) == (1.5, 0.5) and (rects[1].x0, rects[1].y0) == (0.5, 1.5)
+
+
+# ----------------------------------------------------------------------------- fast builders (server CPU per click)
+def test_figures_built_without_validation_are_valid_plotly():
+    """overlay_fig and patch_map_fig skip Plotly's per-property validation (a click rebuilds
+    them); a validated Figure made from their dicts must accept every property."""
+    import plotly.graph_objects as go
+
+    m = np.random.default_rng(0).random((8, 8))
+    img = np.zeros((64, 48, 3), np.uint8)
+    for fig in (figures.overlay_fig(img, m, (8, 8), patch=(2, 3), title="t", colorbar_title="c"),
+                figures.overlay_fig(img, m, (8, 8), zmin=None, zmax=None),
+                figures.patch_map_fig(m, title="t", colorbar_title="c", patch=(2, 3), zmin=0, zmax=1)):
+        go.Figure(fig.to_dict())                                           # raises on an invalid property
+    fig = figures.overlay_fig(img, m, (8, 8), patch=(2, 3))
+    grid, box = fig.layout.shapes
+    assert grid.type == "path" and grid.path.count("M") == 7 + 7          # every inner line, in one shape
+    assert "M0,8H48" in grid.path and "M6,0V64" in grid.path
+    assert (box.type, box.x0, box.y0, box.x1, box.y1) == ("rect", 18, 16, 24, 24)
+
+
+def test_the_overlay_image_is_encoded_once_per_image():
+    img = np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.uint8)
+    figures._png_data_uri.cache_clear()
+    for _ in range(3):
+        figures.overlay_fig(img, np.zeros((4, 4)), (4, 4))
+    assert figures._png_data_uri.cache_info().misses == 1
+    assert figures.png_data_uri(img.copy()) == figures.png_data_uri(img)
+    assert figures.png_data_uri(255 - img) != figures.png_data_uri(img)

@@ -177,11 +177,13 @@ def shipped_sape2(tmp_path, monkeypatch):
     return tmp_path
 
 
-def _app(params: dict):
+def _app(params: dict, session: dict | None = None):
     from streamlit.testing.v1 import AppTest
     at = AppTest.from_file(str(REPO / "app.py"), default_timeout=120)
     for k, v in params.items():
         at.query_params[k] = v
+    for k, v in (session or {}).items():
+        at.session_state[k] = v
     return _ok(at.run())
 
 
@@ -245,7 +247,7 @@ def test_shift_and_size_controls_on_the_shipped_sape2(shipped_sape2):
     from vitpe_core.gallery import gallery_image
     from vitpe_core.inputs import checkpoint_input
     image = "cifar10-test-0008"
-    at = _app({"page": "bias", "ckpt": "sape2", "patch": "3,4", "image": image})
+    at = _app({"page": "bias", "ckpt": "sape2", "patch": "3,4", "image": image}, {"bias_bias_tab": "Heatmap"})
     before = _z(_chart(at, "bias_bias_map")["data"][0])
     assert not at.metric
     at.select_slider(key="bias_shift_x_32x32p4").set_value(4)             # one patch to the right

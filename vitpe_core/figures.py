@@ -25,6 +25,7 @@ checkpoints take one colour per checkpoint name everywhere (`checkpoint_colors`)
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import math
 import re
@@ -103,19 +104,30 @@ def wrap_title(text: str, max_chars: int = TITLE_MAX_CHARS) -> list[str]:
     return lines
 
 
+def _title_layout(title: str, *, subplot_titles: bool = False, **margin) -> dict:
+    """The layout entries `title` and `margin` of `_title`, as plain dicts."""
+    lines = wrap_title(title)
+    below = SUBPLOT_TITLES_PX if subplot_titles else 0
+    pad = MODEBAR_PX + (MULTILINE_TITLE_LIFT_PX if len(lines) > 1 else 0)
+    return {"title": {"text": "<br>".join(lines), "x": 0, "xref": "paper", "xanchor": "left", "y": 1,
+                      "yref": "container", "yanchor": "top", "pad": {"t": pad}, "font": {"size": TITLE_FONT_PX}},
+            "margin": {**_MARGIN, **margin, "t": pad + TITLE_LINE_PX * len(lines) + below + 8}}
+
+
 def _title(fig: go.Figure, title: str, *, subplot_titles: bool = False, **margin) -> None:
     """`title` wrapped to fit a phone (`wrap_title`), left-aligned, its top `MODEBAR_PX` below the
     chart's top (the modebar's band); the top margin holds the band, every line and the subplot
     titles."""
-    lines = wrap_title(title)
-    below = SUBPLOT_TITLES_PX if subplot_titles else 0
-    pad = MODEBAR_PX + (MULTILINE_TITLE_LIFT_PX if len(lines) > 1 else 0)
-    fig.update_layout(                       # top-anchored: Plotly stacks a title's further lines downwards
-        title=dict(text="<br>".join(lines), x=0, xref="paper", xanchor="left", y=1, yref="container",
-                   yanchor="top", pad=dict(t=pad), font=dict(size=TITLE_FONT_PX)),
-        margin={**_MARGIN, **margin, "t": pad + TITLE_LINE_PX * len(lines) + below + 8})
+    fig.update_layout(**_title_layout(title, subplot_titles=subplot_titles, **margin))   # top-anchored
     if subplot_titles:
         fig.update_annotations(font_size=SUBPLOT_FONT_PX)
+
+
+def _fast(data: list[dict], layout: dict) -> go.Figure:
+    """A Figure from plain dicts without Plotly's per-property validation (a tenth of the time
+    of `add_trace` / `update_layout`; what a click on the bias page rebuilds). The dicts must be
+    valid: tests/test_figures.py checks them against a validated copy."""
+    return go.Figure({"data": data, "layout": layout}, _validate=False)
 
 
 def checkpoint_colors(names: Sequence[str]) -> dict[str, str]:
@@ -136,13 +148,18 @@ def _square(fig: go.Figure) -> None:
     fig.update_yaxes(scaleanchor="x", scaleratio=1)
 
 
+@functools.lru_cache(maxsize=32)
+def _scale_stops(colorscale: str) -> tuple[tuple[float, str], ...]:
+    from plotly.colors import get_colorscale, hex_to_rgb
+    return tuple((float(v), "rgb({},{},{})".format(*hex_to_rgb(c)) if c.startswith("#") else c)
+                 for v, c in get_colorscale(colorscale))
+
+
 def scale_stops(colorscale: str) -> list[list]:
     """A named Plotly colour scale as explicit `rgb()` stops. Streamlit's Plotly theme uses the
     hex colours `#000001`-`#0000xx` as placeholders and swaps them for theme colours in the
     browser: Magma's first stop, `#000004`, was drawn pink."""
-    from plotly.colors import get_colorscale, hex_to_rgb
-    return [[float(v), "rgb({},{},{})".format(*hex_to_rgb(c)) if c.startswith("#") else c]
-            for v, c in get_colorscale(colorscale)]
+    return [list(stop) for stop in _scale_stops(colorscale)]
 
 
 def _outline(fig: go.Figure, x0: float, y0: float, x1: float, y1: float, **kw) -> None:
@@ -220,57 +237,84 @@ def _bounds(m: np.ndarray, zmin: float | None, zmax: float | None) -> tuple[floa
     return (lo, hi) if hi > lo else (lo, lo + 1e-12)
 
 
+def _outline_shape(x0: float, y0: float, x1: float, y1: float, **kw) -> dict:
+    return {"type": "rect", "x0": x0, "y0": y0, "x1": x1, "y1": y1, "line": {"color": HIGHLIGHT, "width": 3},
+            "fillcolor": "rgba(0,0,0,0)", **kw}
+
+
 def patch_map_fig(m: np.ndarray, *, title: str, colorbar_title: str, patch: tuple[int, int] | None = None,
                   colorscale: str = BIAS_SCALE, zmin: float | None = None, zmax: float | None = None) -> go.Figure:
     """`m: (H, W)` on the patch grid; `patch` outlined."""
-    H, W = m.shape
     zmin, zmax = _bounds(m, zmin, zmax)
-    fig = go.Figure(go.Heatmap(
-        z=m, colorscale=scale_stops(colorscale), zmin=zmin, zmax=zmax,
-        colorbar=dict(title=dict(text=colorbar_title)),
-        hovertemplate="patch (%{y}, %{x})<br>value %{z:.4g}<extra></extra>"))
+    heat = {"type": "heatmap", "z": np.asarray(m), "colorscale": scale_stops(colorscale),
+            "colorbar": {"title": {"text": colorbar_title}},
+            "hovertemplate": "patch (%{y}, %{x})<br>value %{z:.4g}<extra></extra>"}
+    if zmin is not None:
+        heat["zmin"] = zmin
+    if zmax is not None:
+        heat["zmax"] = zmax
+    axis = {"showgrid": False, "zeroline": False, "constrain": "domain"}
+    layout = {**_title_layout(title), "xaxis": {**axis, "title": {"text": "column c"}},
+              "yaxis": {**axis, "title": {"text": "row r"}, "autorange": "reversed", "scaleanchor": "x",
+                        "scaleratio": 1}}
     if patch is not None:
-        _outline(fig, patch[1] - 0.5, patch[0] - 0.5, patch[1] + 0.5, patch[0] + 0.5)
-    _title(fig, title)
-    fig.update_layout(xaxis_title="column c", yaxis_title="row r")
-    _grid_axes(fig)
-    _square(fig)
-    return fig
+        layout["shapes"] = [_outline_shape(patch[1] - 0.5, patch[0] - 0.5, patch[1] + 0.5, patch[0] + 0.5)]
+    return _fast([heat], layout)
+
+
+@functools.lru_cache(maxsize=16)
+def _png_data_uri(shape: tuple[int, ...], raw: bytes) -> str:
+    bio = io.BytesIO()
+    Image.fromarray(np.frombuffer(raw, np.uint8).reshape(shape)).save(bio, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(bio.getvalue()).decode("ascii")
 
 
 def png_data_uri(image_rgb: np.ndarray) -> str:
-    bio = io.BytesIO()
-    Image.fromarray(np.asarray(image_rgb, dtype=np.uint8)).save(bio, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(bio.getvalue()).decode("ascii")
+    """`image_rgb` as a PNG data URI; the last 16 images' are remembered (by content): every
+    overlay of a page draws the same image, and a click redraws them all."""
+    a = np.ascontiguousarray(image_rgb, dtype=np.uint8)
+    return _png_data_uri(a.shape, a.tobytes())
+
+
+def grid_path(grid: Grid, w_px: float, h_px: float) -> str:
+    """The inner lines of an `H x W` patch grid over a `w_px x h_px` image as one SVG path (one
+    layout shape instead of `H + W - 2`)."""
+    H, W = grid
+    ph, pw = h_px / H, w_px / W
+    rows = [f"M0,{r * ph:g}H{w_px:g}" for r in range(1, H)]
+    cols = [f"M{c * pw:g},0V{h_px:g}" for c in range(1, W)]
+    return "".join(rows + cols)
 
 
 def overlay_fig(image_rgb: np.ndarray, m: np.ndarray, grid: Grid, *, patch: tuple[int, int] | None = None,
                 title: str = "", colorbar_title: str = "", colorscale: str = BIAS_SCALE,
                 opacity: float = 0.6, zmin: float | None = 0.0, zmax: float | None = 1.0) -> go.Figure:
     """`image_rgb: (h_px, w_px, 3)` uint8 (the image as the model sees it, any upscaling),
-    `m: (H, W)` drawn semi-transparent over it, with the patch grid and `patch` outlined."""
+    `m: (H, W)` drawn semi-transparent over it, with the patch grid (one path) and `patch` outlined."""
     h_px, w_px = image_rgb.shape[:2]
     H, W = grid
     assert m.shape == (H, W), (m.shape, grid)
     ph, pw = h_px / H, w_px / W
     zmin, zmax = _bounds(m, zmin, zmax)
-    fig = go.Figure(go.Image(source=png_data_uri(image_rgb), x0=0.5, y0=0.5, hoverinfo="skip"))  # edges at 0
-    fig.add_trace(go.Heatmap(
-        z=m, x0=pw / 2, dx=pw, y0=ph / 2, dy=ph, colorscale=scale_stops(colorscale), zmin=zmin, zmax=zmax,
-        opacity=opacity, colorbar=dict(title=dict(text=colorbar_title)),
-        customdata=np.stack(np.meshgrid(np.arange(H), np.arange(W), indexing="ij"), -1),
-        hovertemplate="patch (%{customdata[0]}, %{customdata[1]})<br>value %{z:.4g}<extra></extra>"))
-    for r in range(1, H):
-        fig.add_shape(type="line", x0=0, x1=w_px, y0=r * ph, y1=r * ph, line=dict(color="white", width=1))
-    for c in range(1, W):
-        fig.add_shape(type="line", y0=0, y1=h_px, x0=c * pw, x1=c * pw, line=dict(color="white", width=1))
+    heat = {"type": "heatmap", "z": np.asarray(m), "x0": pw / 2, "dx": pw, "y0": ph / 2, "dy": ph,
+            "colorscale": scale_stops(colorscale), "opacity": opacity,
+            "colorbar": {"title": {"text": colorbar_title}},
+            "customdata": np.stack(np.meshgrid(np.arange(H), np.arange(W), indexing="ij"), -1),
+            "hovertemplate": "patch (%{customdata[0]}, %{customdata[1]})<br>value %{z:.4g}<extra></extra>"}
+    if zmin is not None:
+        heat["zmin"] = zmin
+    if zmax is not None:
+        heat["zmax"] = zmax
+    shapes = []
+    if H > 1 or W > 1:
+        shapes.append({"type": "path", "path": grid_path(grid, w_px, h_px), "line": {"color": "white", "width": 1}})
     if patch is not None:
-        _outline(fig, patch[1] * pw, patch[0] * ph, (patch[1] + 1) * pw, (patch[0] + 1) * ph)
-    _title(fig, title)
-    fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False, range=[0, w_px], constrain="domain")
-    fig.update_yaxes(showticklabels=False, showgrid=False, zeroline=False, range=[h_px, 0], constrain="domain")
-    _square(fig)
-    return fig
+        shapes.append(_outline_shape(patch[1] * pw, patch[0] * ph, (patch[1] + 1) * pw, (patch[0] + 1) * ph))
+    axis = {"showticklabels": False, "showgrid": False, "zeroline": False, "constrain": "domain"}
+    layout = {**_title_layout(title), "shapes": shapes, "xaxis": {**axis, "range": [0, w_px]},
+              "yaxis": {**axis, "range": [h_px, 0], "scaleanchor": "x", "scaleratio": 1}}
+    image = {"type": "image", "source": png_data_uri(image_rgb), "x0": 0.5, "y0": 0.5, "hoverinfo": "skip"}
+    return _fast([image, heat], layout)                                                  # image edges at 0
 
 
 LAYERS_MAX_COLS = 3
