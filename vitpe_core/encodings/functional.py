@@ -157,9 +157,10 @@ class _SaPE2Attend(torch.autograd.Function):
     def forward(ctx, q, k, v, e_x, e_y, grid, scale: float, num_prefix: int, npos_max: int, readout: str):
         H, W = grid
         P, M = num_prefix, npos_max - 1
-        logits = torch.matmul(q * scale, k.transpose(-1, -2))                 # (B, h, T, T)
+        q_s, k, v = q * scale, k.contiguous(), v.contiguous()                # each copied once, kept
+        logits = torch.matmul(q_s, k.transpose(-1, -2))                       # (B, h, T, T)
         row, col = (t.contiguous() for t in _lines(logits, grid, P))          # (B,h,H,W,W), (B,h,W,H,H)
-        r = (q if readout == "query" else k)[:, :, P:]                        # (B, h, N, d)
+        r = (q if readout == "query" else k)[:, :, P:].contiguous()           # (B, h, N, d): once, kept
         z = r @ _tables(e_x, e_y, r.dtype)                                    # (B, h, N, 4(M+1))
         z_x, zs_x = (rearrange(t, "b h (y x) t -> b h y x t", y=H) for t in z.split(npos_max, -1)[:2])
         z_y, zs_y = (rearrange(t, "b h (y x) t -> b h x y t", y=H) for t in z.split(npos_max, -1)[2:])
@@ -172,16 +173,17 @@ class _SaPE2Attend(torch.autograd.Function):
         inv_y = _add_distances_(patch, s_y)
         attn = _softmax_(logits)                                              # (B, h, T, T)
         del logits, patch, row, col
-        ctx.save_for_backward(q, k, v, attn, e_x, e_y, r, s_x, s_y, inv_x, inv_y, *saved_x, *saved_y)
+        ctx.save_for_backward(q_s, k, v, attn, e_x, e_y, r, s_x, s_y, inv_x, inv_y, *saved_x, *saved_y)
         ctx.args = grid, scale, P, npos_max, readout
         return torch.matmul(attn, v)                                          # (B, h, T, dv)
 
     @staticmethod
     def backward(ctx, grad_out):
         _consume(ctx)
-        q, k, v, attn, e_x, e_y, r, s_x, s_y, inv_x, inv_y, *saved = ctx.saved_tensors
+        q_s, k, v, attn, e_x, e_y, r, s_x, s_y, inv_x, inv_y, *saved = ctx.saved_tensors
         (H, W), scale, P, npos_max, readout = ctx.args
         M = npos_max - 1
+        grad_out = grad_out.contiguous()
         grad_v = torch.matmul(attn.transpose(-1, -2), grad_out)
         grad_logits = _softmax_backward_(torch.matmul(grad_out, v.transpose(-1, -2)), attn)
         del attn
@@ -198,10 +200,10 @@ class _SaPE2Attend(torch.autograd.Function):
         grad_z = torch.cat([rearrange(t, "b h y x t -> b h (y x) t") for t in (gz_x, gzs_x)]
                            + [rearrange(t, "b h x y t -> b h (y x) t") for t in (gz_y, gzs_y)], dim=-1)
         grad_r = grad_z @ _tables(e_x, e_y, r.dtype).transpose(0, 1)          # (B, h, N, d)
-        grad_tables = r.reshape(-1, r.shape[-1]).transpose(0, 1) @ grad_z.reshape(-1, grad_z.shape[-1])
+        grad_tables = r.view(-1, r.shape[-1]).transpose(0, 1) @ grad_z.view(-1, grad_z.shape[-1])
         grad_ex, grad_ey = _tables_grad(grad_tables, npos_max)                # (d, M+1) each
         grad_q = torch.matmul(grad_logits, k).mul_(scale)
-        grad_k = torch.matmul(grad_logits.transpose(-1, -2), q).mul_(scale)
+        grad_k = torch.matmul(grad_logits.transpose(-1, -2), q_s)             # logits = q_s·kᵀ
         (grad_q if readout == "query" else grad_k)[:, :, P:] += grad_r
         return (grad_q, grad_k, grad_v, grad_ex.to(e_x.dtype), grad_ey.to(e_y.dtype),
                 None, None, None, None, None)
@@ -241,7 +243,8 @@ class _CoPEAttend(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k_r, v_r, z, scale: float, npos_max: int):
         M = npos_max - 1
-        logits = torch.matmul(q * scale, k_r.transpose(-1, -2))              # (B, h, T, T) reversed keys
+        q_s = q * scale                                                       # (B, h, T, d), kept
+        logits = torch.matmul(q_s, k_r.transpose(-1, -2))                    # (B, h, T, T) reversed keys
         gates = torch.sigmoid(logits)
         frac = gates.cumsum(-1).clamp_max_(M)                                 # positions Σ_{t >= j} g_it
         buf = frac.floor()
@@ -253,14 +256,15 @@ class _CoPEAttend(torch.autograd.Function):
         logits.addcmul_(step_lo, frac)
         attn = _softmax_(logits)
         del logits
-        ctx.save_for_backward(q, k_r, v_r, attn, gates, frac, lo, step_lo)
+        ctx.save_for_backward(q_s, k_r, v_r, attn, gates, frac, lo, step_lo)
         ctx.scale, ctx.npos_max = scale, npos_max
         return torch.matmul(attn, v_r)
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k_r, v_r, attn, gates, frac, lo, step_lo = ctx.saved_tensors
+        q_s, k_r, v_r, attn, gates, frac, lo, step_lo = ctx.saved_tensors
         scale, npos_max = ctx.scale, ctx.npos_max
+        grad_out = grad_out.contiguous()
         grad_v = torch.matmul(attn.transpose(-1, -2), grad_out)
         grad_logits = _softmax_backward_(torch.matmul(grad_out, v_r.transpose(-1, -2)), attn)  # = ∂/∂bias
         del attn
@@ -276,7 +280,7 @@ class _CoPEAttend(torch.autograd.Function):
         grad_gates = torch.mul(step_lo, grad_logits, out=buf).flip(-1).cumsum_(-1).flip(-1)
         grad_logits += torch.ops.aten.sigmoid_backward.grad_input(grad_gates, gates, grad_input=grad_gates)
         grad_q = torch.matmul(grad_logits, k_r).mul_(scale)
-        grad_k = torch.matmul(grad_logits.transpose(-1, -2), q).mul_(scale)
+        grad_k = torch.matmul(grad_logits.transpose(-1, -2), q_s)
         return grad_q, grad_k, grad_v, grad_z, None, None
 
 
