@@ -210,10 +210,10 @@ class Session:
             rs.page_script_hash = self.page_hash
         for wid, ws in {**self.states, **(trigger or {})}.items():
             rs.widget_states.widgets.add().CopyFrom(ws)
+        want = self.pages.get(page) if page else None       # known before the request: a page switch
         t0 = time.perf_counter()
         await self._send(back)
         stats = await self._collect(timeout)
-        want = self.pages.get(page) if page is not None else None
         while want and self.page.page_script_hash != want and time.perf_counter() - t0 < timeout:
             # a run the server started before this request (a callback's st.rerun) finished first:
             # the tab shows the page it asked for once that run's answer is in
