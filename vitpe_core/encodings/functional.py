@@ -8,16 +8,17 @@ is allocated that the attention itself does not need. The modules (`SaPE2`, `CoP
 on the model's fast path; `sape2_bias` / `cope_bias` stay for the trace path and for using
 the bias alone (e.g. as an SDPA mask). Exact against those (tests/test_cope_sape2.py).
 
-Where the time goes and why (measured, BENCHMARKS.md "profile" section):
-* SaPE²: the gates need only the same-row and same-column logits, `N·(H+W)` of the `T²`:
-  they come from one small batched matmul per axis on the `(H, W, d)` view of q and k
-  (a quarter of the `q·kᵀ` multiply-adds on an 8 x 8 grid, no `N x N` tensor in their
-  forward or backward; extracting them from the `T x T` logits instead costs a `T x T`
-  zero tensor and an extra `T x T` gradient sum in the backward). Line sums, read-outs and
-  interpolation run on `(B, h, N, W)`-sized tensors under autograd. The distances are one
-  matmul of augmented vectors per axis; their forward keeps `1/distance` (0 at zero
-  distance, as torch.cdist's gradient), so the backward is one multiply per axis and two
-  narrow matmuls, and the `(B, h, N, N)` bias is never stored: it is added into the logits.
+Why it is built this way (docs/encodings.md "Performance notes"; BENCHMARKS.md sections 1,
+7 and 8): on CPU the time goes into memory passes over `T x T`-sized tensors and into fresh
+allocations of them, not into multiply-adds, so both functions minimise those.
+* SaPE²: the gate logits are strided views of the attention's own logits (a small batched
+  matmul per axis on the `(H, W, d)` views was measured slower: thousands of tiny products),
+  and their gradient is added into the logits' gradient in place. Line sums, read-outs and
+  interpolation run by hand on `(B, h, L, A, A)`-sized tensors; read-outs and their steps come
+  from one matmul with `[E, ΔE]`. The distances are one matmul of augmented vectors per axis,
+  added into the logits; the same buffer then becomes `1/distance` (0 at zero distance, as
+  torch.cdist's gradient) for the backward, which is one multiply and two narrow matmuls per
+  axis. The `(B, h, N, N)` bias is never stored; softmax and its backward run in place (CPU).
 * CoPE: everything runs in *reversed key order* (k and v flipped along the tokens, which
   changes no softmax): the reverse cumulative sum of the gates is then a plain contiguous
   `cumsum` and no `T x T` tensor is flipped in the forward. The interpolation
@@ -31,7 +32,7 @@ import torch
 from einops import rearrange
 from torch import Tensor
 
-from ._interp import check_npos_max, interpolate_readout, reverse_cumsum
+from ._interp import check_npos_max, reverse_cumsum
 
 __all__ = ["sape2_attention", "cope_attention"]
 
