@@ -74,6 +74,18 @@ def click_patch(page, key: str, patch: tuple[int, int], grid: tuple[int, int],
     page.mouse.click(pt["x"], pt["y"])
 
 
+BIAS_TAB_CHARTS = {"On the image": "bias_bias_overlay", "Heatmap": "bias_bias_map", "All layers": "bias_bias_layers",
+                   "All heads": "bias_bias_heads"}
+
+
+def open_bias_tab(page, label: str, timeout_s: float = 90.0) -> None:
+    """Open the bias explorer's tab `label` and wait until its chart is drawn: only the open tab
+    runs (a switch reruns the page), so the other tabs' charts are not on the page."""
+    page.get_by_role("tab", name=label, exact=True).click()
+    page.wait_for_function("(sel) => { const e = document.querySelector(sel); return !!(e && e.data); }",
+                           arg=picker_selector(BIAS_TAB_CHARTS[label]), timeout=timeout_s * 1e3)
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process `pid` so far (/proc/<pid>/stat)."""
     import os

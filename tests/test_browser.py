@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from benchmarks import harness as lt  # the server, browser and page helpers
-from benchmarks.click_cost import click_patch, picker_selector
+from benchmarks.click_cost import click_patch, open_bias_tab, picker_selector
 
 REPO = Path(__file__).resolve().parents[1]
 SHOTS: Path  # set by the `_screenshot_dir` fixture, under pytest's temporary folder
@@ -98,6 +98,7 @@ def test_click_changes_patch_and_heatmap(page, app_url):
     page.goto(lt.share_url(app_url, ckpt="sape2+ape", image="cifar10-test-0008", patch=(3, 4), layer=1, head="mean"))
     expect(page.get_by_text("Patch (3, 4)", exact=True)).to_be_visible()
     expect(page.locator(picker_selector("bias_click"))).to_be_visible()
+    open_bias_tab(page, "Heatmap")                                      # only the open tab's chart is drawn
     settle(page)
     raw0, z0 = heatmap(page, "bias_bias_map")
     assert z0.shape == (8, 8)

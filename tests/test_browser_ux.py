@@ -18,6 +18,7 @@ import time
 import pytest
 
 from benchmarks import harness as lt
+from benchmarks.click_cost import open_bias_tab
 
 TIMEOUT_MS = 60_000
 
@@ -81,6 +82,7 @@ def no_exception(page) -> None:
 def open_bias(page, app_url: str) -> None:
     page.goto(lt.share_url(app_url, ckpt="sape2+ape", image="cifar10-test-0000", patch=(4, 4)))
     expect(page.get_by_text("Patch (4, 4)", exact=True)).to_be_visible()
+    open_bias_tab(page, "Heatmap")                     # shown_view reads the bias map's title (only the open tab runs)
     quiet(page)
 
 
