@@ -117,6 +117,7 @@ class Session:
         self.session_id = ""
         self.pages: dict[str, str] = {}          # url path -> page_script_hash (from the navigation message)
         self.page_hash = ""
+        self.url_path = ""                       # the tab's URL path: the page it shows ("" = default)
         self.query = ""
         self.states: dict[str, Any] = {}         # widget id -> WidgetState the tab holds
         self.page = Page()
@@ -201,13 +202,12 @@ class Session:
         back = BackMsg()
         rs = back.rerun_script
         rs.query_string = self.query
-        if page is not None and page in self.pages:
-            rs.page_script_hash = self.pages[page]
-            rs.page_name = page
-        elif page is not None:
-            rs.page_name = page
-        elif self.page_hash:
-            rs.page_script_hash = self.page_hash
+        if page is not None:
+            self.url_path = page
+        # as the frontend: the page's URL path and, once known, its script hash
+        rs.page_name = self.url_path
+        if self.url_path in self.pages:
+            rs.page_script_hash = self.pages[self.url_path]
         for wid, ws in {**self.states, **(trigger or {})}.items():
             rs.widget_states.widgets.add().CopyFrom(ws)
         want = self.pages.get(page) if page else None       # known before the request: a page switch
@@ -262,6 +262,9 @@ class Session:
                 if msg.script_finished == EARLY_FOR_RERUN:
                     continue
                 self.page = page
+                paths = [p for p, h in self.pages.items() if h == page.page_script_hash and p and " " not in p]
+                if paths and self.url_path not in paths:     # the app switched pages (st.switch_page)
+                    self.url_path = paths[0]
                 self._drop_stale(page)
                 return stats
             elif kind == "page_not_found":   # the tab shows a notice; the script runs the default page
