@@ -189,13 +189,14 @@ def test_query_kernels_fig_outlines_each_query_and_scales_without_it():
 
 # ----------------------------------------------------------------------------- fast builders (server CPU per click)
 def test_figures_built_without_validation_are_valid_plotly():
-    """overlay_fig and patch_map_fig skip Plotly's per-property validation (a click rebuilds
+    """overlay_fig, patch_map_fig and topk_fig skip Plotly's per-property validation (a click rebuilds
     them); a validated Figure made from their dicts must accept every property."""
     import plotly.graph_objects as go
 
     m = np.random.default_rng(0).random((8, 8))
     img = np.zeros((64, 48, 3), np.uint8)
-    for fig in (figures.overlay_fig(img, m, (8, 8), patch=(2, 3), title="t", colorbar_title="c"),
+    for fig in (figures.topk_fig(np.array([0.5, 0.3, 0.2]), ["a", "b", "c"]),
+                figures.overlay_fig(img, m, (8, 8), patch=(2, 3), title="t", colorbar_title="c"),
                 figures.overlay_fig(img, m, (8, 8), zmin=None, zmax=None),
                 figures.patch_map_fig(m, title="t", colorbar_title="c", patch=(2, 3), zmin=0, zmax=1)):
         go.Figure(fig.to_dict())                                           # raises on an invalid property

@@ -407,12 +407,12 @@ def topk_fig(probs: np.ndarray, class_names: Sequence[str], *, k: int = 5,
     probs = np.asarray(probs, dtype=np.float64)
     top = np.argsort(-probs)[:k]
     names = [class_names[i] if i < len(class_names) else f"class {i}" for i in top]
-    fig = go.Figure(go.Bar(x=probs[top][::-1] * 100, y=names[::-1], orientation="h",
-                           text=[f"{p * 100:.1f}%" for p in probs[top][::-1]], textposition="auto",
-                           hovertemplate="%{y}: %{x:.2f}%<extra></extra>"))
-    _title(fig, title)
-    fig.update_layout(xaxis_title="probability (%)", xaxis_range=[0, 100], height=200 + fig.layout.margin.t)
-    return fig
+    bar = {"type": "bar", "x": probs[top][::-1] * 100, "y": names[::-1], "orientation": "h",
+           "text": [f"{p * 100:.1f}%" for p in probs[top][::-1]], "textposition": "auto",
+           "hovertemplate": "%{y}: %{x:.2f}%<extra></extra>"}
+    layout = _title_layout(title)
+    layout.update(xaxis={"title": {"text": "probability (%)"}, "range": [0, 100]}, height=200 + layout["margin"]["t"])
+    return _fast([bar], layout)
 
 
 def line_fig(x: Sequence[float], series: Mapping[str, Sequence[float]], *, title: str, x_title: str,

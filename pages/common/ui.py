@@ -33,6 +33,7 @@ selects it.
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import logging
 import re
@@ -326,10 +327,17 @@ def _picker_spec(png: bytes, w: int, h: int, cols: dict[int, float], rows: dict[
                    "plot_bgcolor": "rgba(0,0,0,0)", "paper_bgcolor": "rgba(0,0,0,0)"}}
 
 
-def _png(img: Image.Image) -> bytes:
+@functools.lru_cache(maxsize=32)
+def _png_of(mode: str, size: tuple[int, int], raw: bytes) -> bytes:
     buf = io.BytesIO()
-    img.convert("RGB").save(buf, "PNG", optimize=False, compress_level=1)
+    Image.frombytes(mode, size, raw).convert("RGB").save(buf, "PNG", optimize=False, compress_level=1)
     return buf.getvalue()
+
+
+def _png(img: Image.Image) -> bytes:
+    """`img` as PNG; the last 32 images' are remembered by content (a click redraws the picker
+    with the same image: encoding it again cost ~20 ms of the server's CPU per click)."""
+    return _png_of(img.mode, img.size, img.tobytes())
 
 
 def clickable(img: Image.Image, key: str, to_patch: Callable[[float, float, float, float], tuple[int, int]], *,
