@@ -86,3 +86,17 @@ def test_scale_cli_measures_what_training_records(tmp_path):
     train(TrainConfig(encoding="ape", preset="tiny", epochs=1, batch_size=8, eval_batch_size=4, seed=3),
           data_dir=tmp_path / "data", out=tmp_path / "run_a", checkpoint=ape, progress=False)
     assert main(["scale", str(ape), "--data-dir", str(tmp_path / "data")]) == 2
+
+
+def test_readme_functional_example_runs():
+    """The README's "functional cores" snippet runs as printed (and its attention is the bias's)."""
+    import torch
+    text = (REPO / "README.md").read_text()
+    code = text[text.index("The functional cores work without a model"):].split("```python\n", 1)[1].split("```")[0]
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    q, k, v, e_x, e_y = (scope[n] for n in ("q", "k", "v", "e_x", "e_y"))
+    bias = scope["bias"]
+    ref = torch.softmax(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5 + bias, dim=-1) @ v
+    from vitpe_core.encodings.functional import sape2_attention
+    assert torch.allclose(sape2_attention(q, k, v, e_x, e_y, (6, 5)), ref, atol=1e-5)
