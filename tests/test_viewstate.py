@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vitpe_core.viewstate import (KEYS, MAX_VALUE_CHARS, PAGES, ViewState, default_view, is_upload_id, parse_view,
-                                  to_query, upload_id)
+from vitpe_core.viewstate import (KEYS, MAX_VALUE_CHARS, PAGES, STRESS_KEYS, StressLimits, ViewState, default_view,
+                                  is_upload_id, parse_view, to_query, upload_id)
 
 CKPTS = ["ape", "none", "rope_mixed", "rpb", "sape2+ape"]
 IMAGES = ["cifar10-test-0000", "cifar10-test-0007", "photo-astronaut"]
@@ -158,7 +158,8 @@ def test_any_query_gives_a_valid_view(params, grid, depth, heads, epochs):
 
 def test_every_view_field_is_a_query_key():
     from dataclasses import fields
-    assert KEYS == tuple(f.name for f in fields(ViewState)) == tuple(to_query(ViewState(ckpt="a", image="b", epoch=0)))
+    full = ViewState(ckpt="a", image="b", epoch=0, shift=(1, 0), size=40, fill="reflect", rollout="CLS", fusion="max")
+    assert KEYS == tuple(f.name for f in fields(ViewState)) == tuple(to_query(full))
 
 
 def test_upload_ids_round_trip():
@@ -174,3 +175,52 @@ def test_upload_ids_round_trip():
         with pytest.raises(ValueError):
             upload_id(bad)
     assert not is_upload_id(None) and not is_upload_id(digest) and not is_upload_id(b"upload:" + digest.encode())
+
+
+# ----------------------------------------------------------------------------- the stress test and rollout in links
+STRESS = StressLimits(shifts=tuple(range(-8, 9)), heights=(24, 28, 32, 36, 40, 44, 48), native=32,
+                      sources=("patch", "CLS"))   # the 32-px CIFAR models with 4-px patches
+
+
+def test_stress_and_rollout_round_trip_and_stay_out_of_default_links():
+    view, notes = parse({"shift": "4,-2", "size": "40", "fill": "reflect", "rollout": "CLS", "fusion": "max"},
+                        stress=STRESS)
+    assert notes == []
+    assert (view.shift, view.size, view.fill, view.rollout, view.fusion) == ((4, -2), 40, "reflect", "CLS", "max")
+    q = to_query(view)
+    assert (q["shift"], q["size"], q["fill"], q["rollout"], q["fusion"]) == ("4,-2", "40", "reflect", "CLS", "max")
+    assert parse(q, stress=STRESS) == (view, [])
+    plain, notes = parse({"shift": "0,0", "size": "32", "fill": "zero", "rollout": "patch", "fusion": "mean"},
+                         stress=STRESS)
+    assert notes == [] and plain == parse({})[0]                              # native size is the default
+    assert not set(to_query(plain)) & set(STRESS_KEYS)                           # old links are unchanged
+    assert parse({"size": "native"}, stress=STRESS) == (plain, [])
+
+
+@pytest.mark.parametrize("key,value,why", [
+    ("shift", "9,0", "not a shift this model offers (-8 to 8 px in steps of 1 px)"),
+    ("shift", "1", "expected 'dy,dx'"), ("shift", "1,x", "expected 'dy,dx'"), ("shift", "1,2,3", "expected 'dy,dx'"),
+    ("shift", "99999999,0", "expected 'dy,dx'"),
+    ("size", "33", "not an input size this model offers"), ("size", "4000", "not an input size"),
+    ("size", "big", "expected 'native' or an input height"),
+    ("fill", "wrap", "valid: zero, reflect"), ("rollout", "dist", "valid: patch, CLS"),
+    ("rollout", "<script>", "valid: patch, CLS"), ("fusion", "min", "valid: mean, max"),
+])
+def test_tampered_stress_values_are_refused_with_a_note(key, value, why):
+    view, notes = parse({key: value, "patch": "2,3"}, stress=STRESS)
+    assert len(notes) == 1 and notes[0].startswith(f"Ignored {key}=") and why in notes[0], notes
+    assert view == parse({"patch": "2,3"})[0]                                    # the default, the rest kept
+
+
+def test_without_the_models_options_only_the_default_stress_view_is_valid():
+    view, notes = parse({"shift": "4,0", "size": "40", "fill": "reflect", "rollout": "CLS"})
+    assert view == parse({"fill": "reflect"})[0]
+    assert [n.split("=")[0] for n in notes] == ["Ignored shift", "Ignored size", "Ignored rollout"]
+    assert "this model offers no shift" in notes[0]
+    assert parse({"fill": "reflect", "fusion": "max"})[1] == []                   # the same choices for every model
+
+
+def test_stress_fills_match_the_stress_module():
+    from vitpe_core import stress
+    from vitpe_core.viewstate import FILLS
+    assert FILLS == stress.FILLS

@@ -4,9 +4,13 @@ A view is what a shared link reopens: the page, the checkpoint, the image (a gal
 `upload:<sha256>` for an upload kept in the server's `store.ImageStore`),
 the query patch `(r, c)` (row-major, docs/encodings.md), the layer, the head (`None` = mean
 over heads) and the training epoch whose recorded table the similarity page shows (`None` =
-the final weights; left out of links). `parse_view` turns a query string (as `st.query_params` or
-`urllib.parse.parse_qs` give it) into a valid `ViewState` plus one human-readable note for
-every value it had to replace by its default; `to_query` is its inverse:
+the final weights; left out of links), and the bias explorer's stress test and rollout: the
+shift `(dy, dx)` in pixels of the model's input, the input height (`None` = native), the fill,
+the rollout's source token and head fusion (each left out of links at its default: no shift,
+native size, zero fill, the query patch, mean; old links open as before). `parse_view` turns a
+query string (as `st.query_params` or `urllib.parse.parse_qs` give it) into a valid `ViewState`
+plus one human-readable note for every value it had to replace by its default; `to_query` is its
+inverse:
 
     view, notes = parse_view({"ckpt": "sape2+ape", "patch": "3,4"}, checkpoints=names,
                              images=gallery_ids(), grid=(8, 8), depth=6, heads=4)
@@ -21,6 +25,9 @@ Deliberate choices:
 * An upload id is accepted on its form alone (`upload:` and exactly 64 lowercase hex digits,
   `is_upload_id`); whether the store still holds it is the app's question, not the parser's.
   Nothing else from a link can name a file.
+* The stress and rollout values are checked against what the checkpoint offers
+  (`StressLimits`: its shift and size options, its prefix tokens); without limits only the
+  defaults are valid.
 """
 from __future__ import annotations
 
@@ -38,7 +45,23 @@ _INT = re.compile(r"[+-]?[0-9]{1,6}")
 UPLOAD_PREFIX = "upload:"
 _UPLOAD_ID = re.compile(r"upload:[0-9a-f]{64}")
 
+FILLS: tuple[str, ...] = ("zero", "reflect")         # vitpe_core.stress.FILLS (tests check they agree)
+FUSIONS: tuple[str, ...] = ("mean", "max")
+NATIVE_SIZE = "native"
+PATCH_SOURCE = "patch"
+
 Grid = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class StressLimits:
+    """What the bias explorer's stress test and rollout offer for one checkpoint: the shifts
+    in pixels (per axis), the input heights in pixels (the native one included), the native
+    height, and the rollout's sources (`patch` and the prefix tokens' names)."""
+    shifts: tuple[int, ...] = (0,)
+    heights: tuple[int, ...] = ()
+    native: int = 0
+    sources: tuple[str, ...] = (PATCH_SOURCE,)
 
 
 @dataclass(frozen=True)
@@ -50,6 +73,11 @@ class ViewState:
     layer: int = 0
     head: int | None = None             # None = mean over heads
     epoch: int | None = None            # recorded training epoch, None = final weights
+    shift: tuple[int, int] = (0, 0)     # stress test: (dy, dx) pixels of the model's input
+    size: int | None = None             # stress test: input height in pixels, None = native
+    fill: str = FILLS[0]                # stress test: what enters at the edge
+    rollout: str = PATCH_SOURCE         # rollout of the query patch or of a prefix token (CLS, ...)
+    fusion: str = FUSIONS[0]            # rollout's head fusion
 
     @property
     def head_label(self) -> str:
@@ -66,12 +94,13 @@ def default_view(*, checkpoints: Sequence[str], images: Sequence[str], grid: Gri
 
 def parse_view(params: Mapping[str, Any], *, checkpoints: Sequence[str], images: Sequence[str],
                grid: Grid = (8, 8), depth: int = 6, heads: int = 4,
-               epochs: Sequence[int] = ()) -> tuple[ViewState, list[str]]:
+               epochs: Sequence[int] = (), stress: StressLimits | None = None) -> tuple[ViewState, list[str]]:
     """Validate a query string. Returns the view (defaults where a value is missing or
     invalid) and a note for each invalid value. Never raises. `epochs`: the training epochs
-    the checkpoint recorded (an `epoch` must be one of them, or `final`)."""
+    the checkpoint recorded (an `epoch` must be one of them, or `final`); `stress`: the stress
+    test's and rollout's options (default: none but the defaults)."""
     try:
-        return _parse(params, checkpoints, images, grid, depth, heads, epochs)
+        return _parse(params, checkpoints, images, grid, depth, heads, epochs, stress)
     except Exception as e:  # a last guard: a malformed Mapping must not take the app down
         return default_view(checkpoints=_strings(checkpoints), images=_strings(images), grid=grid), [
             f"The link's parameters could not be read ({type(e).__name__}); showing the default view."]
@@ -81,7 +110,12 @@ def to_query(view: ViewState) -> dict[str, str]:
     """The query-string form of `view` (empty checkpoint / image and the final epoch are left out)."""
     q = {"page": view.page, "ckpt": view.ckpt, "image": view.image,
          "patch": f"{view.patch[0]},{view.patch[1]}", "layer": str(view.layer), "head": view.head_label,
-         "epoch": "" if view.epoch is None else str(view.epoch)}
+         "epoch": "" if view.epoch is None else str(view.epoch),
+         "shift": "" if tuple(view.shift) == (0, 0) else f"{view.shift[0]},{view.shift[1]}",
+         "size": "" if view.size is None else str(view.size),
+         "fill": "" if view.fill == FILLS[0] else view.fill,
+         "rollout": "" if view.rollout == PATCH_SOURCE else view.rollout,
+         "fusion": "" if view.fusion == FUSIONS[0] else view.fusion}
     return {k: v for k, v in q.items() if v != ""}
 
 
@@ -95,6 +129,7 @@ class _Limits:
     depth: int
     heads: int
     epochs: tuple[int, ...] = ()
+    stress: StressLimits = StressLimits()
 
 
 class _Invalid(ValueError):
@@ -176,6 +211,39 @@ def _epoch(value: str, lim: _Limits) -> int | None:
     return i
 
 
+def _shift(value: str, lim: _Limits) -> tuple[int, int]:
+    shift, offered = _parse_patch(value), lim.stress.shifts
+    if shift is None:
+        raise _Invalid("expected 'dy,dx' with two integers (pixels)")
+    if not all(d in offered for d in shift):
+        lo, hi = min(offered), max(offered)
+        step = min((b - a for a, b in zip(sorted(offered), sorted(offered)[1:])), default=1)
+        raise _Invalid(f"not a shift this model offers ({lo} to {hi} px in steps of {step} px)" if len(offered) > 1
+                       else "this model offers no shift")
+    return shift
+
+
+def _size(value: str, lim: _Limits) -> int | None:
+    if value.strip().lower() == NATIVE_SIZE:
+        return None
+    h = _parse_int(value)
+    if h is None:
+        raise _Invalid(f"expected '{NATIVE_SIZE}' or an input height in pixels")
+    if h not in lim.stress.heights:
+        raise _Invalid(f"not an input size this model offers (heights: {', '.join(map(str, lim.stress.heights))} px)"
+                       if lim.stress.heights else "this model offers no other input size")
+    return None if h == lim.stress.native else h
+
+
+def _choice(options: Callable[[_Limits], Sequence[str]]) -> Callable[[str, _Limits], str]:
+    def parse(value: str, lim: _Limits) -> str:
+        valid = list(options(lim))
+        if value not in valid:
+            raise _Invalid(f"valid: {', '.join(valid)}")
+        return value
+    return parse
+
+
 def _ranges(values: Sequence[int]) -> str:
     """`0-5, 7` for [0, 1, 2, 3, 4, 5, 7] (short, whatever the history's length)."""
     out, run = [], [values[0]]
@@ -207,7 +275,13 @@ _KEYS: dict[str, _Key] = {
     "layer": _Key(_layer, lambda lim: 0),
     "head": _Key(_head, lambda lim: None),
     "epoch": _Key(_epoch, lambda lim: None, blank_is_none=True),
+    "shift": _Key(_shift, lambda lim: (0, 0)),
+    "size": _Key(_size, lambda lim: None),
+    "fill": _Key(_choice(lambda lim: FILLS), lambda lim: FILLS[0]),
+    "rollout": _Key(_choice(lambda lim: lim.stress.sources), lambda lim: PATCH_SOURCE),
+    "fusion": _Key(_choice(lambda lim: FUSIONS), lambda lim: FUSIONS[0]),
 }
+STRESS_KEYS: tuple[str, ...] = ("shift", "size", "fill", "rollout", "fusion")
 KEYS: tuple[str, ...] = tuple(_KEYS)
 
 
@@ -215,9 +289,9 @@ def _defaults(lim: _Limits) -> ViewState:
     return ViewState(**{key: spec.default(lim) for key, spec in _KEYS.items()})
 
 
-def _parse(params, checkpoints, images, grid, depth, heads, epochs) -> tuple[ViewState, list[str]]:
+def _parse(params, checkpoints, images, grid, depth, heads, epochs, stress) -> tuple[ViewState, list[str]]:
     lim = _Limits(_strings(checkpoints), _strings(images), _safe_grid(grid), _positive(depth), _positive(heads),
-                  _epochs(epochs))
+                  _epochs(epochs), _stress(stress))
     base = _defaults(lim)
     raw = {k: _last(params, k) for k in KEYS}
     values: dict[str, Any] = {}
@@ -289,6 +363,17 @@ def _epochs(items: Any) -> tuple[int, ...]:
         return ()
 
 
+def _stress(limits: Any) -> StressLimits:
+    if not isinstance(limits, StressLimits):
+        return StressLimits()
+    try:
+        return StressLimits(tuple(int(s) for s in limits.shifts), tuple(int(h) for h in limits.heights),
+                            int(limits.native), (PATCH_SOURCE, *(s for s in limits.sources if isinstance(s, str)
+                                                                  and s != PATCH_SOURCE)))
+    except Exception:
+        return StressLimits()
+
+
 def _strings(items: Any) -> list[str]:
     try:
         return [s for s in items if isinstance(s, str)]
@@ -301,5 +386,9 @@ def _show(value: str) -> str:
     return repr(text)
 
 
+_DEFAULT_TEXT = {"epoch": FINAL_EPOCH, "shift": "0,0", "size": NATIVE_SIZE, "fill": FILLS[0], "rollout": PATCH_SOURCE,
+                 "fusion": FUSIONS[0]}
+
+
 def _default_text(view: ViewState, key: str) -> str:
-    return to_query(view).get(key, FINAL_EPOCH if key == "epoch" else "(none)")
+    return to_query(view).get(key, _DEFAULT_TEXT.get(key, "(none)"))
