@@ -298,3 +298,36 @@ def test_rollout_and_stress_on_a_model_with_several_prefix_tokens_and_a_wide_gri
     assert any("Grid 4×5" in m.value for m in at.markdown)
     assert _z(_chart(at, "bias_stress_attn_diff")["data"][1]).shape == (4, 5)
     assert float(_metrics(at)["Bias shift error (all layers and heads)"]) > 0
+
+
+def test_a_link_with_a_shift_reopens_the_stress_view(with_app_ckpts):
+    """The stress test's shift, size and fill and the rollout's source and fusion are in the share
+    link: opening it shows the same stress view; a tampered value falls back with a warning."""
+    link = {"page": "bias", "ckpt": "sape2+ape", "patch": "2,5", "image": "cifar10-test-0008", "shift": "0,4",
+            "fill": "reflect", "rollout": "CLS", "fusion": "max"}
+    at = _app(link)
+    assert not at.warning, [w.value for w in at.warning]
+    assert at.select_slider(key="bias_shift_x_32x32p4").value == 4 and at.radio(key="bias_fill").value == "reflect"
+    assert at.select_slider(key="bias_shift_y_32x32p4").value == 0
+    assert any("patch (2, 5) → (2, 6)" in m.value for m in at.markdown)          # one patch to the right
+    assert "Bias shift error (all layers and heads)" in _metrics(at) and _has(at, "bias_stress_bias_diff")
+    assert "Rollout of CLS, heads fused by max" in _chart(at, "bias_rollout")["layout"]["title"]["text"]
+    shared = at.code[0].value
+    assert all(f"{k}={v}" in shared for k, v in (("shift", "0,4"), ("fill", "reflect"), ("rollout", "CLS"),
+                                                  ("fusion", "max")))
+    at.select_slider(key="bias_size_32x32p4").set_value(40)                        # the controls write the view back
+    at.select_slider(key="bias_shift_y_32x32p4").set_value(-2)
+    _ok(at.run())
+    assert (at.query_params["shift"], at.query_params["size"]) == ("-2,4", "40")
+    assert "shift=-2,4" in at.code[0].value and "size=40" in at.code[0].value
+    for k in ("bias_shift_x_32x32p4", "bias_shift_y_32x32p4"):
+        at.select_slider(key=k).set_value(0)
+    at.select_slider(key="bias_size_32x32p4").set_value(32)
+    _ok(at.run())
+    assert not {"shift", "size"} & set(at.query_params) and not at.metric    # back to native: a plain link
+
+    bad = _app({**link, "shift": "0,99", "size": "33"})
+    notes = " ".join(w.value for w in bad.warning)
+    assert "Ignored shift=" in notes and "Ignored size=" in notes
+    assert not bad.metric and bad.select_slider(key="bias_shift_x_32x32p4").value == 0
+    assert bad.radio(key="bias_fill").value == "reflect"                            # the valid values are kept

@@ -8,6 +8,9 @@ and `vitpe_core.stress`, which compute everything shown.
   as it was without it.
 * The controls' keys carry the model's input geometry, so a checkpoint with another patch or
   input size starts from its own "no change" instead of an option it does not have.
+* The controls are bound to the view (`shift`, `size`, `fill`, `rollout`, `fusion` in
+  session_state and the share link, see `ui` and `viewstate`): a link reopens the same stress
+  view and rollout.
 """
 from __future__ import annotations
 
@@ -57,10 +60,12 @@ def rollout_section(page: str, ckpt, tr: analysis.Trace, name: str, key: str, di
     sources = positional.rollout_sources(tr.num_prefix, tr.prefix)
     a, b = st.columns(2)
     with a:
-        src = st.radio("Rollout of", sources, key=f"{page}_rollout_of_{tr.num_prefix}", horizontal=True,
+        src = ui.bound(st.radio, f"{page}_rollout_of_{tr.num_prefix}", "rollout", label="Rollout of", options=sources,
+                       horizontal=True,
                        format_func=lambda s: f"the query patch ({patch[0]}, {patch[1]})" if s == "patch" else s)
     with b:
-        fusion = st.radio("Head fusion", FUSIONS, key=f"{page}_rollout_fusion", horizontal=True)
+        fusion = ui.bound(st.radio, f"{page}_rollout_fusion", "fusion", label="Head fusion", options=FUSIONS,
+                          horizontal=True)
     token = tr.num_prefix + analysis.patch_index(patch, grid) if src == "patch" else sources.index(src) - 1
     m, prefix_share = positional.rollout_row(rollout(name, key, fusion, tr), grid, tr.num_prefix, token)
     what = f"patch ({patch[0]}, {patch[1]})" if src == "patch" else src
@@ -92,23 +97,30 @@ def transform_controls(page: str, cfg) -> stress.Transform:
     shifts, sizes = stress.shift_options(p), stress.size_options(native, p)
     geo = f"{native[0]}x{native[1]}p{p}"
     shift_text = lambda v: stress.shift_label(v, p)
+    ss = st.session_state
+
+    def shifted(axis: int, key: str) -> None:            # one widget per axis, one (dy, dx) in the view
+        d = list(ss["shift"])
+        d[axis] = int(ss[key])
+        ss["shift"] = (d[0], d[1])
+
     cols = st.columns([3, 3, 3, 2])
-    with cols[0]:
-        dx = st.select_slider("Shift right (−: left)", shifts, value=0, format_func=shift_text,
-                              key=f"{page}_shift_x_{geo}")
-    with cols[1]:
-        dy = st.select_slider("Shift down (−: up)", shifts, value=0, format_func=shift_text,
-                              key=f"{page}_shift_y_{geo}")
+    for axis, col, label in ((1, cols[0], "Shift right (−: left)"), (0, cols[1], "Shift down (−: up)")):
+        key = f"{page}_shift_{'yx'[axis]}_{geo}"
+        ui.show_in_widget(key, ss["shift"][axis])
+        with col:
+            st.select_slider(label, shifts, format_func=shift_text, key=key, on_change=shifted, args=(axis, key))
     by_height = {s[0]: s for s in sizes}              # one size per height (a select_slider reads a tuple as a range)
     with cols[2]:
-        height = st.select_slider("Input size", list(by_height), value=native[0], key=f"{page}_size_{geo}",
-                                  format_func=lambda h: f"{by_height[h][1]}×{h} px" + (" (native)" * (h == native[0])))
-    size = by_height[height]
+        height = ui.bound(st.select_slider, f"{page}_size_{geo}", "size", label="Input size", options=list(by_height),
+                          to_widget=lambda h: native[0] if h is None else h,
+                          from_widget=lambda h: None if h == native[0] else int(h),
+                          format_func=lambda h: f"{by_height[h][1]}×{h} px" + (" (native)" * (h == native[0])))
     with cols[3]:
-        fill = st.radio("Fill", stress.FILLS, key=f"{page}_fill", horizontal=True,
+        fill = ui.bound(st.radio, f"{page}_fill", "fill", label="Fill", options=stress.FILLS, horizontal=True,
                         help="What enters at the edge: zero (the mean colour after normalisation, as the "
                              "README's shift test) or a mirror image of the edge.")
-    return stress.Transform(size, (dy, dx), fill)
+    return stress.Transform(by_height[height], tuple(ss["shift"]), fill)
 
 
 def stress_section(page: str, ckpt, tr: analysis.Trace, name: str, key: str, custom, patch: tuple[int, int],

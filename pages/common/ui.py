@@ -51,12 +51,12 @@ from vitpe_core.checkpoint import CheckpointError
 from vitpe_core.gallery import gallery_caption, gallery_ids, gallery_image
 from vitpe_core.images import ALLOWED_FORMATS, ImageError, load_image_info
 from vitpe_core.inputs import preprocess_of
-from vitpe_core.viewstate import (FINAL_EPOCH, KEYS, MEAN_HEAD, PAGES, ViewState, is_upload_id, parse_view,
-                                  to_query)
+from vitpe_core.viewstate import (FINAL_EPOCH, KEYS, MEAN_HEAD, NATIVE_SIZE, PAGES, STRESS_KEYS, StressLimits,
+                                  ViewState, is_upload_id, parse_view, to_query)
 
 log = logging.getLogger(__name__)
 
-VIEW_KEYS = ("ckpt", "image", "patch", "layer", "head", "epoch")
+VIEW_KEYS = ("ckpt", "image", "patch", "layer", "head", "epoch", *STRESS_KEYS)
 SYNCED = "_vitpe_synced_query"
 UPLOAD = "_vitpe_upload"           # this session's uploaded image: {"name", "id" (upload:<sha256>), "notes"}
 UPLOAD_GEN = "_vitpe_upload_gen"   # bumped when the upload is set aside: the uploaders start empty
@@ -108,8 +108,10 @@ def _as_text(key: str, value: Any) -> Any:
     parse_view to refuse with a note)."""
     if key == "epoch" and value is None:
         return FINAL_EPOCH
-    if key == "patch" and isinstance(value, (tuple, list)) and len(value) == 2:
+    if key in ("patch", "shift") and isinstance(value, (tuple, list)) and len(value) == 2:
         return f"{value[0]},{value[1]}"
+    if key == "size" and value is None:
+        return NATIVE_SIZE
     if key == "head" and value is None:
         return MEAN_HEAD
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
@@ -138,6 +140,24 @@ def epochs_of(name: str) -> list[int]:
         return []
 
 
+def stress_limits_of(name: str) -> StressLimits:
+    """The stress test's and rollout's options for checkpoint `name` (shifts, input heights,
+    prefix tokens); only the defaults if there is none or it cannot be read."""
+    from vitpe_core import positional, stress
+
+    if not name:
+        return StressLimits()
+    try:
+        ckpt = cache.get_checkpoint(name)
+    except (CheckpointError, OSError):
+        return StressLimits()
+    cfg = ckpt.config
+    native = tuple(cfg.img_size)
+    return StressLimits(shifts=tuple(stress.shift_options(cfg.patch_size)),
+                        heights=tuple(h for h, _ in stress.size_options(native, cfg.patch_size)), native=native[0],
+                        sources=tuple(positional.rollout_sources(cfg.num_prefix, ckpt.model.prefix_names())))
+
+
 def history_navigation() -> bool:
     """Whether the browser's back / forward buttons started this run (then the URL holds the
     view to restore). Streamlit records it on the run's context; False where it cannot tell."""
@@ -150,7 +170,8 @@ def history_navigation() -> bool:
 
 def current_view(page: str, checkpoints: Sequence[str], *,
                  dims_for: Callable[[str], Dims | None] = dims_of,
-                 epochs_for: Callable[[str], Sequence[int]] = epochs_of) -> ViewState:
+                 epochs_for: Callable[[str], Sequence[int]] = epochs_of,
+                 stress_for: Callable[[str], StressLimits] = stress_limits_of) -> ViewState:
     """The validated view for this run (see the module docstring), committed to
     session_state and the URL; invalid values are reported with st.warning."""
     ss = st.session_state
@@ -168,7 +189,9 @@ def current_view(page: str, checkpoints: Sequence[str], *,
     if not from_url and ss.get("epoch") is not None and ss["epoch"] not in epochs:
         params.pop("epoch", None)            # another checkpoint, another history: quietly the final table
     view, notes = parse_view(params, checkpoints=checkpoints, images=images, grid=grid, depth=depth, heads=heads,
-                             epochs=epochs)
+                             epochs=epochs, stress=stress_for(first.ckpt))
+    if not from_url:   # another checkpoint, other shifts and sizes: the session's values quietly fall back
+        notes = [n for n in notes if not n.startswith(tuple(f"Ignored {k}=" for k in STRESS_KEYS))]
     if is_upload_id(view.image) and cache.stored_image(view.image) is None:
         notes.append(f"The uploaded image of this link ({view.image[7:19]}…) is not on this server: it was "
                      "never uploaded here, or removed to make room for newer uploads. Showing the sample image "
@@ -185,6 +208,8 @@ def commit(view: ViewState) -> None:
     ss = st.session_state
     ss["ckpt"], ss["image"], ss["patch"] = view.ckpt, view.image, tuple(view.patch)
     ss["layer"], ss["head"], ss["epoch"] = view.layer, view.head, view.epoch
+    ss["shift"], ss["size"], ss["fill"] = tuple(view.shift), view.size, view.fill
+    ss["rollout"], ss["fusion"] = view.rollout, view.fusion
     q = to_query(view)
     # Compared with what the app last wrote too: the URL this rerun carries may be stale, and
     # equal to the new view while the address bar already shows a later one.
@@ -218,7 +243,7 @@ def render_share(view: ViewState, *, upload_active: bool = False) -> None:
 
 
 # ----------------------------------------------------------------------------- controlled widgets
-def _show_in_widget(key: str, value: Any) -> None:
+def show_in_widget(key: str, value: Any) -> None:
     """Set widget `key` to `value` before it is drawn, only if it shows something else: writing
     an unchanged value would send it to the browser again and could undo a newer change
     made there while this run was under way."""
@@ -232,7 +257,7 @@ def bound(widget: Callable[..., Any], key: str, canon: str, *, to_widget: Callab
           **kwargs) -> Any:
     """Draw `widget(key=key)` showing `session_state[canon]`; a change writes it back (and
     calls `then`)."""
-    _show_in_widget(key, to_widget(st.session_state[canon]))
+    show_in_widget(key, to_widget(st.session_state[canon]))
 
     def changed() -> None:
         st.session_state[canon] = from_widget(st.session_state[key])
@@ -281,8 +306,8 @@ def patch_controls(prefix: str, grid: tuple[int, int]) -> tuple[int, int]:
         st.session_state["patch"] = (int(st.session_state[f"{prefix}_row"]), int(st.session_state[f"{prefix}_col"]))
 
     r, c = st.session_state["patch"]
-    _show_in_widget(f"{prefix}_row", int(r))
-    _show_in_widget(f"{prefix}_col", int(c))
+    show_in_widget(f"{prefix}_row", int(r))
+    show_in_widget(f"{prefix}_col", int(c))
     r_col.number_input("Row r", min_value=0, max_value=H - 1, step=1, key=f"{prefix}_row", on_change=changed)
     c_col.number_input("Column c", min_value=0, max_value=W - 1, step=1, key=f"{prefix}_col", on_change=changed)
     return st.session_state["patch"]
