@@ -513,13 +513,14 @@ async def _reload(s, base: str, spec: Spec, ckpt: str, grid: tuple[int, int], pa
 
 async def ws_user(base: str, spec: Spec, index: int, gate: "PhaseGate", *, think: tuple[float, float],
                   click_timeout: float, load_timeout: float, model_npz: bytes | None,
-                  click_phase: float) -> WsResult:
+                  click_phase: float, grids: dict[str, tuple[int, int]] | None = None) -> WsResult:
     """One visitor: opens a share link, then until the deadline draws actions (clicks, page
     views, image uploads, opening its share link in a new tab); session 0 also imports a model."""
     from benchmarks.st_client import open_session
 
     res = WsResult(spec=asdict(spec), index=index)
     rng = random.Random(spec.seed)
+    grids = grids or {spec.ckpt: spec.grid}
     page, patch, upload, n_up, ckpt, grid = "bias", spec.patch, None, 0, spec.ckpt, spec.grid
     s = None
     try:
@@ -570,8 +571,16 @@ async def ws_user(base: str, spec: Spec, index: int, gate: "PhaseGate", *, think
                 page = rng.choice([p for p in PAGES if p != page])
                 st = await s.run(page=page, timeout=click_timeout)
                 res.bytes += st.bytes
+                # a page may show another checkpoint than the session's (the similarity page needs
+                # a position table): the session's view is what its link now says
+                q = url_params(share_link_of(s) or "")
+                if q.get("ckpt") and q["ckpt"] != ckpt:
+                    ckpt = q["ckpt"]
+                    grid = grids.get(ckpt, MODEL_GRID if ckpt == f"{MODEL_NAME}-upload" else grid)
+                if q.get("patch"):
+                    patch = tuple(int(x) for x in q["patch"].split(","))
                 res.errors += check_page(s, res, owners=gate.owners, page=page,
-                                         upload=upload if page != "checkpoints" else None)
+                                         upload=upload if page == "bias" else None)
             elif action == "upload":
                 n_up += 1
                 name = f"load-s{index}-u{n_up}.png"
@@ -636,7 +645,7 @@ async def ws_user(base: str, spec: Spec, index: int, gate: "PhaseGate", *, think
         try:
             if page != "bias":
                 await s.run(page="bias", timeout=click_timeout)
-            while time.monotonic() < gate.phase_deadline:
+            while time.monotonic() < gate.phase_deadline or not res.phase_clicks:   # at least one each
                 H, W = grid
                 target = patch
                 while target == patch:
@@ -718,10 +727,11 @@ async def _run_ws(base: str, specs: list[Spec], browser_specs: list[Spec], secon
                   think: tuple[float, float], click_timeout: float, load_timeout: float, model_npz: bytes | None,
                   click_phase: float) -> tuple[list[WsResult], list[SessionResult], PhaseGate]:
     gate = PhaseGate(len(specs) + len(browser_specs), seconds, pid, click_phase)
+    grids = {s.ckpt: s.grid for s in specs}
 
     def user(i, spec):
         return ws_user(base, spec, i, gate, think=think, click_timeout=click_timeout, load_timeout=load_timeout,
-                       model_npz=model_npz, click_phase=click_phase)
+                       model_npz=model_npz, click_phase=click_phase, grids=grids)
 
     tasks = [asyncio.create_task(user(i, s)) for i, s in enumerate(specs)]
     btask = (asyncio.create_task(_browser_check(base, browser_specs, gate, click_timeout, load_timeout))
