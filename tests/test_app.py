@@ -551,7 +551,7 @@ def test_compare_page_colours_a_checkpoint_alike_in_both_charts_and_names_hooks_
 
 
 def test_download_buttons_say_what_they_hold(with_ckpts):
-    at = ok(run({"ckpt": "sape2+ape"}))
+    at = ok(run({"ckpt": "sape2+ape"}, HEATMAP))                                     # the bias map's downloads
     buttons = {b.proto.label: b.proto.help for b in at.get("download_button")}
     assert "CSV: shown map, normalised 0–1" in buttons
     assert "shape (2, 2, 8, 8)" in buttons["NPY: raw bias, all layers × heads"]

@@ -98,6 +98,17 @@ def test_shift_control_moves_the_maps_and_the_number(browser, shipped_url, tmp_p
     if target:
         shutil.copy(shot, REPO / target)
 
+    link = page.locator("[data-testid='stCode']").first.inner_text().strip()   # the sidebar's share link
+    assert lt.url_params(link)["shift"] == "0,4" and lt.url_params(page.url)["shift"] == "0,4"
+    other = browser.new_context(viewport={"width": 1700, "height": 1000}).new_page()   # another visitor
+    other.set_default_timeout(TIMEOUT_MS)
+    other.goto(link)
+    expect(other.get_by_text("patch (3, 4) → (3, 5)", exact=False)).to_be_visible()   # the same stress view
+    expect(other.locator(f".st-key-{KEY} input[type=range]")).to_have_attribute("aria-valuetext", "+4 px (1 patch)")
+    settle(other)
+    assert metric(other, ERROR) == first
+    expect(other.locator("[data-testid='stAlertContentWarning']")).to_have_count(0)        # no "Ignored ..." note
+
 
 def section_screenshot(page, path: Path) -> None:
     """From the "Attention rollout" heading to the end of the page, the main area only."""
