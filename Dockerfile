@@ -7,8 +7,8 @@
 #   docker run --rm -p 8501:8501 -v vitpe-uploads:/home/user/uploads vitpe   # shared uploads kept across restarts
 #
 # Not built here: this project's machine has no container engine that can run (podman installs, but
-# crun cannot start a container in its sandbox, and no registry is reachable). Every RUN and the CMD
-# were run instead, step by step, in a fresh Python 3.11 venv as uid 1000 (README, "Host a demo").
+# crun cannot start a container in its sandbox, and no registry is reachable). Its steps ran instead
+# in a fresh Python 3.11 venv, the CMD as uid 1000: bash deploy/check_dockerfile_steps.sh (README, "Host a demo").
 #
 # requirements.txt pins torch==2.13.0; from PyPI that is the large CUDA build on x86_64 Linux,
 # so torch is installed first from PyTorch's CPU index (2.13.0+cpu satisfies the `==2.13.0` pin:
