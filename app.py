@@ -9,6 +9,8 @@ A link `/?page=similarity&ckpt=ape&patch=3,4` opens that page with its query par
 """
 from __future__ import annotations
 
+import pandas  # noqa: F401  imported once, here: Plotly uses a half-imported pandas that another session's
+#                 page script is still importing (AttributeError: partially initialized module; load test)
 import streamlit as st   # `streamlit run app.py` puts this folder on sys.path: pages/ and vitpe_core import
 
 from pages.common import cache, status
