@@ -62,9 +62,22 @@ def save_small(png: Path, max_bytes: int = MAX_BYTES) -> int:
     return buf.tell()
 
 
+PICKER_KEY = {"bias": "bias_click", "similarity": "similarity_click", "compare": "compare_click"}
+
+
+def page_name(page) -> str:
+    return harness.url_params(page.url).get("page", "bias")
+
+
+def click(page, patch: tuple[int, int], grid: tuple[int, int]) -> None:
+    """Click `patch` on the bias explorer's patch picker (a Plotly chart: its plot area spans the image)."""
+    area = harness.picker_area(page, "bias_click")
+    area.click(position=harness.click_point(area.bounding_box(), patch, grid))
+
+
 def wait_ready(page, patch: tuple[int, int]) -> None:
     page.get_by_text(harness.patch_label(patch), exact=True).wait_for(timeout=TIMEOUT_MS)
-    page.frame_locator(harness.IMAGE_FRAME).locator("#image").wait_for(timeout=TIMEOUT_MS)
+    harness.picker_area(page, PICKER_KEY[page_name(page)]).wait_for(timeout=TIMEOUT_MS)
     harness.wait_script_run(page, TIMEOUT_MS / 1000)
     page.wait_for_timeout(1500)                                          # plotly finishes drawing
 
@@ -74,8 +87,7 @@ def shoot_bias(page, base: str, ckpt: str, grid: tuple[int, int], out: Path) -> 
     page.goto(harness.share_url(base, ckpt=ckpt, image="photo-chelsea", patch=(H // 2, W // 2), layer=0, head="mean"))
     wait_ready(page, (H // 2, W // 2))
     target = (max(0, H // 2 - 2), min(W - 1, W // 2 + 1))               # click a patch off the centre
-    image = page.frame_locator(harness.IMAGE_FRAME).locator("#image")
-    image.click(position=harness.click_point(image.bounding_box(), target, grid))
+    click(page, target, grid)
     wait_ready(page, target)
     harness.full_page_screenshot(page, out)
 
@@ -103,8 +115,7 @@ def shoot_own(page, base: str, ckpt: str, grid: tuple[int, int], out: Path) -> N
                                 head="mean"))
     wait_ready(page, (H // 2, W // 2))
     target = (3, W // 2 - 2)                                             # the astronaut's face
-    image = page.frame_locator(harness.IMAGE_FRAME).locator("#image")
-    image.click(position=harness.click_point(image.bounding_box(), target, grid))
+    click(page, target, grid)
     wait_ready(page, target)
     harness.full_page_screenshot(page, out)
 
