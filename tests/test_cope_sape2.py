@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import warnings
 
 import pytest
 import torch
@@ -211,11 +214,15 @@ def _with_grads(fn, tensors, grad_out_seed=0):
     return out.detach(), [t.grad for t in leaves]
 
 
+KERNEL = [pytest.param(True, id="cpp"), pytest.param(False, id="eager")]
+
+
+@pytest.mark.parametrize("use_kernel", KERNEL)
 @pytest.mark.parametrize("grid, P", [((2, 3), 1), ((3, 5), 0), ((4, 4), 2), ((1, 6), 1)])
 @pytest.mark.parametrize("readout", ["query", "key"])
-def test_sape2_attention_matches_naive_bias_attention(grid, P, readout):
+def test_sape2_attention_matches_naive_bias_attention(grid, P, readout, use_kernel):
     """The fused function (hand-written backward) against softmax(logits + naive bias) v, float64,
-    values and every gradient (q, k, v, e_x, e_y)."""
+    values and every gradient (q, k, v, e_x, e_y); the C++ kernel and the eager code."""
     H, W = grid
     q, k, e_x, e_y = _inputs((1, P + H * W), scale=1.5)
     v = torch.randn(q.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
@@ -225,7 +232,7 @@ def test_sape2_attention_matches_naive_bias_attention(grid, P, readout):
         return _attention_oracle(q, k, v, torch.nn.functional.pad(bias, (P, 0, P, 0)))
 
     def fused(q, k, v, e_x, e_y):
-        return sape2_attention(q, k, v, e_x, e_y, grid, readout, num_prefix=P)
+        return sape2_attention(q, k, v, e_x, e_y, grid, readout, num_prefix=P, use_kernel=use_kernel)
 
     want, want_g = _with_grads(oracle, (q, k, v, e_x, e_y))
     got, got_g = _with_grads(fused, (q, k, v, e_x, e_y))
@@ -234,13 +241,15 @@ def test_sape2_attention_matches_naive_bias_attention(grid, P, readout):
         torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-9)
 
 
+@pytest.mark.parametrize("use_kernel", KERNEL)
 @pytest.mark.parametrize("T", [5, 13, 40])
-def test_cope_attention_matches_naive_bias_attention(T):
+def test_cope_attention_matches_naive_bias_attention(T, use_kernel):
     g = torch.Generator().manual_seed(T)
     q, k, v = (torch.randn(2, 2, T, 8, generator=g, dtype=torch.float64) * 2 for _ in range(3))
     e = torch.randn(8, 5, generator=g, dtype=torch.float64)
     want, want_g = _with_grads(lambda q, k, v, e: _attention_oracle(q, k, v, naive_cope(q, k, e, 5)), (q, k, v, e))
-    got, got_g = _with_grads(lambda q, k, v, e: cope_attention(q, k, v, e, npos_max=5), (q, k, v, e))
+    got, got_g = _with_grads(lambda q, k, v, e: cope_attention(q, k, v, e, npos_max=5, use_kernel=use_kernel),
+                                 (q, k, v, e))
     torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
     for a, b in zip(got_g, want_g):
         torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-9)
@@ -278,3 +287,101 @@ def test_fused_attention_rejects_bad_shapes():
         sape2_attention(q, k, q, e_x[:, :5], e_y, (2, 3))
     with pytest.raises(ValueError, match="e must"):
         cope_attention(q, k, q, e_x[:, :5])
+
+
+# ----------------------------------------------------------------------------- C++ kernel vs eager
+from vitpe_core.encodings import _kernels  # noqa: E402
+from vitpe_core.encodings import functional  # noqa: E402
+
+needs_kernel = pytest.mark.skipif(os.environ.get("VITPE_NO_CPP", "") not in ("", "0") or shutil.which("c++") is None,
+                                  reason="C++ kernel disabled (VITPE_NO_CPP) or no compiler")
+
+
+@needs_kernel
+def test_kernel_builds_and_the_fused_functions_use_it(monkeypatch):
+    """With a compiler the kernel is built (once per process, cached on disk) and both fused
+    functions take it by default."""
+    assert _kernels.available()
+    used = []
+    real = functional._kernel_for
+    monkeypatch.setattr(functional, "_kernel_for", lambda *ts: used.append(real(*ts)) or used[-1])
+    q, k, e_x, e_y = _inputs((1, 7), d=8)
+    sape2_attention(q, k, q, e_x, e_y, (2, 3), num_prefix=1)
+    cope_attention(q, k, q, e_x)
+    assert len(used) == 2 and all(u is _kernels.kernels() for u in used)
+
+
+def _both(fn, tensors, seed=0):
+    """(values, grads) of `fn(*tensors, use_kernel=...)` with the kernel and with the eager code."""
+    return [_with_grads(lambda *ts: fn(*ts, use_kernel=u), tensors, seed) for u in (True, False)]
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-10), (torch.float32, 2e-5)])
+@pytest.mark.parametrize("grid, P, readout, npos_max, scale", [
+    ((8, 8), 1, "query", 10, 1.0), ((3, 7), 0, "key", 4, 2.5), ((5, 2), 2, "query", 3, 3.0), ((1, 9), 1, "key", 10, 1.0)])
+def test_sape2_kernel_matches_eager(grid, P, readout, npos_max, scale, dtype, tol):
+    """Values and every gradient, including capped positions (small npos_max, large logits)."""
+    H, W = grid
+    g = torch.Generator().manual_seed(H * 10 + W)
+    q, k, v = (torch.randn(3, 2, P + H * W, 8, generator=g, dtype=torch.float64).mul(scale).to(dtype) for _ in range(3))
+    e_x, e_y = (torch.randn(8, npos_max, generator=g, dtype=dtype) for _ in range(2))
+    (a, ga), (b, gb) = _both(lambda q, k, v, ex, ey, use_kernel: sape2_attention(
+        q, k, v, ex, ey, grid, readout, npos_max, num_prefix=P, use_kernel=use_kernel), (q, k, v, e_x, e_y))
+    torch.testing.assert_close(a, b, atol=tol, rtol=tol)
+    for x, y in zip(ga, gb):
+        torch.testing.assert_close(x, y, atol=10 * tol, rtol=10 * tol)
+
+
+@needs_kernel
+def test_sape2_kernel_coincident_descriptors():
+    """Identical tokens: every distance is 0, whose gradient is 0 (as torch.cdist's), finite."""
+    q = torch.ones(2, 2, 5, 8, dtype=torch.float64)
+    e = torch.randn(8, 10, dtype=torch.float64)
+    (a, ga), (b, gb) = _both(lambda q, k, v, e, use_kernel: sape2_attention(
+        q, k, v, e, e, (2, 2), num_prefix=1, use_kernel=use_kernel), (q, q, q, e))
+    torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+    for x, y in zip(ga, gb):
+        assert torch.isfinite(x).all()
+        torch.testing.assert_close(x, y, atol=1e-10, rtol=1e-10)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-10), (torch.float32, 2e-5)])
+@pytest.mark.parametrize("T, npos_max, scale", [(65, 10, 1.0), (17, 4, 3.0), (40, 64, 1.0)])
+def test_cope_kernel_matches_eager(T, npos_max, scale, dtype, tol):
+    g = torch.Generator().manual_seed(T)
+    q, k, v = (torch.randn(3, 2, T, 8, generator=g, dtype=torch.float64).mul(scale).to(dtype) for _ in range(3))
+    e = torch.randn(8, npos_max, generator=g, dtype=dtype)
+    (a, ga), (b, gb) = _both(lambda q, k, v, e, use_kernel: cope_attention(
+        q, k, v, e, npos_max, use_kernel=use_kernel), (q, k, v, e))
+    torch.testing.assert_close(a, b, atol=tol, rtol=tol)
+    for x, y in zip(ga, gb):
+        torch.testing.assert_close(x, y, atol=10 * tol, rtol=10 * tol)
+
+
+def test_no_cpp_env_forces_eager(monkeypatch):
+    """VITPE_NO_CPP=1: no kernel, no build, no warning; the eager code gives the naive result."""
+    monkeypatch.setenv("VITPE_NO_CPP", "1")
+    monkeypatch.setattr(_kernels, "_build", lambda: pytest.fail("must not build"))
+    assert _kernels.kernels() is None and functional._kernel_for(torch.zeros(1)) is None
+    test_sape2_attention_matches_naive_bias_attention((2, 3), 1, "query", True)
+    test_cope_attention_matches_naive_bias_attention(5, True)
+
+
+def test_failed_build_warns_once_and_runs_eager(monkeypatch):
+    """No compiler (the build raises): one warning naming the fix, then the eager path."""
+    monkeypatch.delenv("VITPE_NO_CPP", raising=False)
+    monkeypatch.setattr(_kernels, "_state", {})
+
+    def broken():
+        raise RuntimeError("Error building extension: c++: command not found")
+    monkeypatch.setattr(_kernels, "_build", broken)
+    with pytest.warns(UserWarning, match="eager PyTorch path is used.*g\\+\\+") as rec:
+        assert _kernels.kernels() is None
+    assert len(rec) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                       # warned once: not again
+        assert _kernels.kernels() is None
+        test_sape2_attention_matches_naive_bias_attention((2, 3), 1, "key", True)
+        test_cope_attention_matches_naive_bias_attention(5, True)

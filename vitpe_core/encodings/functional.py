@@ -32,6 +32,7 @@ import torch
 from einops import rearrange
 from torch import Tensor
 
+from . import _kernels
 from ._interp import check_npos_max, reverse_cumsum
 
 __all__ = ["sape2_attention", "cope_attention"]
@@ -51,6 +52,15 @@ def _softmax_backward_(grad_attn: Tensor, attn: Tensor) -> Tensor:
     if grad_attn.device.type == "cpu":
         return torch.ops.aten._softmax_backward_data.out(grad_attn, attn, -1, attn.dtype, grad_input=grad_attn)
     return torch._softmax_backward_data(grad_attn, attn, -1, attn.dtype)
+
+
+def _kernel_for(*ts: Tensor):
+    """The fused C++ CPU kernels (`_kernels.py`) when they apply to these tensors (CPU,
+    float32/float64) and are built, else None: the eager code below runs."""
+    if all(t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64) for t in ts) \
+            and len({t.dtype for t in ts}) == 1:
+        return _kernels.kernels()
+    return None
 
 
 def _consume(ctx) -> None:
@@ -155,11 +165,22 @@ class _SaPE2Attend(torch.autograd.Function):
     its `T x T` block); their gradient is added into the logits' gradient in place."""
 
     @staticmethod
-    def forward(ctx, q, k, v, e_x, e_y, grid, scale: float, num_prefix: int, npos_max: int, readout: str):
+    def forward(ctx, q, k, v, e_x, e_y, grid, scale: float, num_prefix: int, npos_max: int, readout: str,
+                kern=None):
         H, W = grid
         P, M = num_prefix, npos_max - 1
         q_s, k, v = q * scale, k.contiguous(), v.contiguous()                # each copied once, kept
         logits = torch.matmul(q_s, k.transpose(-1, -2))                       # (B, h, T, T)
+        ctx.kern = kern
+        if kern is not None:                                                  # fused C++ (_kernels.py)
+            r = (q if readout == "query" else k)[:, :, P:].contiguous()
+            z = (r @ _tables(e_x, e_y, r.dtype)).contiguous()                 # (B, h, N, 4(M+1))
+            lines = kern.sape2_fwd(logits, z, P, H, W, npos_max)             # distances added in place
+            attn = _softmax_(logits)
+            del logits
+            ctx.save_for_backward(q_s, k, v, attn, e_x, e_y, r, z, *lines)
+            ctx.args = grid, scale, P, npos_max, readout
+            return torch.matmul(attn, v)
         row, col = (t.contiguous() for t in _lines(logits, grid, P))          # (B,h,H,W,W), (B,h,W,H,H)
         r = (q if readout == "query" else k)[:, :, P:].contiguous()           # (B, h, N, d): once, kept
         z = r @ _tables(e_x, e_y, r.dtype)                                    # (B, h, N, 4(M+1))
@@ -181,6 +202,8 @@ class _SaPE2Attend(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         _consume(ctx)
+        if ctx.kern is not None:
+            return _SaPE2Attend._backward_kernel(ctx, grad_out)
         q_s, k, v, attn, e_x, e_y, r, s_x, s_y, inv_x, inv_y, *saved = ctx.saved_tensors
         (H, W), scale, P, npos_max, readout = ctx.args
         M = npos_max - 1
@@ -207,12 +230,32 @@ class _SaPE2Attend(torch.autograd.Function):
         grad_k = torch.matmul(grad_logits.transpose(-1, -2), q_s)             # logits = q_s·kᵀ
         (grad_q if readout == "query" else grad_k)[:, :, P:] += grad_r
         return (grad_q, grad_k, grad_v, grad_ex.to(e_x.dtype), grad_ey.to(e_y.dtype),
-                None, None, None, None, None)
+                None, None, None, None, None, None)
+
+    @staticmethod
+    def _backward_kernel(ctx, grad_out):
+        """The backward with the fused C++ kernel: distance and line gradients in one pass per
+        (batch, head), the gates' gradient added into the logits' gradient in place."""
+        q_s, k, v, attn, e_x, e_y, r, z, *lines = ctx.saved_tensors
+        (H, W), scale, P, npos_max, readout = ctx.args
+        grad_out = grad_out.contiguous()
+        grad_v = torch.matmul(attn.transpose(-1, -2), grad_out)
+        grad_logits = _softmax_backward_(torch.matmul(grad_out, v.transpose(-1, -2)), attn).contiguous()
+        del attn
+        grad_z = ctx.kern.sape2_bwd(grad_logits, z, *lines, P, H, W, npos_max)   # (B, h, N, 4(M+1))
+        grad_r = grad_z @ _tables(e_x, e_y, r.dtype).transpose(0, 1)          # (B, h, N, d)
+        grad_tables = r.view(-1, r.shape[-1]).transpose(0, 1) @ grad_z.view(-1, grad_z.shape[-1])
+        grad_ex, grad_ey = _tables_grad(grad_tables, npos_max)
+        grad_q = torch.matmul(grad_logits, k).mul_(scale)
+        grad_k = torch.matmul(grad_logits.transpose(-1, -2), q_s)
+        (grad_q if readout == "query" else grad_k)[:, :, P:] += grad_r
+        return (grad_q, grad_k, grad_v, grad_ex.to(e_x.dtype), grad_ey.to(e_y.dtype),
+                None, None, None, None, None, None)
 
 
 def sape2_attention(q: Tensor, k: Tensor, v: Tensor, e_x: Tensor, e_y: Tensor, grid: tuple[int, int],
                     readout: str = "query", npos_max: int = 10, *, num_prefix: int = 0,
-                    scale: float | None = None) -> Tensor:
+                    scale: float | None = None, use_kernel: bool = True) -> Tensor:
     """Attention with the SaPE² bias, `(B, h, T, dv)`.
 
     `q, k: (B, h, T, d)`, `v: (B, h, T, dv)` with `T = num_prefix + H·W` (prefix tokens first,
@@ -220,6 +263,8 @@ def sape2_attention(q: Tensor, k: Tensor, v: Tensor, e_x: Tensor, e_y: Tensor, g
     zero bias), `e_x, e_y: (d, npos_max)`. `scale` defaults to `d^-1/2`; the gates are
     `σ(q·k·scale)` with the same scale. Equal (to rounding) to
     `softmax(q·kᵀ·scale + sape2_bias(q_p, k_p, e_x, e_y, grid, num_prefix=P)) @ v`.
+    On CPU (float32/64) the fused C++ kernel of `_kernels.py` runs unless `use_kernel=False`,
+    `VITPE_NO_CPP=1` or it could not be built; the eager code gives the same to rounding.
     """
     H, W = grid
     B, h, T, d = q.shape
@@ -233,7 +278,8 @@ def sape2_attention(q: Tensor, k: Tensor, v: Tensor, e_x: Tensor, e_y: Tensor, g
         if e.shape != (d, npos_max):
             raise ValueError(f"{name} must have shape (d, npos_max) = {(d, npos_max)}, got {tuple(e.shape)}")
     scale = d ** -0.5 if scale is None else scale
-    return _SaPE2Attend.apply(q, k, v, e_x, e_y, (H, W), scale, P, npos_max, readout)
+    kern = _kernel_for(q, k, v) if use_kernel else None
+    return _SaPE2Attend.apply(q, k, v, e_x, e_y, (H, W), scale, P, npos_max, readout, kern)
 
 
 # ----------------------------------------------------------------------------- CoPE
@@ -242,10 +288,19 @@ class _CoPEAttend(torch.autograd.Function):
     Inputs `k_r, v_r` are the flipped keys and values; `z = q·e: (B, h, T, M+1)`."""
 
     @staticmethod
-    def forward(ctx, q, k_r, v_r, z, scale: float, npos_max: int):
+    def forward(ctx, q, k_r, v_r, z, scale: float, npos_max: int, kern=None):
         M = npos_max - 1
         q_s = q * scale                                                       # (B, h, T, d), kept
         logits = torch.matmul(q_s, k_r.transpose(-1, -2))                    # (B, h, T, T) reversed keys
+        ctx.kern, ctx.scale, ctx.npos_max = kern, scale, npos_max
+        if kern is not None:                                                  # fused C++ (_kernels.py)
+            z = z.contiguous()
+            gates = torch.sigmoid(logits)
+            kern.cope_fwd(logits, gates, z, npos_max)                         # bias added in place
+            attn = _softmax_(logits)
+            del logits
+            ctx.save_for_backward(q_s, k_r, v_r, attn, gates, z)
+            return torch.matmul(attn, v_r)
         gates = torch.sigmoid(logits)
         frac = gates.cumsum(-1).clamp_max_(M)                                 # positions Σ_{t >= j} g_it
         buf = frac.floor()
@@ -263,9 +318,18 @@ class _CoPEAttend(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        q_s, k_r, v_r, attn, gates, frac, lo, step_lo = ctx.saved_tensors
         scale, npos_max = ctx.scale, ctx.npos_max
         grad_out = grad_out.contiguous()
+        if ctx.kern is not None:
+            q_s, k_r, v_r, attn, gates, z = ctx.saved_tensors
+            grad_v = torch.matmul(attn.transpose(-1, -2), grad_out)
+            grad_logits = _softmax_backward_(torch.matmul(grad_out, v_r.transpose(-1, -2)), attn).contiguous()
+            del attn
+            grad_z = ctx.kern.cope_bwd(grad_logits, z, gates, npos_max)       # gates' gradient added in place
+            grad_q = torch.matmul(grad_logits, k_r).mul_(scale)
+            grad_k = torch.matmul(grad_logits.transpose(-1, -2), q_s)
+            return grad_q, grad_k, grad_v, grad_z, None, None, None
+        q_s, k_r, v_r, attn, gates, frac, lo, step_lo = ctx.saved_tensors
         grad_v = torch.matmul(attn.transpose(-1, -2), grad_out)
         grad_logits = _softmax_backward_(torch.matmul(grad_out, v_r.transpose(-1, -2)), attn)  # = ∂/∂bias
         del attn
@@ -282,19 +346,21 @@ class _CoPEAttend(torch.autograd.Function):
         grad_logits += torch.ops.aten.sigmoid_backward.grad_input(grad_gates, gates, grad_input=grad_gates)
         grad_q = torch.matmul(grad_logits, k_r).mul_(scale)
         grad_k = torch.matmul(grad_logits.transpose(-1, -2), q_s)
-        return grad_q, grad_k, grad_v, grad_z, None, None
+        return grad_q, grad_k, grad_v, grad_z, None, None, None
 
 
 def cope_attention(q: Tensor, k: Tensor, v: Tensor, e: Tensor, npos_max: int = 10, *,
-                   scale: float | None = None) -> Tensor:
+                   scale: float | None = None, use_kernel: bool = True) -> Tensor:
     """Non-causal CoPE attention over all T tokens, `(B, h, T, dv)`: equal (to rounding) to
     `softmax(q·kᵀ·scale + cope_bias(q, k, e)) @ v`. `q, k: (B, h, T, d)`, `v: (B, h, T, dv)`,
-    `e: (d, npos_max)`; `scale` defaults to `d^-1/2` (gates `σ(q·k·scale)` with the same)."""
+    `e: (d, npos_max)`; `scale` defaults to `d^-1/2` (gates `σ(q·k·scale)` with the same).
+    On CPU (float32/64) the fused C++ kernel runs unless `use_kernel=False` (as `sape2_attention`)."""
     d = q.shape[-1]
     check_npos_max(npos_max)
     if e.shape != (d, npos_max):
         raise ValueError(f"e must have shape (d, npos_max) = {(d, npos_max)}, got {tuple(e.shape)}")
     scale = d ** -0.5 if scale is None else scale
     z = q @ e.to(q.dtype)                                                     # (B, h, T, M+1)
-    out = _CoPEAttend.apply(q, k.flip(2), v.flip(2), z, scale, npos_max)
+    kern = _kernel_for(q, k, v) if use_kernel else None
+    out = _CoPEAttend.apply(q, k.flip(2), v.flip(2), z, scale, npos_max, kern)
     return out

@@ -1,0 +1,367 @@
+"""Fused C++ CPU kernels for the hot part of `sape2_attention` / `cope_attention`.
+
+Built once with `torch.utils.cpp_extension.load_inline` on first use (cached under torch's
+extension dir, `~/.cache/torch_extensions` by default; torch's file lock serialises concurrent
+builds) and used for CPU float32/float64 tensors. What they fuse, per (batch, head) and with
+every `N x N` intermediate kept in cache instead of written to memory:
+* SaPE² forward: gates of every row and column line read from the logits, their reverse
+  cumulative sums, the read-out interpolation (the descriptors `s_x, s_y`), and the Euclidean
+  distances of the descriptors added into the logits. Only the descriptors and the line
+  gates are kept (`(B, h, N, W + H)` values), not the eager path's two `N x N` `1/distance`
+  buffers; the backward recomputes the distances.
+* SaPE² backward: the distance gradient (from the logits' gradient), the line backward
+  (read-out gradient, gate cumsum, `σ′`), the gate gradient added into the logits' gradient.
+* CoPE forward / backward: (gates from ATen's sigmoid) cumsum, interpolation, bias added into the logits; backward
+  scatter into the read-outs' gradient, suffix sum, `σ′`, added into the logits' gradient.
+  Only the gates are kept (the eager path keeps four `T x T` tensors).
+
+No compiler, a failed build, or `VITPE_NO_CPP=1`: `kernels()` returns None (one warning when a
+build was tried and failed) and functional.py runs its eager code, which the kernels match to
+rounding (tests/test_cope_sape2.py runs both). The loops are plain C++ for the compiler to
+vectorise (`-O3`, no `-march`), parallel over (batch, head) with `at::parallel_for` (torch's
+thread count).
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+import warnings
+
+__all__ = ["kernels", "available", "build_seconds"]
+
+_SOURCE = r"""
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <cmath>
+#include <vector>
+#include <algorithm>
+
+namespace {
+
+template <typename T> __attribute__((always_inline)) inline T sigm(T x) { return T(1) / (T(1) + std::exp(-x)); }
+
+// One line of gates (A logits, `stride` apart) -> gates g[a] and descriptor
+// desc[a] = z[lo] + f * zs[lo], pos[a] = min(sum_{b >= a} g[b], M), lo = floor pos, f = pos - lo.
+template <typename T>
+__attribute__((always_inline)) inline void line_fwd(const T* lg, int64_t stride, int64_t A, const T* z, const T* zs, int64_t M,
+                     T* g, T* desc) {
+  for (int64_t a = 0; a < A; ++a) g[a] = sigm(lg[a * stride]);
+  T p = 0;
+  for (int64_t a = A - 1; a >= 0; --a) {
+    p += g[a];
+    T pos = std::min(p, T(M));
+    int64_t l = (int64_t)pos;                   // pos >= 0: truncation is floor (no libcall on SSE2)
+    T lo = T(l);
+    desc[a] = z[l] + zs[l] * (pos - lo);
+  }
+}
+
+// Backward of line_fwd: gd = d desc -> adds into gz / gzs (read-outs, steps), returns the
+// gate logits' gradient in gl.
+template <typename T>
+__attribute__((always_inline)) inline void line_bwd(const T* g, const T* gd, int64_t A, const T* zs, int64_t M, T* gz, T* gzs, T* gl) {
+  T p = 0;
+  for (int64_t a = A - 1; a >= 0; --a) {       // recompute lo, f exactly as the forward
+    p += g[a];
+    T pos = std::min(p, T(M));
+    int64_t l = (int64_t)pos;                   // pos >= 0: truncation is floor (no libcall on SSE2)
+    T lo = T(l);
+    gz[l] += gd[a];
+    gzs[l] += gd[a] * (pos - lo);
+    gl[a] = gd[a] * zs[l];                      // d pos[a]
+  }
+  T c = 0;                                      // pos = reverse cumsum: its adjoint is a cumsum
+  for (int64_t a = 0; a < A; ++a) {
+    c += gl[a];
+    gl[a] = c * g[a] * (T(1) - g[a]);
+  }
+}
+
+// Squared distances of row i of s (N x m, given transposed: sT m x N) to every row: d2[N].
+template <typename T>
+__attribute__((always_inline)) inline void sqdist(const T* sT, const T* si, int64_t N, int64_t m, T* d2) {
+  for (int64_t n = 0; n < N; ++n) d2[n] = 0;
+  for (int64_t k = 0; k < m; ++k) {
+    const T a = si[k];
+    const T* row = sT + k * N;
+    for (int64_t n = 0; n < N; ++n) { T d = a - row[n]; d2[n] += d * d; }
+  }
+}
+
+// Gradient of sum_n gr[n] * |s_i - s_n| into gi (m) and gT (m x N, transposed), d2 given.
+template <typename T>
+__attribute__((always_inline)) inline void dist_bwd(const T* sT, const T* si, const T* gr, T* d2w, int64_t N, int64_t m, T* gi, T* gT) {
+  for (int64_t n = 0; n < N; ++n) {            // 1/distance, 0 at 0 (torch.cdist's gradient there)
+    T d = std::sqrt(d2w[n]);
+    d2w[n] = gr[n] * (d > T(0) ? T(1) / d : T(0));
+  }
+  for (int64_t k = 0; k < m; ++k) {
+    const T a = si[k];
+    const T* row = sT + k * N;
+    T* grow = gT + k * N;
+    T acc = 0;
+#pragma omp simd reduction(+:acc)
+    for (int64_t n = 0; n < N; ++n) {
+      T t = d2w[n] * (a - row[n]);
+      acc += t;
+      grow[n] -= t;
+    }
+    gi[k] += acc;
+  }
+}
+
+template <typename T>
+__attribute__((always_inline)) inline void transpose(const T* s, int64_t N, int64_t m, T* sT) {
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < m; ++k) sT[k * N + n] = s[n * m + k];
+}
+
+#define HOT __attribute__((target_clones("avx2", "default")))
+#define INL __attribute__((always_inline)) inline
+
+template <typename T>
+INL void sape2_fwd_range(T* logits, const T* z, T* sx, T* sy, T* gx, T* gy, int64_t BH, int64_t Tt, int64_t P, int64_t H, int64_t W, int64_t np, int64_t b0, int64_t b1) {
+  const int64_t N = H * W, M = np - 1, Z = 4 * np;
+      std::vector<T> sxT(N * W), syT(N * H), d2x(N), d2y(N);
+    for (int64_t b = b0; b < b1; ++b) {
+      T* L = logits + b * Tt * Tt + P * Tt + P;          // patch block, row stride Tt
+      const T* zb = z + b * N * Z;
+      T* sxb = sx + b * N * W; T* syb = sy + b * N * H;
+      T* gxb = gx + b * N * W; T* gyb = gy + b * N * H;
+      for (int64_t y = 0; y < H; ++y)
+        for (int64_t x = 0; x < W; ++x) {
+          const int64_t n = y * W + x;
+          const T* zn = zb + n * Z;
+          line_fwd(L + n * Tt + y * W, 1, W, zn, zn + np, M, gxb + n * W, sxb + n * W);
+          line_fwd(L + n * Tt + x, W, H, zn + 2 * np, zn + 3 * np, M, gyb + n * H, syb + n * H);
+        }
+      transpose(sxb, N, W, sxT.data());
+      transpose(syb, N, H, syT.data());
+      for (int64_t i = 0; i < N; ++i) {
+        sqdist(sxT.data(), sxb + i * W, N, W, d2x.data());
+        sqdist(syT.data(), syb + i * H, N, H, d2y.data());
+        T* row = L + i * Tt;
+        for (int64_t n = 0; n < N; ++n) row[n] += std::sqrt(d2x[n]) + std::sqrt(d2y[n]);
+      }
+    }
+}
+HOT void sape2_fwd_one(float* logits, const float* z, float* sx, float* sy, float* gx, float* gy, int64_t BH, int64_t Tt, int64_t P, int64_t H, int64_t W, int64_t np, int64_t b0, int64_t b1) { sape2_fwd_range<float>(logits, z, sx, sy, gx, gy, BH, Tt, P, H, W, np, b0, b1); }
+HOT void sape2_fwd_one(double* logits, const double* z, double* sx, double* sy, double* gx, double* gy, int64_t BH, int64_t Tt, int64_t P, int64_t H, int64_t W, int64_t np, int64_t b0, int64_t b1) { sape2_fwd_range<double>(logits, z, sx, sy, gx, gy, BH, Tt, P, H, W, np, b0, b1); }
+template <typename T>
+void sape2_fwd_impl(T* logits, const T* z, T* sx, T* sy, T* gx, T* gy, int64_t BH, int64_t Tt, int64_t P, int64_t H, int64_t W, int64_t np) {
+  at::parallel_for(0, BH, 1, [&](int64_t b0, int64_t b1) { sape2_fwd_one(logits, z, sx, sy, gx, gy, BH, Tt, P, H, W, np, b0, b1); });
+}
+
+template <typename T>
+INL void sape2_bwd_range(T* gl, const T* z, const T* sx, const T* sy, const T* gx, const T* gy, T* gz, int64_t BH, int64_t Tt, int64_t P, int64_t H, int64_t W, int64_t np, int64_t b0, int64_t b1) {
+  const int64_t N = H * W, M = np - 1, Z = 4 * np;
+      std::vector<T> sxT(N * W), syT(N * H), d2(N), gsx(N * W), gsy(N * H), gxT(N * W), gyT(N * H),
+        gline(std::max(H, W));
+    for (int64_t b = b0; b < b1; ++b) {
+      T* G = gl + b * Tt * Tt + P * Tt + P;
+      const T* zb = z + b * N * Z;
+      T* gzb = gz + b * N * Z;
+      const T* sxb = sx + b * N * W; const T* syb = sy + b * N * H;
+      const T* gxb = gx + b * N * W; const T* gyb = gy + b * N * H;
+      transpose(sxb, N, W, sxT.data());
+      transpose(syb, N, H, syT.data());
+      std::fill(gsx.begin(), gsx.end(), T(0)); std::fill(gsy.begin(), gsy.end(), T(0));
+      std::fill(gxT.begin(), gxT.end(), T(0)); std::fill(gyT.begin(), gyT.end(), T(0));
+      for (int64_t i = 0; i < N; ++i) {                   // distances' gradient (G = the bias's)
+        const T* row = G + i * Tt;
+        sqdist(sxT.data(), sxb + i * W, N, W, d2.data());
+        dist_bwd(sxT.data(), sxb + i * W, row, d2.data(), N, W, gsx.data() + i * W, gxT.data());
+        sqdist(syT.data(), syb + i * H, N, H, d2.data());
+        dist_bwd(syT.data(), syb + i * H, row, d2.data(), N, H, gsy.data() + i * H, gyT.data());
+      }
+      for (int64_t n = 0; n < N; ++n) {
+        for (int64_t k = 0; k < W; ++k) gsx[n * W + k] += gxT[k * N + n];
+        for (int64_t k = 0; k < H; ++k) gsy[n * H + k] += gyT[k * N + n];
+      }
+      for (int64_t y = 0; y < H; ++y)                      // lines; gates' gradient into G
+        for (int64_t x = 0; x < W; ++x) {
+          const int64_t n = y * W + x;
+          const T* zn = zb + n * Z;
+          T* gzn = gzb + n * Z;
+          T* Gr = G + n * Tt;
+          line_bwd(gxb + n * W, gsx.data() + n * W, W, zn + np, M, gzn, gzn + np, gline.data());
+          for (int64_t u = 0; u < W; ++u) Gr[y * W + u] += gline[u];
+          line_bwd(gyb + n * H, gsy.data() + n * H, H, zn + 3 * np, M, gzn + 2 * np, gzn + 3 * np, gline.data());
+          for (int64_t v = 0; v < H; ++v) Gr[v * W + x] += gline[v];
+        }
+    }
+}
+HOT void sape2_bwd_one(float* gl, const float* z, const float* sx, const float* sy, const float* gx, const float* gy, float* gz, int64_t BH, int64_t Tt, int64_t P, int64_t H, int64_t W, int64_t np, int64_t b0, int64_t b1) { sape2_bwd_range<float>(gl, z, sx, sy, gx, gy, gz, BH, Tt, P, H, W, np, b0, b1); }
+HOT void sape2_bwd_one(double* gl, const double* z, const double* sx, const double* sy, const double* gx, const double* gy, double* gz, int64_t BH, int64_t Tt, int64_t P, int64_t H, int64_t W, int64_t np, int64_t b0, int64_t b1) { sape2_bwd_range<double>(gl, z, sx, sy, gx, gy, gz, BH, Tt, P, H, W, np, b0, b1); }
+template <typename T>
+void sape2_bwd_impl(T* gl, const T* z, const T* sx, const T* sy, const T* gx, const T* gy, T* gz, int64_t BH, int64_t Tt, int64_t P, int64_t H, int64_t W, int64_t np) {
+  at::parallel_for(0, BH, 1, [&](int64_t b0, int64_t b1) { sape2_bwd_one(gl, z, sx, sy, gx, gy, gz, BH, Tt, P, H, W, np, b0, b1); });
+}
+
+// CoPE, reversed key order: per row, pos = cumsum of gates (capped at M), bias z[lo] + f zs[lo].
+template <typename T>
+INL void cope_fwd_range(T* logits, const T* z, const T* gates, int64_t BH, int64_t Tt, int64_t np, int64_t r0, int64_t r1) {
+  const int64_t M = np - 1;
+      std::vector<T> zs(np);
+    for (int64_t r = r0; r < r1; ++r) {
+      T* l = logits + r * Tt;
+      const T* g = gates + r * Tt;
+      const T* zr = z + r * np;
+      for (int64_t t = 0; t < M; ++t) zs[t] = zr[t + 1] - zr[t];
+      zs[M] = 0;
+      T p = 0;
+      for (int64_t j = 0; j < Tt; ++j) {
+        p += g[j];
+        T pos = std::min(p, T(M));
+        int64_t i = (int64_t)pos;
+        T lo = T(i);
+        l[j] = (l[j] + zr[i]) + zs[i] * (pos - lo);
+      }
+    }
+}
+HOT void cope_fwd_one(float* logits, const float* z, const float* gates, int64_t BH, int64_t Tt, int64_t np, int64_t r0, int64_t r1) { cope_fwd_range<float>(logits, z, gates, BH, Tt, np, r0, r1); }
+HOT void cope_fwd_one(double* logits, const double* z, const double* gates, int64_t BH, int64_t Tt, int64_t np, int64_t r0, int64_t r1) { cope_fwd_range<double>(logits, z, gates, BH, Tt, np, r0, r1); }
+template <typename T>
+void cope_fwd_impl(T* logits, const T* z, const T* gates, int64_t BH, int64_t Tt, int64_t np) {
+  at::parallel_for(0, BH * Tt, 16, [&](int64_t r0, int64_t r1) { cope_fwd_one(logits, z, gates, BH, Tt, np, r0, r1); });
+}
+
+template <typename T>
+INL void cope_bwd_range(T* gl, const T* z, const T* gates, T* gz, int64_t BH, int64_t Tt, int64_t np, int64_t r0, int64_t r1) {
+  const int64_t M = np - 1;
+      std::vector<T> zs(np), gzs(np), dp(Tt);
+    for (int64_t r = r0; r < r1; ++r) {
+      T* G = gl + r * Tt;
+      const T* g = gates + r * Tt;
+      const T* zr = z + r * np;
+      T* gzr = gz + r * np;
+      for (int64_t t = 0; t < M; ++t) zs[t] = zr[t + 1] - zr[t];
+      zs[M] = 0;
+      std::fill(gzs.begin(), gzs.end(), T(0));
+      T p = 0;
+      for (int64_t j = 0; j < Tt; ++j) {
+        p += g[j];
+        T pos = std::min(p, T(M));
+        int64_t i = (int64_t)pos;
+        T lo = T(i);
+        gzr[i] += G[j];
+        gzs[i] += G[j] * (pos - lo);
+        dp[j] = G[j] * zs[i];
+      }
+      for (int64_t t = 0; t < M; ++t) { gzr[t + 1] += gzs[t]; gzr[t] -= gzs[t]; }
+      T c = 0;                                   // positions are a cumsum: adjoint a suffix sum
+      for (int64_t j = Tt - 1; j >= 0; --j) {
+        c += dp[j];
+        G[j] += c * g[j] * (T(1) - g[j]);
+      }
+    }
+}
+HOT void cope_bwd_one(float* gl, const float* z, const float* gates, float* gz, int64_t BH, int64_t Tt, int64_t np, int64_t r0, int64_t r1) { cope_bwd_range<float>(gl, z, gates, gz, BH, Tt, np, r0, r1); }
+HOT void cope_bwd_one(double* gl, const double* z, const double* gates, double* gz, int64_t BH, int64_t Tt, int64_t np, int64_t r0, int64_t r1) { cope_bwd_range<double>(gl, z, gates, gz, BH, Tt, np, r0, r1); }
+template <typename T>
+void cope_bwd_impl(T* gl, const T* z, const T* gates, T* gz, int64_t BH, int64_t Tt, int64_t np) {
+  at::parallel_for(0, BH * Tt, 16, [&](int64_t r0, int64_t r1) { cope_bwd_one(gl, z, gates, gz, BH, Tt, np, r0, r1); });
+}
+
+void check(const torch::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(), name, " must be a contiguous CPU tensor");
+}
+
+}  // namespace
+
+// logits (B, h, T, T) is changed in place; returns s_x (B,h,N,W), s_y (B,h,N,H), gates alike.
+std::vector<torch::Tensor> sape2_fwd(torch::Tensor logits, torch::Tensor z, int64_t P, int64_t H, int64_t W,
+                                     int64_t np) {
+  check(logits, "logits"); check(z, "z");
+  TORCH_CHECK(z.scalar_type() == logits.scalar_type(), "dtype mismatch");
+  const int64_t B = logits.size(0), h = logits.size(1), Tt = logits.size(2), N = H * W;
+  TORCH_CHECK(Tt == P + N && z.size(2) == N && z.size(3) == 4 * np, "shape mismatch");
+  auto o = logits.options();
+  auto sx = torch::empty({B, h, N, W}, o), sy = torch::empty({B, h, N, H}, o);
+  auto gx = torch::empty({B, h, N, W}, o), gy = torch::empty({B, h, N, H}, o);
+  AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "sape2_fwd", [&] {
+    sape2_fwd_impl<scalar_t>(logits.data_ptr<scalar_t>(), z.data_ptr<scalar_t>(), sx.data_ptr<scalar_t>(),
+                             sy.data_ptr<scalar_t>(), gx.data_ptr<scalar_t>(), gy.data_ptr<scalar_t>(),
+                             B * h, Tt, P, H, W, np);
+  });
+  return {sx, sy, gx, gy};
+}
+
+// grad_logits (B, h, T, T) gets the gates' gradient added in place; returns grad z (B,h,N,4np).
+torch::Tensor sape2_bwd(torch::Tensor gl, torch::Tensor z, torch::Tensor sx, torch::Tensor sy, torch::Tensor gx,
+                        torch::Tensor gy, int64_t P, int64_t H, int64_t W, int64_t np) {
+  check(gl, "grad_logits"); check(z, "z"); check(sx, "s_x"); check(sy, "s_y"); check(gx, "g_x"); check(gy, "g_y");
+  const int64_t B = gl.size(0), h = gl.size(1), Tt = gl.size(2);
+  auto gz = torch::zeros_like(z);
+  AT_DISPATCH_FLOATING_TYPES(gl.scalar_type(), "sape2_bwd", [&] {
+    sape2_bwd_impl<scalar_t>(gl.data_ptr<scalar_t>(), z.data_ptr<scalar_t>(), sx.data_ptr<scalar_t>(),
+                             sy.data_ptr<scalar_t>(), gx.data_ptr<scalar_t>(), gy.data_ptr<scalar_t>(),
+                             gz.data_ptr<scalar_t>(), B * h, Tt, P, H, W, np);
+  });
+  return gz;
+}
+
+// logits (B, h, T, T), reversed keys, gets the CoPE bias added in place; gates = sigmoid(logits)
+// (computed by ATen's vectorised sigmoid: a scalar exp here costs more than that pass).
+void cope_fwd(torch::Tensor logits, torch::Tensor gates, torch::Tensor z, int64_t np) {
+  check(logits, "logits"); check(z, "z"); check(gates, "gates");
+  TORCH_CHECK(z.scalar_type() == logits.scalar_type() && gates.scalar_type() == logits.scalar_type()
+              && z.size(3) == np && gates.sizes() == logits.sizes(), "z / gates mismatch");
+  AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "cope_fwd", [&] {
+    cope_fwd_impl<scalar_t>(logits.data_ptr<scalar_t>(), z.data_ptr<scalar_t>(), gates.data_ptr<scalar_t>(),
+                            logits.size(0) * logits.size(1), logits.size(2), np);
+  });
+}
+
+// grad_logits gets the gates' gradient added in place; returns grad z (B, h, T, np).
+torch::Tensor cope_bwd(torch::Tensor gl, torch::Tensor z, torch::Tensor gates, int64_t np) {
+  check(gl, "grad_logits"); check(z, "z"); check(gates, "gates");
+  auto gz = torch::zeros_like(z);
+  AT_DISPATCH_FLOATING_TYPES(gl.scalar_type(), "cope_bwd", [&] {
+    cope_bwd_impl<scalar_t>(gl.data_ptr<scalar_t>(), z.data_ptr<scalar_t>(), gates.data_ptr<scalar_t>(),
+                            gz.data_ptr<scalar_t>(), gl.size(0) * gl.size(1), gl.size(2), np);
+  });
+  return gz;
+}
+"""
+
+_FUNCTIONS = ["sape2_fwd", "sape2_bwd", "cope_fwd", "cope_bwd"]
+_VERSION = "1"  # bump with any change of _SOURCE's interface (torch also rebuilds when the source changes)
+
+_lock = threading.Lock()
+_state: dict = {}
+build_seconds: float | None = None
+
+
+def _build():
+    from torch.utils.cpp_extension import load_inline
+    return load_inline(name=f"vitpe_attend_v{_VERSION}", cpp_sources=[_SOURCE], functions=_FUNCTIONS,
+                       extra_cflags=["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"], extra_ldflags=["-fopenmp"], verbose=False)
+
+
+def kernels():
+    """The compiled module, or None (eager): `VITPE_NO_CPP=1`, or no compiler / a failed build
+    (warned once)."""
+    global build_seconds
+    if os.environ.get("VITPE_NO_CPP", "") not in ("", "0"):
+        return None
+    if "mod" in _state:
+        return _state["mod"]
+    with _lock:
+        if "mod" not in _state:
+            t0 = time.perf_counter()
+            try:
+                _state["mod"] = _build()
+                build_seconds = time.perf_counter() - t0
+            except Exception as exc:  # no compiler, failed build, unwritable cache dir
+                _state["mod"] = None
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:200]
+                warnings.warn(f"vitpe: the fused C++ CPU kernel could not be built ({first}); the eager "
+                              f"PyTorch path is used (slower). Install a C++ compiler (e.g. `apt-get install "
+                              f"g++`) to get it; set VITPE_NO_CPP=1 to skip it silently.", stacklevel=3)
+    return _state["mod"]
+
+
+def available() -> bool:
+    return kernels() is not None
