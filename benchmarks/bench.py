@@ -959,8 +959,17 @@ def environment(argv: list[str], threads: int) -> dict:
         "platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
         "numpy": np.__version__, "streamlit": _version("streamlit"), "playwright": _version("playwright"),
         "chromium": chromium_version, "git_commit": git_commit(), "loadavg_start": list(os.getloadavg()),
-        "background_start": background_jobs(),
+        "background_start": background_jobs(), "cpp_kernel": cpp_kernel_state(),
     }
+
+
+def cpp_kernel_state() -> str:
+    """Which path the fused SaPE² / CoPE attentions take here (vitpe_core/encodings/_kernels.py);
+    builds the kernel if it is not cached yet, so no timed section pays for it."""
+    from vitpe_core.encodings import _kernels
+    if os.environ.get("VITPE_NO_CPP", "") not in ("", "0"):
+        return "off (VITPE_NO_CPP): eager PyTorch"
+    return "fused C++ kernel" if _kernels.available() else "eager PyTorch (kernel build failed)"
 
 
 # ----------------------------------------------------------------------------- targets
@@ -1149,6 +1158,7 @@ def _md_machine(res: dict) -> list[str]:
         ["date (UTC)", env["date"]], ["command", f"`{env['command']}`"], ["mode", res["mode"]],
         ["CPU", env["cpu"]], ["cores (logical / usable)", f"{env['cores']} / {env['usable_cores']}"],
         ["torch threads", env["torch_threads"]], ["python", env["python"]], ["torch", env["torch"]],
+        ["SaPE² / CoPE attention", env.get("cpp_kernel", "not recorded")],
         ["streamlit", env["streamlit"]], ["numpy", env["numpy"]],
         ["playwright / chromium", f"{env['playwright']} / {env['chromium']}"],
         ["platform", env["platform"]], ["git commit", env["git_commit"]],

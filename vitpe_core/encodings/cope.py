@@ -4,7 +4,7 @@ over the raster-flattened sequence of all T tokens, as the SaPE² paper's ViT ba
 `g_ij = σ(q_i·k_j/sqrt d)`, `p_ij = Σ_{t>=j} g_it` clamped at `M = npos_max-1`,
 `z_i[t] = q_i·e[t]`, bias `b_ij = z_i[p_ij]` (linear interpolation).
 Checked against a naive per-equation loop in tests/test_cope_sape2.py. The model's fast path
-uses the fused `cope_attention` of functional.py (`CoPE.attend`); `cope_bias` serves the trace.
+uses the fused `cope_attention` of functional.py (`CoPE.attend`; on CPU its C++ kernel); `cope_bias` serves the trace.
 Deviation: none from docs/encodings.md; `e` is trunc-normal(0.02) initialised (the reference
 code uses zeros, which gives the gates no gradient at the first step).
 """

@@ -25,6 +25,12 @@ allocations of them, not into multiply-adds, so both functions minimise those.
   `z[⌊p⌋] + f·(z[⌊p⌋+1] − z[⌊p⌋])` needs one integer index per pair (kept for the
   backward); the gate gradient is `σ'` times the suffix sum of `∂/∂p` (in reversed order,
   a flip–cumsum–flip).
+* On CPU (float32/64) both hand that middle part (SaPE²: lines, read-outs and distances,
+  forward and backward; CoPE: cumsum, interpolation and their backward) to the fused C++
+  kernel of `_kernels.py` (built once, cached; docs/encodings.md), which keeps every `N x N`
+  intermediate in cache and recomputes the distances in the backward. The eager code below
+  is the fallback (`VITPE_NO_CPP=1`, no compiler, other devices and dtypes) and the reference
+  the kernel is tested against.
 """
 from __future__ import annotations
 
