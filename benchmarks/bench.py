@@ -359,6 +359,60 @@ def bench_functional(plan: Plan) -> list[dict]:
             for name in fns]
 
 
+# ----------------------------------------------------------------------------- C++ kernel A/B
+def _kernel_toggle(fn: Callable[[], None], eager: bool) -> Callable[[], None]:
+    def run() -> None:
+        if eager:
+            os.environ["VITPE_NO_CPP"] = "1"
+        else:
+            os.environ.pop("VITPE_NO_CPP", None)
+        fn()
+    return run
+
+
+def kernel_ab(what: str, rounds: int, *, batch: int = TRAIN_BATCH) -> list[str]:
+    """SaPE² / CoPE with the fused C++ kernel and with the eager code, interleaved in one process
+    (`--kernel-ab layer|train`): the layer ratio vs `rpb` (compact shapes, fwd+bwd) or training
+    images/s vs `ape`. CPU time (`process_time`) at 1 torch thread, else wall time; paired
+    medians with their interquartile range and the best-of-N ratio, one line per variant."""
+    from vitpe_core.encodings import _kernels
+    if not _kernels.available():
+        raise RuntimeError("the C++ kernel is not available here (VITPE_NO_CPP set, or no compiler)")
+    if what == "layer":
+        base = "rpb"
+        fns = {"rpb": _kernel_toggle(attention_step("rpb", 128, 4, batch), False)}
+        for name, eager in (("sape2 cpp", False), ("sape2 eager", True)):
+            fns[name] = _kernel_toggle(attention_step("sape2", 128, 4, batch), eager)
+    else:
+        base, fns = "ape", {}
+        for name, enc, eager in (("ape", "ape", False), ("sape2 cpp", "sape2", False), ("sape2 eager", "sape2", True),
+                                 ("cope+ape cpp", "cope+ape", False), ("cope+ape eager", "cope+ape", True)):
+            torch.manual_seed(0)
+            fns[name] = _kernel_toggle(train_step(build_model(preset_config("compact", encoding=enc)), batch), eager)
+    clock = time.process_time if torch.get_num_threads() == 1 else time.perf_counter
+    names = list(fns)
+    for name in names:
+        for _ in range(2):
+            fns[name]()
+    s: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for j in range(len(names)):
+            name = names[(r + j) % len(names)]
+            t0 = clock()
+            fns[name]()
+            s[name].append(clock() - t0)
+    os.environ.pop("VITPE_NO_CPP", None)
+    lines = []
+    for name in names:
+        a, b = np.asarray(s[name]), np.asarray(s[base])
+        rr = a / b if what == "layer" else b / a
+        best = a.min() / b.min() if what == "layer" else b.min() / a.min()
+        q1, q3 = np.percentile(rr, [25, 75])
+        lines.append(f"{what} {torch.get_num_threads()} thread(s) {name:15s} median {1e3 * np.median(a):8.1f} ms  "
+                     f"vs {base}: paired median {np.median(rr):.3f} (IQR {q1:.3f}-{q3:.3f}), best-of-N {best:.3f}")
+    return lines
+
+
 # ----------------------------------------------------------------------------- 8. profile of the SaPE² layer
 PROFILE_BEFORE = "5405daa"   # main before the fused SaPE² / CoPE attention (issue 14): the "before" profile
 PROFILE_TOP = 12
@@ -1629,12 +1683,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's default)")
     p.add_argument("--checkpoints", type=Path, default=REPO / "checkpoints",
                    help="folder of trained checkpoints (default: checkpoints/)")
+    p.add_argument("--kernel-ab", choices=["layer", "train"], help="only compare SaPE² / CoPE with and without the "
+                   "fused C++ kernel, interleaved (layer vs rpb, or training vs ape), print the ratios; writes nothing")
+    p.add_argument("--rounds", type=int, default=30, help="rounds for --kernel-ab (default 30)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.threads:
         if args.threads < 1:
             p.error("--threads must be >= 1")
         torch.set_num_threads(args.threads)
+    if args.kernel_ab:
+        print("\n".join(kernel_ab(args.kernel_ab, args.rounds)))
+        return 0
     plan, mode = (QUICK, "quick") if args.quick else (FULL, "full")
     if args.only == "vit-b":
         try:

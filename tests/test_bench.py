@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import subprocess
 import sys
 from dataclasses import asdict
@@ -388,3 +390,12 @@ def test_functional_profile_and_analysis_sections_and_the_analysis_target():
     assert "**Before**: no `git archive` here." in render_markdown(res, targets(res))
     res["analysis"] = {"checkpoint": "sape2+ape", "reason": "not found"}
     assert targets(res)[-1].status == "NOT MEASURED"
+
+
+@pytest.mark.skipif(os.environ.get("VITPE_NO_CPP", "") not in ("", "0") or shutil.which("c++") is None,
+                    reason="C++ kernel disabled or no compiler")
+def test_kernel_ab_prints_one_line_per_variant():
+    from benchmarks.bench import kernel_ab
+    lines = kernel_ab("layer", 1, batch=2)
+    assert [ln.split()[3:5] for ln in lines] == [["rpb", "median"], ["sape2", "cpp"], ["sape2", "eager"]]
+    assert os.environ.get("VITPE_NO_CPP") is None
