@@ -319,7 +319,8 @@ def _both(fn, tensors, seed=0):
 @needs_kernel
 @pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-10), (torch.float32, 2e-5)])
 @pytest.mark.parametrize("grid, P, readout, npos_max, scale", [
-    ((8, 8), 1, "query", 10, 1.0), ((3, 7), 0, "key", 4, 2.5), ((5, 2), 2, "query", 3, 3.0), ((1, 9), 1, "key", 10, 1.0)])
+    ((8, 8), 1, "query", 10, 1.0), ((3, 7), 0, "key", 4, 2.5), ((5, 2), 2, "query", 3, 3.0),
+    ((1, 9), 1, "key", 10, 1.0)])
 def test_sape2_kernel_matches_eager(grid, P, readout, npos_max, scale, dtype, tol):
     """Values and every gradient, including capped positions (small npos_max, large logits)."""
     H, W = grid
@@ -385,3 +386,31 @@ def test_failed_build_warns_once_and_runs_eager(monkeypatch):
         assert _kernels.kernels() is None
         test_sape2_attention_matches_naive_bias_attention((2, 3), 1, "key", True)
         test_cope_attention_matches_naive_bias_attention(5, True)
+
+
+def test_a_stale_build_lock_is_removed_and_a_fresh_one_waited_for(tmp_path, monkeypatch):
+    """torch waits forever on the lock of a killed build: an old lock is removed (with a
+    warning), a young one (another process building) is waited for until it goes."""
+    import os
+    import threading
+    import time
+    import warnings
+
+    import torch.utils.cpp_extension as ext
+
+    from vitpe_core.encodings import _kernels
+    monkeypatch.setattr(ext, "_get_build_directory", lambda name, verbose: str(tmp_path))
+    lock = tmp_path / "lock"
+    lock.write_text("")
+    old = time.time() - 2 * _kernels.STALE_LOCK_S
+    os.utime(lock, (old, old))
+    with pytest.warns(UserWarning, match="stale build lock"):
+        _kernels._clear_stale_lock("x")
+    assert not lock.exists()
+    lock.write_text("")                                     # young: another build holds it
+    threading.Timer(1.5, lock.unlink).start()
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _kernels._clear_stale_lock("x")
+    assert time.perf_counter() - t0 >= 1.0 and not lock.exists()

@@ -24,6 +24,7 @@ thread count).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import threading
 import time
 import warnings
@@ -334,10 +335,38 @@ _state: dict = {}
 build_seconds: float | None = None
 
 
+STALE_LOCK_S = 600   # a build takes about a minute; a lock file this old was left by a killed build
+
+
+def _clear_stale_lock(name: str, max_age_s: float = STALE_LOCK_S) -> None:
+    """torch's extension builder waits forever on the `lock` file of a build that was killed
+    half-way: wait while a lock is younger than `max_age_s` (another process is building), and
+    remove it once it is older (nobody is)."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+        lock = Path(_get_build_directory(name, False)) / "lock"
+    except Exception:   # a private helper of torch's: without it torch's own waiting applies
+        return
+    while lock.exists():
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:
+            return
+        if age > max_age_s:
+            warnings.warn(f"vitpe: removing a stale build lock {lock} ({age:.0f} s old, left by a killed build)",
+                          stacklevel=4)
+            lock.unlink(missing_ok=True)
+            return
+        time.sleep(1.0)
+
+
 def _build():
     from torch.utils.cpp_extension import load_inline
-    return load_inline(name=f"vitpe_attend_v{_VERSION}", cpp_sources=[_SOURCE], functions=_FUNCTIONS,
-                       extra_cflags=["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"], extra_ldflags=["-fopenmp"], verbose=False)
+    name = f"vitpe_attend_v{_VERSION}"
+    _clear_stale_lock(name)
+    return load_inline(name=name, cpp_sources=[_SOURCE], functions=_FUNCTIONS,
+                       extra_cflags=["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"],
+                       extra_ldflags=["-fopenmp"], verbose=False)
 
 
 def kernels():

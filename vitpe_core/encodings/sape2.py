@@ -12,7 +12,8 @@ Per layer and head, from the patch tokens only (prefix tokens get zero bias):
 
 Checked against a naive per-equation loop in tests/test_cope_sape2.py on several grids.
 The model's fast path (and training) uses the fused `sape2_attention` of functional.py
-(`SaPE2.attend`; on CPU its C++ kernel, `_kernels.py`, with the eager code as fallback); `sape2_bias` here serves the trace path and anyone who wants the bias alone.
+(`SaPE2.attend`; on CPU its C++ kernel, `_kernels.py`, with the eager code as fallback);
+`sape2_bias` here serves the trace path and anyone who wants the bias alone.
 Implementation notes (speed: see BENCHMARKS.md):
 * fully batched, no loops: the gate logits are the attention's own `q·k/sqrt d` (passed in,
   or one `(N x N)` matmul), their same-row and same-column entries diagonals of its
