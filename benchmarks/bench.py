@@ -897,7 +897,7 @@ def e2e_patch_changes(page, n: int, grid: tuple[int, int], start: tuple[int, int
     """Type a new row into the patch's row input and press Enter; time until the page shows
     the new patch and the rerun finished (ms)."""
     ms = []
-    row_input = page.locator('[data-testid="stNumberInput"] input').first
+    row_input = page.locator('.st-key-bias_row input').first   # the patch's row input (ui.patch_controls)
     r, c = start
     for i in range(n):
         r = (r + 1 + i % (grid[0] - 1)) % grid[0]
