@@ -893,11 +893,11 @@ def bench_vit_b(plan: Plan) -> dict:
 
 
 # ----------------------------------------------------------------------------- 4./5. the app
-def e2e_patch_changes(page, n: int, grid: tuple[int, int], start: tuple[int, int]) -> list[float]:
+def e2e_patch_changes(page, n: int, grid: tuple[int, int], start: tuple[int, int], prefix: str = "bias") -> list[float]:
     """Type a new row into the patch's row input and press Enter; time until the page shows
     the new patch and the rerun finished (ms)."""
     ms = []
-    row_input = page.locator('.st-key-bias_row input').first   # the patch's row input (ui.patch_controls)
+    row_input = page.locator(f".st-key-{prefix}_row input").first   # the page's row input (ui.patch_controls)
     r, c = start
     for i in range(n):
         r = (r + 1 + i % (grid[0] - 1)) % grid[0]
@@ -966,7 +966,7 @@ def _browse(page, server: Server, plan: Plan, cs: CheckpointSet) -> dict:
     wait_script_run(page)
     out["compare_first_run_s"] = time.perf_counter() - t0
     out["after_compare"] = proc_memory(server.pid)
-    out["e2e_compare"] = e2e_patch_changes(page, plan.e2e_clicks, cfg.grid, start)
+    out["e2e_compare"] = e2e_patch_changes(page, plan.e2e_clicks, cfg.grid, start, prefix="compare")
     return out
 
 
