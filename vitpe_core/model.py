@@ -40,7 +40,9 @@ class Attention(nn.Module):
                 trace: list[dict] | None = None) -> Tensor:
         qkv = rearrange(self.qkv(x), "b t (three h d) -> three b h t d", three=3, h=self.heads)
         q, k, v = qkv.unbind(0)                                      # (B, h, T, d) each
-        if trace is None:  # CoPE / SaPE²: bias, softmax and @ v fused, logits formed once
+        # CoPE / SaPE²: bias, softmax and @ v fused, logits formed once. Not under torch.compile:
+        # its hand-written in-place backward and C++ kernel break inductor; the bias path compiles.
+        if trace is None and not torch.compiler.is_compiling():
             out = pos.attend(q, k, v, grid=grid, layer=layer, scale=self.scale)
             if out is not None:
                 return self.proj(rearrange(out, "b h t d -> b t (h d)"))  # (B, T, D)
