@@ -528,6 +528,34 @@ def figure7_pixel_to_patch(x: float, y: float, width: float, height: float, grid
 KERNEL_SCALE = "RdBu_r"
 
 
+def _small_multiples(titles: Sequence[str], cols: int) -> tuple[go.Figure, int]:
+    """A grid of `cols` small panels per row, one per title; returns the figure and its rows."""
+    rows = max(1, math.ceil(len(titles) / cols))
+    return make_subplots(rows=rows, cols=cols, subplot_titles=list(titles), horizontal_spacing=0.03,
+                         vertical_spacing=0.12 / rows), rows
+
+
+def _finish_small_multiples(fig: go.Figure, rows: int, title: str) -> go.Figure:
+    fig.update_xaxes(showticklabels=False)
+    fig.update_yaxes(showticklabels=False, scaleanchor="x", scaleratio=1)
+    _title(fig, title, subplot_titles=True)
+    fig.update_layout(height=rows * 190 + fig.layout.margin.t + 10)
+    return fig
+
+
+def _centred_on_others(a, skip: tuple[int, int]) -> tuple[np.ndarray, float]:
+    """`a` minus the mean of its cells other than `skip`, and the symmetric colour limit those
+    other cells set (1 when they are all equal or there are none): one outlying cell, such as
+    SaPE²'s zero self-distance, then does not wash the map out."""
+    m = np.asarray(a, dtype=float)
+    others = np.ones_like(m, dtype=bool)
+    others[skip] = False
+    if not others.any():
+        return m, 1.0
+    m = m - np.nanmean(m[others])
+    return m, float(np.nanmax(np.abs(m[others]))) or 1.0
+
+
 def kernels_fig(kernels: Mapping[str, np.ndarray], scores: Mapping[str, float | None], *, title: str,
                 cols: int = 5) -> go.Figure:
     """Position-only kernels side by side: name -> `(2H-1, 2W-1)` offset map (centre = offset
@@ -535,18 +563,12 @@ def kernels_fig(kernels: Mapping[str, np.ndarray], scores: Mapping[str, float | 
     centre far from the rest, as SaPE²'s zero self-distance, does not wash the map out),
     titled with its relative score."""
     names = list(kernels)
-    rows = max(1, math.ceil(len(names) / cols))
-    titles = [f"{n} · rel {scores[n]:.2f}" if scores.get(n) is not None else n for n in names]
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.03,
-                        vertical_spacing=0.12 / rows)
+    fig, rows = _small_multiples([f"{n} · rel {scores[n]:.2f}" if scores.get(n) is not None else n for n in names],
+                                 cols)
     for i, name in enumerate(names):
-        m = np.asarray(kernels[name], dtype=float)
-        H2, W2 = m.shape
+        H2, W2 = np.shape(kernels[name])
         cy, cx = (H2 - 1) / 2, (W2 - 1) / 2
-        others = np.ones_like(m, dtype=bool)
-        others[H2 // 2, W2 // 2] = False                        # offset 0 (e.g. SaPE²'s zero diagonal)
-        m = m - np.nanmean(m[others])                           # the offset's effect around its mean
-        lim = float(np.nanmax(np.abs(m[others]))) or 1.0        # scaled on the other offsets
+        m, lim = _centred_on_others(kernels[name], (H2 // 2, W2 // 2))   # offset 0: e.g. SaPE²'s zero diagonal
         r, c = divmod(i, cols)
         fig.add_trace(go.Heatmap(z=m, x=np.arange(W2) - cx, y=np.arange(H2) - cy, zmin=-lim, zmax=lim,
                                  colorscale=KERNEL_SCALE, showscale=False,
@@ -555,11 +577,7 @@ def kernels_fig(kernels: Mapping[str, np.ndarray], scores: Mapping[str, float | 
         fig.add_shape(type="rect", x0=-0.5, x1=0.5, y0=-0.5, y1=0.5, line=dict(color="black", width=1),
                       row=r + 1, col=c + 1)
         _grid_axes(fig, row=r + 1, col=c + 1)
-    fig.update_xaxes(showticklabels=False)
-    fig.update_yaxes(showticklabels=False, scaleanchor="x", scaleratio=1)
-    _title(fig, title, subplot_titles=True)
-    fig.update_layout(height=rows * 190 + fig.layout.margin.t + 10)
-    return fig
+    return _finish_small_multiples(fig, rows, title)
 
 
 def distance_by_depth_fig(distances: Mapping[str, np.ndarray], *, title: str,
@@ -592,28 +610,18 @@ def query_kernels_fig(maps: Mapping[str, np.ndarray], patches: Mapping[str, tupl
     symmetric colour range around its mean (set by the keys other than the query itself, as in
     `kernels_fig`), titled with `scores[name]` (how much of this row the offset kernel explains)."""
     names = list(maps)
-    rows = max(1, math.ceil(len(names) / cols))
-    titles = [f"{n} · fit {scores[n]:.2f}" if scores.get(n) is not None else n for n in names]
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.03,
-                        vertical_spacing=0.12 / rows)
+    fig, rows = _small_multiples([f"{n} · fit {scores[n]:.2f}" if scores.get(n) is not None else n for n in names],
+                                 cols)
     for i, name in enumerate(names):
-        m = np.asarray(maps[name], dtype=float)
         pr, pc = patches[name]
-        others = np.ones_like(m, dtype=bool)
-        others[pr, pc] = False                                  # the query itself (e.g. SaPE²'s zero self-distance)
-        m = m - np.nanmean(m[others]) if others.any() else m
-        lim = float(np.nanmax(np.abs(m[others]))) if others.any() else 0.0
+        m, lim = _centred_on_others(maps[name], (pr, pc))      # the query itself: e.g. SaPE²'s zero self-distance
         r, c = divmod(i, cols)
-        fig.add_trace(go.Heatmap(z=m, zmin=-(lim or 1.0), zmax=lim or 1.0, colorscale=KERNEL_SCALE, showscale=False,
+        fig.add_trace(go.Heatmap(z=m, zmin=-lim, zmax=lim, colorscale=KERNEL_SCALE, showscale=False,
                                  hovertemplate="key (%{y}, %{x}): %{z:.3f}<extra>" + name + "</extra>"),
                       row=r + 1, col=c + 1)
         _outline(fig, pc - 0.5, pr - 0.5, pc + 0.5, pr + 0.5, row=r + 1, col=c + 1)
         _grid_axes(fig, row=r + 1, col=c + 1)
-    fig.update_xaxes(showticklabels=False)
-    fig.update_yaxes(showticklabels=False, scaleanchor="x", scaleratio=1)
-    _title(fig, title, subplot_titles=True)
-    fig.update_layout(height=rows * 190 + fig.layout.margin.t + 10)
-    return fig
+    return _finish_small_multiples(fig, rows, title)
 
 
 # ----------------------------------------------------------------------------- emergence as a film
