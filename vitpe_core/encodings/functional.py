@@ -60,6 +60,12 @@ def _softmax_backward_(grad_attn: Tensor, attn: Tensor) -> Tensor:
     return torch._softmax_backward_data(grad_attn, attn, -1, attn.dtype)
 
 
+def _scaled_contiguous(x: Tensor, scale: float) -> Tensor:
+    """`x · scale` in a new contiguous tensor, in one pass (`x * scale` keeps the strides of a
+    permuted `x`, e.g. q sliced from a packed qkv, and every matmul would then copy it again)."""
+    return torch.mul(x, scale, out=torch.empty(x.shape, dtype=x.dtype, device=x.device))
+
+
 def _kernel_for(*ts: Tensor):
     """The fused C++ CPU kernels (`_kernels.py`) when they apply to these tensors (CPU,
     float32/float64) and are built, else None: the eager code below runs."""
@@ -153,6 +159,12 @@ def _tables(e_x: Tensor, e_y: Tensor, dtype: torch.dtype) -> Tensor:
     return torch.cat([t for e in (e_x, e_y) for t in (e, _steps(e))], dim=1).to(dtype)
 
 
+def _readout_tables(e_x: Tensor, e_y: Tensor, dtype: torch.dtype, mul: float) -> Tensor:
+    """`[E_x, E_y] · mul: (d, 2(M+1))` for the C++ kernel, which forms the steps itself."""
+    tab = torch.cat((e_x, e_y), dim=1).to(dtype)
+    return tab * mul if mul != 1.0 else tab
+
+
 def _tables_grad(grad: Tensor, npos_max: int) -> tuple[Tensor, Tensor]:
     """Gradient w.r.t. `(E_x, E_y)` from the gradient of `_tables`' output `(d, 4(M+1))`."""
     out = []
@@ -175,16 +187,19 @@ class _SaPE2Attend(torch.autograd.Function):
                 kern=None):
         H, W = grid
         P, M = num_prefix, npos_max - 1
-        q_s, k, v = q * scale, k.contiguous(), v.contiguous()                # each copied once, kept
+        q_s, k, v = _scaled_contiguous(q, scale), k.contiguous(), v.contiguous()  # each copied once, kept
         logits = torch.matmul(q_s, k.transpose(-1, -2))                       # (B, h, T, T)
         ctx.kern = kern
         if kern is not None:                                                  # fused C++ (_kernels.py)
-            r = (q if readout == "query" else k)[:, :, P:].contiguous()
-            z = (r @ _tables(e_x, e_y, r.dtype)).contiguous()                 # (B, h, N, 4(M+1))
+            # read-outs of every token (the prefix rows are not read): from q_s or k as they are,
+            # with no copy of the patches' rows; the steps between read-outs come in the kernel
+            src, tab = (q_s, _readout_tables(e_x, e_y, q.dtype, 1.0 / scale)) if readout == "query" \
+                else (k, _readout_tables(e_x, e_y, q.dtype, 1.0))
+            z = torch.matmul(src, tab)                                        # (B, h, T, 2 npos_max)
             lines = kern.sape2_fwd(logits, z, P, H, W, npos_max)             # distances added in place
             attn = _softmax_(logits)
             del logits
-            ctx.save_for_backward(q_s, k, v, attn, e_x, e_y, r, z, *lines)
+            ctx.save_for_backward(q_s, k, v, attn, e_x, e_y, z, *lines)
             ctx.args = grid, scale, P, npos_max, readout
             return torch.matmul(attn, v)
         row, col = (t.contiguous() for t in _lines(logits, grid, P))          # (B,h,H,W,W), (B,h,W,H,H)
@@ -242,19 +257,22 @@ class _SaPE2Attend(torch.autograd.Function):
     def _backward_kernel(ctx, grad_out):
         """The backward with the fused C++ kernel: distance and line gradients in one pass per
         (batch, head), the gates' gradient added into the logits' gradient in place."""
-        q_s, k, v, attn, e_x, e_y, r, z, *lines = ctx.saved_tensors
+        q_s, k, v, attn, e_x, e_y, z, *lines = ctx.saved_tensors
         (H, W), scale, P, npos_max, readout = ctx.args
         grad_out = grad_out.contiguous()
         grad_v = torch.matmul(attn.transpose(-1, -2), grad_out)
         grad_logits = _softmax_backward_(torch.matmul(grad_out, v.transpose(-1, -2)), attn).contiguous()
         del attn
-        grad_z = ctx.kern.sape2_bwd(grad_logits, z, *lines, P, H, W, npos_max)   # (B, h, N, 4(M+1))
-        grad_r = grad_z @ _tables(e_x, e_y, r.dtype).transpose(0, 1)          # (B, h, N, d)
-        grad_tables = r.view(-1, r.shape[-1]).transpose(0, 1) @ grad_z.view(-1, grad_z.shape[-1])
-        grad_ex, grad_ey = _tables_grad(grad_tables, npos_max)
+        grad_z = ctx.kern.sape2_bwd(grad_logits, z, *lines, P, H, W, npos_max)   # (B, h, T, 2 npos_max)
         grad_q = torch.matmul(grad_logits, k).mul_(scale)
         grad_k = torch.matmul(grad_logits.transpose(-1, -2), q_s)
-        (grad_q if readout == "query" else grad_k)[:, :, P:] += grad_r
+        # z = q·[E_x, E_y] (or k·[E_x, E_y]): q_s = q·scale is what is kept
+        src, s = (q_s, 1.0 / scale) if readout == "query" else (k, 1.0)
+        tab = _readout_tables(e_x, e_y, q_s.dtype, 1.0)
+        (grad_q if readout == "query" else grad_k).view(-1, tab.shape[0]).addmm_(
+            grad_z.view(-1, grad_z.shape[-1]), tab.transpose(0, 1))
+        grad_tab = torch.mm(src.reshape(-1, src.shape[-1]).transpose(0, 1), grad_z.view(-1, grad_z.shape[-1]))
+        grad_ex, grad_ey = (g.mul_(s) if s != 1.0 else g for g in grad_tab.split(npos_max, dim=1))
         return (grad_q, grad_k, grad_v, grad_ex.to(e_x.dtype), grad_ey.to(e_y.dtype),
                 None, None, None, None, None, None)
 
@@ -296,7 +314,7 @@ class _CoPEAttend(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k_r, v_r, z, scale: float, npos_max: int, kern=None):
         M = npos_max - 1
-        q_s = q * scale                                                       # (B, h, T, d), kept
+        q_s = _scaled_contiguous(q, scale)                                    # (B, h, T, d), kept
         logits = torch.matmul(q_s, k_r.transpose(-1, -2))                    # (B, h, T, T) reversed keys
         ctx.kern, ctx.scale, ctx.npos_max = kern, scale, npos_max
         if kern is not None:                                                  # fused C++ (_kernels.py)
