@@ -9,12 +9,9 @@ A link `/?page=similarity&ckpt=ape&patch=3,4` opens that page with its query par
 """
 from __future__ import annotations
 
-import pandas  # noqa: F401  imported once, here: Plotly uses a half-imported pandas that another session's
-#                 page script is still importing (AttributeError: partially initialized module; load test)
 import streamlit as st   # `streamlit run app.py` puts this folder on sys.path: pages/ and vitpe_core import
 
-from pages.common import cache, status
-from vitpe_core.viewstate import DEFAULT_PAGE, PAGES as PAGE_NAMES
+from vitpe_core.viewstate import DEFAULT_PAGE, PAGES as PAGE_NAMES   # torch-free (vitpe_core imports lazily)
 
 st.set_page_config(page_title="vitpe — position encodings in ViTs", page_icon="🧭", layout="wide")
 
@@ -24,6 +21,7 @@ NAV = {  # page name (vitpe_core.viewstate.PAGES, the one list) -> (menu title, 
     "compare": ("Compare encodings", ":material/compare:"),
     "checkpoints": ("Checkpoints", ":material/inventory_2:"),
 }
+HEADINGS = {"similarity": "Position-embedding similarity"}   # the page's h1 where it differs from the menu
 PAGES = {name: st.Page(f"pages/{name}.py", title=NAV[name][0], icon=NAV[name][1], url_path=name,
                        default=name == DEFAULT_PAGE) for name in sorted(PAGE_NAMES, key=list(NAV).index)}
 nav = st.navigation(list(PAGES.values()))
@@ -34,6 +32,14 @@ if not st.session_state.get("_vitpe_routed"):
     st.session_state["_vitpe_routed"] = True
     if requested in PAGES and PAGES[requested].url_path != nav.url_path:
         st.switch_page(PAGES[requested], query_params=st.query_params.to_dict())
+
+# The page's title first: on a cold start what follows imports torch (about 2 s) before anything
+# else can be drawn. Then pandas before any page script: Plotly uses a half-imported pandas that
+# another session's page script is still importing (partially initialized module; load test).
+name = next(n for n, p in PAGES.items() if p.url_path == nav.url_path)
+st.title(HEADINGS.get(name, NAV[name][0]))
+import pandas  # noqa: E402,F401
+from pages.common import cache, status  # noqa: E402
 
 with st.sidebar:
     root = cache.checkpoint_root()

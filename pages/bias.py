@@ -15,7 +15,6 @@ PAGE = "bias"
 
 
 def main() -> None:
-    st.title("Bias explorer")
     ui.explain(PAGE)
     names = cache.checkpoint_names()
     view = ui.current_view(PAGE, names)

@@ -14,7 +14,6 @@ PAGE = "checkpoints"
 
 
 def main() -> None:
-    st.title("Checkpoints")
     ui.explain(PAGE)
     imported = ui.model_import_form(PAGE)
     names = cache.checkpoint_names()

@@ -13,7 +13,6 @@ PAGE, COLUMNS = "compare", 2
 
 
 def main() -> None:
-    st.title("Compare encodings")
     ui.explain(PAGE)
     names = cache.checkpoint_names()
     if not names:

@@ -17,7 +17,6 @@ SCORE_HELP = ("Spearman rank correlation of similarity with minus the spatial di
 
 
 def main() -> None:
-    st.title("Position-embedding similarity")
     ui.explain(PAGE)
     names = cache.checkpoint_names()
     table_names = [n for n, c in ui.load_checkpoints(names).items() if "table" in c.model.pos_enc.hooks]

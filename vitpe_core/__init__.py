@@ -4,11 +4,31 @@ Usable without Streamlit. The main entry points:
     from vitpe_core import ViTConfig, build_model, available_encodings, preset_config
     from vitpe_core.checkpoint import load_checkpoint, save_checkpoint, import_timm
     from vitpe_core import analysis
-"""
-from .config import PRESETS, ViTConfig, preset_config
-from .encodings import available_encodings, build_encoding, cope_bias, sape2_bias
-from .model import ViT, build_model
 
-__all__ = ["PRESETS", "ViT", "ViTConfig", "available_encodings", "build_encoding", "build_model",
-           "cope_bias", "preset_config", "sape2_bias"]
+The names below are imported on first use (PEP 562), so that `import vitpe_core.viewstate`
+and the other torch-free modules do not pay for importing torch (about 2 s cold): the app
+draws its first element before that import.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {"PRESETS": "config", "ViTConfig": "config", "preset_config": "config",
+         "available_encodings": "encodings", "build_encoding": "encodings", "cope_bias": "encodings",
+         "sape2_bias": "encodings", "ViT": "model", "build_model": "model"}
+
+__all__ = sorted(_LAZY)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'vitpe_core' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
