@@ -4,13 +4,16 @@ Built once with `torch.utils.cpp_extension.load_inline` on first use (cached und
 extension dir, `~/.cache/torch_extensions` by default; torch's file lock serialises concurrent
 builds) and used for CPU float32/float64 tensors. What they fuse, per (batch, head) and with
 every `N x N` intermediate kept in cache instead of written to memory:
-* SaPE² forward: gates of every row and column line read from the logits, their reverse
-  cumulative sums, the read-out interpolation (the descriptors `s_x, s_y`), and the Euclidean
-  distances of the descriptors added into the logits. Only the descriptors and the line
-  gates are kept (`(B, h, N, W + H)` values), not the eager path's two `N x N` `1/distance`
-  buffers; the backward recomputes the distances.
-* SaPE² backward: the distance gradient (from the logits' gradient), the line backward
-  (read-out gradient, gate cumsum, `σ′`), the gate gradient added into the logits' gradient.
+* SaPE² forward: the logits on every row and column line gathered and turned into gates by a
+  vectorised σ, their reverse cumulative sums, the read-out interpolation (the descriptors
+  `s_x, s_y`; the steps between read-outs formed here from `z = src·[E_x, E_y]`), and the
+  Euclidean distances of the descriptors added into the logits: each pair `i < n` once (the
+  matrix is symmetric, its diagonal 0), 8 (float) / 4 (double) columns at a time with the
+  squared sum in a vector register. Only the descriptors and the line gates are kept
+  (`(B, h, N, W + H)` values), not the eager path's two `N x N` `1/distance` buffers.
+* SaPE² backward: the distance gradient (recomputed distances, upper triangle, weight
+  `(G + Gᵀ)/distance` from the logits' gradient G), the line backward (read-out gradient,
+  gate cumsum, `σ′`), the gate gradient added into the logits' gradient.
 * CoPE forward / backward: (gates from ATen's sigmoid) cumsum, interpolation, bias added into the logits; backward
   scatter into the read-outs' gradient, suffix sum, `σ′`, added into the logits' gradient.
   Only the gates are kept (the eager path keeps four `T x T` tensors).
