@@ -277,6 +277,42 @@ def test_fused_attention_float32_matches_bias_functions_and_second_backward():
     torch.testing.assert_close(q.grad, first, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("use_kernel", KERNEL)
+@pytest.mark.parametrize("which", ["sape2", "cope"])
+def test_packed_qkv_gives_the_same_values_and_gradients(which, use_kernel):
+    """q, k, v as slices of one packed projection (the model's fast path passes `qkv`): the
+    backward writes one gradient; it equals the gradients of three separate tensors."""
+    B, h, d, grid, P = 2, 3, 8, (3, 4), 1
+    T = P + grid[0] * grid[1]
+    g = torch.Generator().manual_seed(7)
+    proj = torch.randn(B, T, 3, h, d, generator=g, dtype=torch.float64)   # (B, T, 3, h, d) as a Linear gives
+    e_x, e_y = (torch.randn(d, 10, generator=g, dtype=torch.float64) for _ in range(2))
+    grad = torch.randn(B, h, T, d, generator=g, dtype=torch.float64)
+
+    def run(packed: bool):
+        leaf = proj.clone().requires_grad_()
+        qkv = leaf.permute(2, 0, 3, 1, 4)                                   # (3, B, h, T, d) view
+        q, k, v = qkv.unbind(0)
+        kw = {"qkv": qkv} if packed else {}
+        out = (sape2_attention(q, k, v, e_x, e_y, grid, num_prefix=P, use_kernel=use_kernel, **kw)
+               if which == "sape2" else cope_attention(q, k, v, e_x, use_kernel=use_kernel, **kw))
+        out.backward(grad)
+        return out.detach(), leaf.grad
+
+    (a, ga), (b, gb) = run(True), run(False)
+    torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(ga, gb, atol=1e-12, rtol=1e-12)
+
+
+def test_packed_qkv_must_hold_q_k_v():
+    q, k, e_x, e_y = _inputs((2, 3))
+    other = torch.stack((q, k, q))                                           # a copy: not q, k, v themselves
+    for fn in (lambda: sape2_attention(q, k, q, e_x, e_y, (2, 3), qkv=other),
+               lambda: cope_attention(q, k, q, e_x, qkv=other), lambda: cope_attention(q, k, q, e_x, qkv=q)):
+        with pytest.raises(ValueError, match="qkv"):
+            fn()
+
+
 def test_fused_attention_rejects_bad_shapes():
     q, k, e_x, e_y = _inputs((2, 3))
     with pytest.raises(ValueError, match="grid"):

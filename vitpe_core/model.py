@@ -43,7 +43,7 @@ class Attention(nn.Module):
         # CoPE / SaPE²: bias, softmax and @ v fused, logits formed once. Not under torch.compile:
         # its hand-written in-place backward and C++ kernel break inductor; the bias path compiles.
         if trace is None and not torch.compiler.is_compiling():
-            out = pos.attend(q, k, v, grid=grid, layer=layer, scale=self.scale)
+            out = pos.attend(q, k, v, grid=grid, layer=layer, scale=self.scale, qkv=qkv)
             if out is not None:
                 return self.proj(rearrange(out, "b h t d -> b t (h d)"))  # (B, T, D)
         parts: dict[str, Tensor] | None = {} if trace is not None else None

@@ -77,9 +77,10 @@ class PositionEncoding(nn.Module):
         return None
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, grid: Grid, layer: int,
-               scale: float) -> Tensor | None:
+               scale: float, qkv: Tensor | None = None) -> Tensor | None:
         """The whole attention `softmax(q·kᵀ·scale + bias) v: (B, h, T, dv)` when this encoding
-        computes it fused (no trace); None: the attention module does it from `bias`."""
+        computes it fused (no trace); None: the attention module does it from `bias`. `qkv`:
+        the `(3, B, h, T, d)` tensor q, k, v are slices of, when they are (one gradient back)."""
         return None
 
     def rotate(self, q: Tensor, k: Tensor, *, grid: Grid, layer: int) -> tuple[Tensor, Tensor]:
@@ -189,11 +190,11 @@ class Composite(PositionEncoding):
     def angles(self, grid: Grid, layer: int) -> Tensor | None:
         return self._sum([p.angles(grid, layer) for p in self.parts])
 
-    def attend(self, q, k, v, *, grid, layer, scale):
+    def attend(self, q, k, v, *, grid, layer, scale, qkv=None):
         """One part's fused attention when the other parts add no bias and no rotation (e.g.
         `sape2+ape`, `cope+ape`: the table is added before block 0)."""
         fused = [p for p in self.parts if type(p).attend is not PositionEncoding.attend]
         rest = [p for p in self.parts if p not in fused]
         if len(fused) != 1 or any({"bias", "rotation"} & set(p.hooks) for p in rest):
             return None
-        return fused[0].attend(q, k, v, grid=grid, layer=layer, scale=scale)
+        return fused[0].attend(q, k, v, grid=grid, layer=layer, scale=scale, qkv=qkv)

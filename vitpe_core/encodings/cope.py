@@ -47,5 +47,5 @@ class CoPE(PositionEncoding):
     def bias(self, q, k, *, grid, layer, parts=None, logits=None):
         return cope_bias(q, k, self.cope_embed[layer], self.npos_max, logits=logits)
 
-    def attend(self, q, k, v, *, grid, layer, scale):
-        return cope_attention(q, k, v, self.cope_embed[layer], self.npos_max, scale=scale)
+    def attend(self, q, k, v, *, grid, layer, scale, qkv=None):
+        return cope_attention(q, k, v, self.cope_embed[layer], self.npos_max, scale=scale, qkv=qkv)

@@ -66,6 +66,39 @@ def _scaled_contiguous(x: Tensor, scale: float) -> Tensor:
     return torch.mul(x, scale, out=torch.empty(x.shape, dtype=x.dtype, device=x.device))
 
 
+def _unpack(ctx, q: Tensor, k: Tensor | None, v: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """`(q, k, v)`, or the three slices of a packed `qkv: (3, B, h, T, d)` passed as `q` with
+    `k = v = None` (then the backward returns one gradient for it: `_grad_buffers`)."""
+    ctx.packed = k is None
+    return tuple(q.unbind(0)) if ctx.packed else (q, k, v)
+
+
+def _grad_buffers(ctx, like: Tensor) -> tuple[Tensor | None, list]:
+    """Packed input: one `(3, B, h, T, d)` gradient whose slices the matmuls write into
+    (`out=`), instead of three tensors that autograd then stacks (a copy of all three)."""
+    if not ctx.packed:
+        return None, [None, None, None]
+    buf = torch.empty((3, *like.shape), dtype=like.dtype, device=like.device)
+    return buf, list(buf.unbind(0))
+
+
+def _qkv_grads(buf: Tensor | None, grad_q: Tensor, grad_k: Tensor, grad_v: Tensor) -> tuple:
+    """The backward's first three outputs: `(buf, None, None)` for a packed input (the grads
+    were written into it), else `(grad_q, grad_k, grad_v)`."""
+    return (buf, None, None) if buf is not None else (grad_q, grad_k, grad_v)
+
+
+def _is_packed(qkv: Tensor | None, q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether `qkv` is given and q, k, v are exactly its three slices (else ValueError)."""
+    if qkv is None:
+        return False
+    parts = qkv.unbind(0) if qkv.dim() == q.dim() + 1 and qkv.shape[0] == 3 else ()
+    if len(parts) != 3 or any(a.shape != b.shape or a.stride() != b.stride() or a.data_ptr() != b.data_ptr()
+                              for a, b in zip(parts, (q, k, v))):
+        raise ValueError("qkv must be the (3, ...) tensor whose slices qkv[0], qkv[1], qkv[2] are q, k, v")
+    return True
+
+
 def _kernel_for(*ts: Tensor):
     """The fused C++ CPU kernels (`_kernels.py`) when they apply to these tensors (CPU,
     float32/float64) and are built, else None: the eager code below runs."""
@@ -185,6 +218,7 @@ class _SaPE2Attend(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, e_x, e_y, grid, scale: float, num_prefix: int, npos_max: int, readout: str,
                 kern=None):
+        q, k, v = _unpack(ctx, q, k, v)
         H, W = grid
         P, M = num_prefix, npos_max - 1
         q_s, k, v = _scaled_contiguous(q, scale), k.contiguous(), v.contiguous()  # each copied once, kept
@@ -229,7 +263,8 @@ class _SaPE2Attend(torch.autograd.Function):
         (H, W), scale, P, npos_max, readout = ctx.args
         M = npos_max - 1
         grad_out = grad_out.contiguous()
-        grad_v = torch.matmul(attn.transpose(-1, -2), grad_out)
+        buf, (out_q, out_k, out_v) = _grad_buffers(ctx, q_s)
+        grad_v = torch.matmul(attn.transpose(-1, -2), grad_out, out=out_v)
         grad_logits = _softmax_backward_(torch.matmul(grad_out, v.transpose(-1, -2)), attn)
         del attn
         g = grad_logits[..., P:, P:]                                          # the bias's gradient
@@ -247,10 +282,10 @@ class _SaPE2Attend(torch.autograd.Function):
         grad_r = grad_z @ _tables(e_x, e_y, r.dtype).transpose(0, 1)          # (B, h, N, d)
         grad_tables = r.view(-1, r.shape[-1]).transpose(0, 1) @ grad_z.view(-1, grad_z.shape[-1])
         grad_ex, grad_ey = _tables_grad(grad_tables, npos_max)                # (d, M+1) each
-        grad_q = torch.matmul(grad_logits, k).mul_(scale)
-        grad_k = torch.matmul(grad_logits.transpose(-1, -2), q_s)             # logits = q_s·kᵀ
+        grad_q = torch.matmul(grad_logits, k, out=out_q).mul_(scale)
+        grad_k = torch.matmul(grad_logits.transpose(-1, -2), q_s, out=out_k)  # logits = q_s·kᵀ
         (grad_q if readout == "query" else grad_k)[:, :, P:] += grad_r
-        return (grad_q, grad_k, grad_v, grad_ex.to(e_x.dtype), grad_ey.to(e_y.dtype),
+        return (*_qkv_grads(buf, grad_q, grad_k, grad_v), grad_ex.to(e_x.dtype), grad_ey.to(e_y.dtype),
                 None, None, None, None, None, None)
 
     @staticmethod
@@ -260,12 +295,13 @@ class _SaPE2Attend(torch.autograd.Function):
         q_s, k, v, attn, e_x, e_y, z, *lines = ctx.saved_tensors
         (H, W), scale, P, npos_max, readout = ctx.args
         grad_out = grad_out.contiguous()
-        grad_v = torch.matmul(attn.transpose(-1, -2), grad_out)
+        buf, (out_q, out_k, out_v) = _grad_buffers(ctx, q_s)
+        grad_v = torch.matmul(attn.transpose(-1, -2), grad_out, out=out_v)
         grad_logits = _softmax_backward_(torch.matmul(grad_out, v.transpose(-1, -2)), attn).contiguous()
         del attn
         grad_z = ctx.kern.sape2_bwd(grad_logits, z, *lines, P, H, W, npos_max)   # (B, h, T, 2 npos_max)
-        grad_q = torch.matmul(grad_logits, k).mul_(scale)
-        grad_k = torch.matmul(grad_logits.transpose(-1, -2), q_s)
+        grad_q = torch.matmul(grad_logits, k, out=out_q).mul_(scale)
+        grad_k = torch.matmul(grad_logits.transpose(-1, -2), q_s, out=out_k)
         # z = q·[E_x, E_y] (or k·[E_x, E_y]): q_s = q·scale is what is kept
         src, s = (q_s, 1.0 / scale) if readout == "query" else (k, 1.0)
         tab = _readout_tables(e_x, e_y, q_s.dtype, 1.0)
@@ -273,13 +309,13 @@ class _SaPE2Attend(torch.autograd.Function):
             grad_z.view(-1, grad_z.shape[-1]), tab.transpose(0, 1))
         grad_tab = torch.mm(src.reshape(-1, src.shape[-1]).transpose(0, 1), grad_z.view(-1, grad_z.shape[-1]))
         grad_ex, grad_ey = (g.mul_(s) if s != 1.0 else g for g in grad_tab.split(npos_max, dim=1))
-        return (grad_q, grad_k, grad_v, grad_ex.to(e_x.dtype), grad_ey.to(e_y.dtype),
+        return (*_qkv_grads(buf, grad_q, grad_k, grad_v), grad_ex.to(e_x.dtype), grad_ey.to(e_y.dtype),
                 None, None, None, None, None, None)
 
 
 def sape2_attention(q: Tensor, k: Tensor, v: Tensor, e_x: Tensor, e_y: Tensor, grid: tuple[int, int],
                     readout: str = "query", npos_max: int = 10, *, num_prefix: int = 0,
-                    scale: float | None = None, use_kernel: bool = True) -> Tensor:
+                    scale: float | None = None, use_kernel: bool = True, qkv: Tensor | None = None) -> Tensor:
     """Attention with the SaPE² bias, `(B, h, T, dv)`.
 
     `q, k: (B, h, T, d)`, `v: (B, h, T, dv)` with `T = num_prefix + H·W` (prefix tokens first,
@@ -289,6 +325,9 @@ def sape2_attention(q: Tensor, k: Tensor, v: Tensor, e_x: Tensor, e_y: Tensor, g
     `softmax(q·kᵀ·scale + sape2_bias(q_p, k_p, e_x, e_y, grid, num_prefix=P)) @ v`.
     On CPU (float32/64) the fused C++ kernel of `_kernels.py` runs unless `use_kernel=False`,
     `VITPE_NO_CPP=1` or it could not be built; the eager code gives the same to rounding.
+    `qkv`: when q, k, v are `qkv[0], qkv[1], qkv[2]` of one `(3, B, h, T, d)` tensor (a ViT's
+    packed projection), pass it as well: the backward then writes the three gradients into one
+    tensor, instead of returning three that autograd stacks (a copy of all three per layer).
     """
     H, W = grid
     B, h, T, d = q.shape
@@ -303,27 +342,33 @@ def sape2_attention(q: Tensor, k: Tensor, v: Tensor, e_x: Tensor, e_y: Tensor, g
             raise ValueError(f"{name} must have shape (d, npos_max) = {(d, npos_max)}, got {tuple(e.shape)}")
     scale = d ** -0.5 if scale is None else scale
     kern = _kernel_for(q, k, v) if use_kernel else None
+    if _is_packed(qkv, q, k, v):
+        return _SaPE2Attend.apply(qkv, None, None, e_x, e_y, (H, W), scale, P, npos_max, readout, kern)
     return _SaPE2Attend.apply(q, k, v, e_x, e_y, (H, W), scale, P, npos_max, readout, kern)
 
 
 # ----------------------------------------------------------------------------- CoPE
 class _CoPEAttend(torch.autograd.Function):
-    """CoPE attention over all T tokens, in reversed key order (see the module docstring).
-    Inputs `k_r, v_r` are the flipped keys and values; `z = q·e: (B, h, T, M+1)`."""
+    """CoPE attention over all T tokens, in reversed key order (see the module docstring): k and
+    v are flipped here, `z = q·e: (B, h, T, M+1)` formed here (so that a packed qkv gets its
+    whole gradient from this one node)."""
 
     @staticmethod
-    def forward(ctx, q, k_r, v_r, z, scale: float, npos_max: int, kern=None):
+    def forward(ctx, q, k, v, e, scale: float, npos_max: int, kern=None):
+        q, k, v = _unpack(ctx, q, k, v)
         M = npos_max - 1
         q_s = _scaled_contiguous(q, scale)                                    # (B, h, T, d), kept
+        k_r, v_r = k.flip(2), v.flip(2)                                       # reversed keys (copies)
+        e_q = e.to(q.dtype)
+        z = torch.matmul(q_s, e_q / scale)                                    # q·e (B, h, T, M+1)
         logits = torch.matmul(q_s, k_r.transpose(-1, -2))                    # (B, h, T, T) reversed keys
-        ctx.kern, ctx.scale, ctx.npos_max = kern, scale, npos_max
+        ctx.kern, ctx.scale, ctx.npos_max, ctx.e_dtype = kern, scale, npos_max, e.dtype
         if kern is not None:                                                  # fused C++ (_kernels.py)
-            z = z.contiguous()
             gates = torch.sigmoid(logits)
             kern.cope_fwd(logits, gates, z, npos_max)                         # bias added in place
             attn = _softmax_(logits)
             del logits
-            ctx.save_for_backward(q_s, k_r, v_r, attn, gates, z)
+            ctx.save_for_backward(q_s, k_r, v_r, attn, gates, z, e_q)
             return torch.matmul(attn, v_r)
         gates = torch.sigmoid(logits)
         frac = gates.cumsum(-1).clamp_max_(M)                                 # positions Σ_{t >= j} g_it
@@ -336,8 +381,7 @@ class _CoPEAttend(torch.autograd.Function):
         logits.addcmul_(step_lo, frac)
         attn = _softmax_(logits)
         del logits
-        ctx.save_for_backward(q_s, k_r, v_r, attn, gates, frac, lo, step_lo)
-        ctx.scale, ctx.npos_max = scale, npos_max
+        ctx.save_for_backward(q_s, k_r, v_r, attn, gates, frac, lo, step_lo, e_q)
         return torch.matmul(attn, v_r)
 
     @staticmethod
@@ -345,46 +389,50 @@ class _CoPEAttend(torch.autograd.Function):
         scale, npos_max = ctx.scale, ctx.npos_max
         grad_out = grad_out.contiguous()
         if ctx.kern is not None:
-            q_s, k_r, v_r, attn, gates, z = ctx.saved_tensors
-            grad_v = torch.matmul(attn.transpose(-1, -2), grad_out)
+            q_s, k_r, v_r, attn, gates, z, e_q = ctx.saved_tensors
+            grad_v_r = torch.matmul(attn.transpose(-1, -2), grad_out)
             grad_logits = _softmax_backward_(torch.matmul(grad_out, v_r.transpose(-1, -2)), attn).contiguous()
             del attn
             grad_z = ctx.kern.cope_bwd(grad_logits, z, gates, npos_max)       # gates' gradient added in place
-            grad_q = torch.matmul(grad_logits, k_r).mul_(scale)
-            grad_k = torch.matmul(grad_logits.transpose(-1, -2), q_s)
-            return grad_q, grad_k, grad_v, grad_z, None, None, None
-        q_s, k_r, v_r, attn, gates, frac, lo, step_lo = ctx.saved_tensors
-        grad_v = torch.matmul(attn.transpose(-1, -2), grad_out)
-        grad_logits = _softmax_backward_(torch.matmul(grad_out, v_r.transpose(-1, -2)), attn)  # = ∂/∂bias
-        del attn
-        # read-outs: ∂z[lo] += g, ∂z_step[lo] += g f, z_step[t] = z[t+1] − z[t] (t < M)
-        buf = grad_logits * frac
-        shape = (*grad_logits.shape[:-1], npos_max)
-        grad_z = grad_logits.new_zeros(shape).scatter_add_(-1, lo, grad_logits)
-        grad_step = grad_logits.new_zeros(shape).scatter_add_(-1, lo, buf)[..., :-1]
-        grad_z[..., 1:] += grad_step
-        grad_z[..., :-1] -= grad_step
-        # positions: ∂p = g · z_step[lo] (0 at the cap); gates: suffix sums (reversed order: a flip,
-        # cumsum, flip), then σ′
-        grad_gates = torch.mul(step_lo, grad_logits, out=buf).flip(-1).cumsum_(-1).flip(-1)
-        grad_logits += torch.ops.aten.sigmoid_backward.grad_input(grad_gates, gates, grad_input=grad_gates)
-        grad_q = torch.matmul(grad_logits, k_r).mul_(scale)
-        grad_k = torch.matmul(grad_logits.transpose(-1, -2), q_s)
-        return grad_q, grad_k, grad_v, grad_z, None, None, None
+        else:
+            q_s, k_r, v_r, attn, gates, frac, lo, step_lo, e_q = ctx.saved_tensors
+            grad_v_r = torch.matmul(attn.transpose(-1, -2), grad_out)
+            grad_logits = _softmax_backward_(torch.matmul(grad_out, v_r.transpose(-1, -2)), attn)  # = ∂/∂bias
+            del attn
+            # read-outs: ∂z[lo] += g, ∂z_step[lo] += g f, z_step[t] = z[t+1] − z[t] (t < M)
+            buf = grad_logits * frac
+            shape = (*grad_logits.shape[:-1], npos_max)
+            grad_z = grad_logits.new_zeros(shape).scatter_add_(-1, lo, grad_logits)
+            grad_step = grad_logits.new_zeros(shape).scatter_add_(-1, lo, buf)[..., :-1]
+            grad_z[..., 1:] += grad_step
+            grad_z[..., :-1] -= grad_step
+            # positions: ∂p = g · z_step[lo] (0 at the cap); gates: suffix sums (reversed order: a
+            # flip, cumsum, flip), then σ′
+            grad_gates = torch.mul(step_lo, grad_logits, out=buf).flip(-1).cumsum_(-1).flip(-1)
+            grad_logits += torch.ops.aten.sigmoid_backward.grad_input(grad_gates, gates, grad_input=grad_gates)
+        out, (out_q, out_k, out_v) = _grad_buffers(ctx, q_s)
+        rev = torch.arange(q_s.shape[2] - 1, -1, -1, device=q_s.device)       # un-reverse the keys
+        grad_v = torch.index_select(grad_v_r, 2, rev, out=out_v)
+        grad_q = torch.matmul(grad_logits, k_r, out=out_q).mul_(scale)
+        grad_q.view(-1, grad_q.shape[-1]).addmm_(grad_z.view(-1, npos_max), e_q.transpose(0, 1))  # z = q·e
+        grad_k = torch.index_select(torch.matmul(grad_logits.transpose(-1, -2), q_s), 2, rev, out=out_k)
+        grad_e = torch.mm(q_s.view(-1, q_s.shape[-1]).transpose(0, 1), grad_z.view(-1, npos_max)).div_(scale)
+        return (*_qkv_grads(out, grad_q, grad_k, grad_v), grad_e.to(ctx.e_dtype), None, None, None)
 
 
 def cope_attention(q: Tensor, k: Tensor, v: Tensor, e: Tensor, npos_max: int = 10, *,
-                   scale: float | None = None, use_kernel: bool = True) -> Tensor:
+                   scale: float | None = None, use_kernel: bool = True, qkv: Tensor | None = None) -> Tensor:
     """Non-causal CoPE attention over all T tokens, `(B, h, T, dv)`: equal (to rounding) to
     `softmax(q·kᵀ·scale + cope_bias(q, k, e)) @ v`. `q, k: (B, h, T, d)`, `v: (B, h, T, dv)`,
     `e: (d, npos_max)`; `scale` defaults to `d^-1/2` (gates `σ(q·k·scale)` with the same).
-    On CPU (float32/64) the fused C++ kernel runs unless `use_kernel=False` (as `sape2_attention`)."""
+    On CPU (float32/64) the fused C++ kernel runs unless `use_kernel=False`; `qkv` as in
+    `sape2_attention`."""
     d = q.shape[-1]
     check_npos_max(npos_max)
     if e.shape != (d, npos_max):
         raise ValueError(f"e must have shape (d, npos_max) = {(d, npos_max)}, got {tuple(e.shape)}")
     scale = d ** -0.5 if scale is None else scale
-    z = q @ e.to(q.dtype)                                                     # (B, h, T, M+1)
     kern = _kernel_for(q, k, v) if use_kernel else None
-    out = _CoPEAttend.apply(q, k.flip(2), v.flip(2), z, scale, npos_max, kern)
-    return out
+    if _is_packed(qkv, q, k, v):
+        return _CoPEAttend.apply(qkv, None, None, e, scale, npos_max, kern)
+    return _CoPEAttend.apply(q, k, v, e, scale, npos_max, kern)

@@ -214,9 +214,9 @@ class SaPE2(PositionEncoding):
         bias, parts["x"], parts["y"] = out
         return bias
 
-    def attend(self, q, k, v, *, grid, layer, scale):
+    def attend(self, q, k, v, *, grid, layer, scale, qkv=None):
         return sape2_attention(q, k, v, self.sape_x[layer], self.sape_y[layer], grid, self.readout,
-                               self.npos_max, num_prefix=self.ctx.num_prefix, scale=scale)
+                               self.npos_max, num_prefix=self.ctx.num_prefix, scale=scale, qkv=qkv)
 
     def extra_repr(self) -> str:
         return f"readout={self.readout!r}, npos_max={self.npos_max}"
