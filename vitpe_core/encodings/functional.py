@@ -358,7 +358,8 @@ class _CoPEAttend(torch.autograd.Function):
         q, k, v = _unpack(ctx, q, k, v)
         M = npos_max - 1
         q_s = _scaled_contiguous(q, scale)                                    # (B, h, T, d), kept
-        k_r, v_r = k.flip(2), v.flip(2)                                       # reversed keys (copies)
+        rev = torch.arange(q.shape[2] - 1, -1, -1, device=q.device)
+        k_r, v_r = k.index_select(2, rev), v.index_select(2, rev)            # reversed keys, contiguous copies
         e_q = e.to(q.dtype)
         z = torch.matmul(q_s, e_q / scale)                                    # q·e (B, h, T, M+1)
         logits = torch.matmul(q_s, k_r.transpose(-1, -2))                    # (B, h, T, T) reversed keys
