@@ -14,8 +14,9 @@ every `N x N` intermediate kept in cache instead of written to memory:
 * SaPE² backward: the distance gradient (recomputed distances, upper triangle, weight
   `(G + Gᵀ)/distance` from the logits' gradient G), the line backward (read-out gradient,
   gate cumsum, `σ′`), the gate gradient added into the logits' gradient.
-* CoPE forward / backward: (gates from ATen's sigmoid) cumsum, interpolation, bias added into the logits; backward
-  scatter into the read-outs' gradient, suffix sum, `σ′`, added into the logits' gradient.
+* CoPE forward / backward, keys in their own order: (gates from ATen's sigmoid) reverse cumsum,
+  interpolation, bias added into the logits; backward scatter into the read-outs' gradient,
+  cumsum, `σ′`, added into the logits' gradient.
   Only the gates are kept (the eager path keeps four `T x T` tensors).
 
 No compiler, a failed build, or `VITPE_NO_CPP=1`: `kernels()` returns None (one warning when a
@@ -318,7 +319,8 @@ void sape2_bwd_impl(T* gl, const T* z, const T* sx, const T* sy, const T* gx, co
   at::parallel_for(0, BH, 1, [&](int64_t b0, int64_t b1) { sape2_bwd_one(gl, z, sx, sy, gx, gy, gz, BH, Tt, P, H, W, np, b0, b1); });
 }
 
-// CoPE, reversed key order: per row, pos = cumsum of gates (capped at M), bias z[lo] + f zs[lo].
+// CoPE, keys in their own order: per row, pos[j] = sum_{t >= j} g[t] (a reverse cumsum, capped at M),
+// bias z[lo] + f zs[lo].
 template <typename T>
 INL void cope_fwd_range(T* logits, const T* z, const T* gates, int64_t BH, int64_t Tt, int64_t np, int64_t r0, int64_t r1) {
   const int64_t M = np - 1;
@@ -330,7 +332,7 @@ INL void cope_fwd_range(T* logits, const T* z, const T* gates, int64_t BH, int64
       for (int64_t t = 0; t < M; ++t) zs[t] = zr[t + 1] - zr[t];
       zs[M] = 0;
       T p = 0;
-      for (int64_t j = 0; j < Tt; ++j) {
+      for (int64_t j = Tt - 1; j >= 0; --j) {
         p += g[j];
         T pos = std::min(p, T(M));
         int64_t i = (int64_t)pos;
@@ -359,7 +361,7 @@ INL void cope_bwd_range(T* gl, const T* z, const T* gates, T* gz, int64_t BH, in
       zs[M] = 0;
       std::fill(gzs.begin(), gzs.end(), T(0));
       T p = 0;
-      for (int64_t j = 0; j < Tt; ++j) {
+      for (int64_t j = Tt - 1; j >= 0; --j) {
         p += g[j];
         T pos = std::min(p, T(M));
         int64_t i = (int64_t)pos;
@@ -369,8 +371,8 @@ INL void cope_bwd_range(T* gl, const T* z, const T* gates, T* gz, int64_t BH, in
         dp[j] = G[j] * zs[i];
       }
       for (int64_t t = 0; t < M; ++t) { gzr[t + 1] += gzs[t]; gzr[t] -= gzs[t]; }
-      T c = 0;                                   // positions are a cumsum: adjoint a suffix sum
-      for (int64_t j = Tt - 1; j >= 0; --j) {
+      T c = 0;                                   // positions are a reverse cumsum: adjoint a cumsum
+      for (int64_t j = 0; j < Tt; ++j) {
         c += dp[j];
         G[j] += c * g[j] * (T(1) - g[j]);
       }
@@ -423,7 +425,7 @@ torch::Tensor sape2_bwd(torch::Tensor gl, torch::Tensor z, torch::Tensor sx, tor
   return gz;
 }
 
-// logits (B, h, T, T), reversed keys, gets the CoPE bias added in place; gates = sigmoid(logits)
+// logits (B, h, T, T), keys in their own order, gets the CoPE bias added in place; gates = sigmoid(logits)
 // (computed by ATen's vectorised sigmoid: a scalar exp here costs more than that pass).
 void cope_fwd(torch::Tensor logits, torch::Tensor gates, torch::Tensor z, int64_t np) {
   check(logits, "logits"); check(z, "z"); check(gates, "gates");
@@ -448,7 +450,7 @@ torch::Tensor cope_bwd(torch::Tensor gl, torch::Tensor z, torch::Tensor gates, i
 """
 
 _FUNCTIONS = ["sape2_fwd", "sape2_bwd", "cope_fwd", "cope_bwd"]
-_VERSION = "2"  # bump with any change of _SOURCE's interface (torch also rebuilds when the source changes)
+_VERSION = "3"  # bump with any change of _SOURCE's interface (torch also rebuilds when the source changes)
 
 _lock = threading.Lock()
 _state: dict = {}

@@ -19,12 +19,12 @@ allocations of them, not into multiply-adds, so both functions minimise those.
   added into the logits; the same buffer then becomes `1/distance` (0 at zero distance, as
   torch.cdist's gradient) for the backward, which is one multiply and two narrow matmuls per
   axis. The `(B, h, N, N)` bias is never stored; softmax and its backward run in place (CPU).
-* CoPE: everything runs in *reversed key order* (k and v flipped along the tokens, which
+* CoPE: the eager code runs in *reversed key order* (k and v flipped along the tokens, which
   changes no softmax): the reverse cumulative sum of the gates is then a plain contiguous
-  `cumsum` and no `T x T` tensor is flipped in the forward. The interpolation
-  `z[⌊p⌋] + f·(z[⌊p⌋+1] − z[⌊p⌋])` needs one integer index per pair (kept for the
-  backward); the gate gradient is `σ'` times the suffix sum of `∂/∂p` (in reversed order,
-  a flip–cumsum–flip).
+  `cumsum`. The interpolation `z[⌊p⌋] + f·(z[⌊p⌋+1] − z[⌊p⌋])` needs one integer index per
+  pair (kept for the backward); the gate gradient is `σ'` times the suffix sum of `∂/∂p` (in
+  reversed order, a flip–cumsum–flip). The C++ kernel keeps the keys in their own order (its
+  loops run backwards), so it needs no flipped copies of k, v and their gradients.
 * On CPU (float32/64) both hand that middle part (SaPE²: lines, read-outs and distances,
   forward and backward; CoPE: cumsum, interpolation and their backward) to the fused C++
   kernel of `_kernels.py` (built once, cached; docs/encodings.md), which keeps every `N x N`
@@ -349,28 +349,30 @@ def sape2_attention(q: Tensor, k: Tensor, v: Tensor, e_x: Tensor, e_y: Tensor, g
 
 # ----------------------------------------------------------------------------- CoPE
 class _CoPEAttend(torch.autograd.Function):
-    """CoPE attention over all T tokens, in reversed key order (see the module docstring): k and
-    v are flipped here, `z = q·e: (B, h, T, M+1)` formed here (so that a packed qkv gets its
-    whole gradient from this one node)."""
+    """CoPE attention over all T tokens. `z = q·e: (B, h, T, M+1)` is formed here (so that a
+    packed qkv gets its whole gradient from this one node). The C++ kernel takes the keys in
+    their own order (its loops run backwards); the eager code runs in reversed key order
+    (see the module docstring), k and v flipped here."""
 
     @staticmethod
     def forward(ctx, q, k, v, e, scale: float, npos_max: int, kern=None):
         q, k, v = _unpack(ctx, q, k, v)
         M = npos_max - 1
         q_s = _scaled_contiguous(q, scale)                                    # (B, h, T, d), kept
-        rev = torch.arange(q.shape[2] - 1, -1, -1, device=q.device)
-        k_r, v_r = k.index_select(2, rev), v.index_select(2, rev)            # reversed keys, contiguous copies
         e_q = e.to(q.dtype)
         z = torch.matmul(q_s, e_q / scale)                                    # q·e (B, h, T, M+1)
-        logits = torch.matmul(q_s, k_r.transpose(-1, -2))                    # (B, h, T, T) reversed keys
         ctx.kern, ctx.scale, ctx.npos_max, ctx.e_dtype = kern, scale, npos_max, e.dtype
         if kern is not None:                                                  # fused C++ (_kernels.py)
+            k, v = k.contiguous(), v.contiguous()
+            logits = torch.matmul(q_s, k.transpose(-1, -2))                   # (B, h, T, T)
             gates = torch.sigmoid(logits)
             kern.cope_fwd(logits, gates, z, npos_max)                         # bias added in place
             attn = _softmax_(logits)
             del logits
-            ctx.save_for_backward(q_s, k_r, v_r, attn, gates, z, e_q)
-            return torch.matmul(attn, v_r)
+            ctx.save_for_backward(q_s, k, v, attn, gates, z, e_q)
+            return torch.matmul(attn, v)
+        k_r, v_r = k.flip(2), v.flip(2)                                       # reversed keys
+        logits = torch.matmul(q_s, k_r.transpose(-1, -2))                    # (B, h, T, T) reversed keys
         gates = torch.sigmoid(logits)
         frac = gates.cumsum(-1).clamp_max_(M)                                 # positions Σ_{t >= j} g_it
         buf = frac.floor()
@@ -390,14 +392,17 @@ class _CoPEAttend(torch.autograd.Function):
         scale, npos_max = ctx.scale, ctx.npos_max
         grad_out = grad_out.contiguous()
         if ctx.kern is not None:
-            q_s, k_r, v_r, attn, gates, z, e_q = ctx.saved_tensors
-            grad_v_r = torch.matmul(attn.transpose(-1, -2), grad_out)
-            grad_logits = _softmax_backward_(torch.matmul(grad_out, v_r.transpose(-1, -2)), attn).contiguous()
+            q_s, k, v, attn, gates, z, e_q = ctx.saved_tensors
+            out, (out_q, out_k, out_v) = _grad_buffers(ctx, q_s)
+            grad_v = torch.matmul(attn.transpose(-1, -2), grad_out, out=out_v)
+            grad_logits = _softmax_backward_(torch.matmul(grad_out, v.transpose(-1, -2)), attn).contiguous()
             del attn
             grad_z = ctx.kern.cope_bwd(grad_logits, z, gates, npos_max)       # gates' gradient added in place
+            grad_k = torch.matmul(grad_logits.transpose(-1, -2), q_s, out=out_k)
         else:
-            q_s, k_r, v_r, attn, gates, frac, lo, step_lo, e_q = ctx.saved_tensors
-            grad_v_r = torch.matmul(attn.transpose(-1, -2), grad_out)
+            q_s, k, v_r, attn, gates, frac, lo, step_lo, e_q = ctx.saved_tensors   # k: reversed
+            out, (out_q, out_k, out_v) = _grad_buffers(ctx, q_s)
+            grad_v = torch.matmul(attn.transpose(-1, -2), grad_out).flip(2)
             grad_logits = _softmax_backward_(torch.matmul(grad_out, v_r.transpose(-1, -2)), attn)  # = ∂/∂bias
             del attn
             # read-outs: ∂z[lo] += g, ∂z_step[lo] += g f, z_step[t] = z[t+1] − z[t] (t < M)
@@ -411,12 +416,12 @@ class _CoPEAttend(torch.autograd.Function):
             # flip, cumsum, flip), then σ′
             grad_gates = torch.mul(step_lo, grad_logits, out=buf).flip(-1).cumsum_(-1).flip(-1)
             grad_logits += torch.ops.aten.sigmoid_backward.grad_input(grad_gates, gates, grad_input=grad_gates)
-        out, (out_q, out_k, out_v) = _grad_buffers(ctx, q_s)
-        rev = torch.arange(q_s.shape[2] - 1, -1, -1, device=q_s.device)       # un-reverse the keys
-        grad_v = torch.index_select(grad_v_r, 2, rev, out=out_v)
-        grad_q = torch.matmul(grad_logits, k_r, out=out_q).mul_(scale)
+            grad_k = torch.matmul(grad_logits.transpose(-1, -2), q_s).flip(2)
+            if out is not None:
+                out_v.copy_(grad_v)
+                out_k.copy_(grad_k)
+        grad_q = torch.matmul(grad_logits, k, out=out_q).mul_(scale)
         grad_q.view(-1, grad_q.shape[-1]).addmm_(grad_z.view(-1, npos_max), e_q.transpose(0, 1))  # z = q·e
-        grad_k = torch.index_select(torch.matmul(grad_logits.transpose(-1, -2), q_s), 2, rev, out=out_k)
         grad_e = torch.mm(q_s.view(-1, q_s.shape[-1]).transpose(0, 1), grad_z.view(-1, npos_max)).div_(scale)
         return (*_qkv_grads(out, grad_q, grad_k, grad_v), grad_e.to(ctx.e_dtype), None, None, None)
 
