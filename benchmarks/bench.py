@@ -193,6 +193,14 @@ def ratios(samples: dict[str, list[float]], a: str, b: str, key: str, *, invert:
     return {key: med, f"{key}_best": best, f"{key}_noisy": bool(abs(med / best - 1) > NOISY)}
 
 
+TRACE_CACHE_BYTES = "256MiB"   # pages/common/cache.py TRACE_CACHE_BYTES (tests/test_bench.py keeps them equal)
+
+
+def _cache_bytes() -> int:
+    """`TRACE_CACHE_BYTES` in bytes (Streamlit's units: MiB = 2**20)."""
+    return int(TRACE_CACHE_BYTES[:-3]) * {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[TRACE_CACHE_BYTES[-3:]]
+
+
 def percentiles(ms: list[float], prefix: str = "") -> dict[str, float]:
     a = np.asarray(ms)
     return {f"{prefix}p50_ms": float(np.percentile(a, 50)), f"{prefix}p95_ms": float(np.percentile(a, 95)),
@@ -1507,23 +1515,24 @@ def _md_vit_b(res: dict) -> list[str]:
             + (f"; `sape2+ape` adds its bias (same shape) and SaPE²'s x and y parts ((L, h, N, N) each): "
                f"{_mib(sape['trace_bytes']['total'])} MiB ({_mib(sape['trace_bytes']['pickled'])} MiB pickled)"
                if sape else "")
-            + f". The app caches traces with `st.cache_data(max_entries=64)` (pages/common/cache.py `_trace`): "
-            f"up to 64 images × {_mib(per)} MiB = {64 * per / 2**30:.2f} GiB of pickled traces for one such model"
+            + f". The app caches traces with `st.cache_data(max_entries=64, max_size={TRACE_CACHE_BYTES!r})` "
+            f"(pages/common/cache.py `_trace`; the stress test's `_transformed` alike): entries alone would allow "
+            f"64 images × {_mib(per)} MiB = {64 * per / 2**30:.2f} GiB of pickled traces for one such model"
             + (f" ({64 * sape['trace_bytes']['pickled'] / 2**30:.1f} GiB for `sape2+ape`)" if sape else "")
-            + ", beside the 954 MiB (1 GB) memory target of section 5; and every rerun (each click) unpickles "
+            + f"; the byte bound keeps about {int(_cache_bytes() // per)} of them"
+            + (f" ({int(_cache_bytes() // sape['trace_bytes']['pickled'])} `sape2+ape` ones)" if sape else "")
+            + ". Every rerun (each click) unpickles "
             f"its own copy: {ape['clicks']['cache_copy']['p50_ms']:.0f} ms p50 / "
             f"{ape['clicks']['cache_copy']['p95_ms']:.0f} ms p95 here, on top of the click compute above, and "
             f"{_mib(per)} MiB more while the run lasts.", "",
-            "**What to keep (proposal, not implemented in the pages).** One trace is affordable (the model's "
+            "**What to keep.** One trace is affordable (the model's "
             f"float32 weights alone are {_mib(4 * ape['parameters'])} MiB); 64 of them are not, and each rerun "
             "copies a whole one for a click that reads a few rows of it. The full (L, h, T, T) array is still "
             "needed while any patch can be clicked next (a click "
             "reads the query's row in every layer and head, `patch_maps`; the per-image statistics are cached "
-            "apart, (L, h) each), so the proposal bounds and shares it rather than cutting it: "
-            "(1) bound the trace cache by bytes, not entries: `st.cache_data(max_size=\"512MiB\")` (Streamlit "
-            f"1.67), about {int(512 * _MIB // per)} ViT-B `ape` traces"
-            + (f" or {int(512 * _MIB // sape['trace_bytes']['pickled'])} `sape2+ape` ones" if sape else "")
-            + ", instead of 64 of any size; "
+            "apart, (L, h) each), so the caches bound and could share it rather than cut it: "
+            "(1) the trace caches are bounded by bytes as well as entries (done, above); proposals not "
+            "implemented: "
             "(2) hold traces in a byte-bounded server-wide LRU (`st.cache_resource` over "
             "`vitpe_core.store.LRUStore`, as imported models are, arrays made read-only) so that a click slices "
             "the stored arrays instead of unpickling a copy (the cache-copy row above); "

@@ -399,3 +399,12 @@ def test_kernel_ab_prints_one_line_per_variant():
     lines = kernel_ab("layer", 1, batch=2)
     assert [ln.split()[3:5] for ln in lines] == [["rpb", "median"], ["sape2", "cpp"], ["sape2", "eager"]]
     assert os.environ.get("VITPE_NO_CPP") is None
+
+
+def test_trace_caches_are_bounded_by_bytes():
+    """Both trace caches (bias page, stress test) carry the byte bound the report quotes; a
+    224-px model's traces are tens of MiB each, so entries alone do not bound memory."""
+    from pages.common import cache, stress
+    assert bench.TRACE_CACHE_BYTES == cache.TRACE_CACHE_BYTES
+    for fn in (cache._trace, stress._transformed):
+        assert fn._info.max_size_bytes == bench._cache_bytes() == 256 * 2**20

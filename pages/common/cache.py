@@ -5,7 +5,10 @@
   `checkpoint.resolve_checkpoint` (only files inside the folder) and `load_checkpoint`.
 * Arrays: `st.cache_data`, bounded, keyed by (checkpoint name, file mtime, image id or upload
   sha256, ...). A trace of one image (one forward pass) is cached per (checkpoint, image);
-  selecting another patch only slices its arrays (`analysis.patch_maps`).
+  selecting another patch only slices its arrays (`analysis.patch_maps`). The trace caches are
+  bounded by bytes as well as entries (`TRACE_CACHE_BYTES`): a compact model's trace is about
+  1 MiB, an imported ViT-B/16's 21–85 MiB (BENCHMARKS.md section 6), so 64 entries alone could
+  hold gigabytes.
 
 The checkpoint folder is `$VITPE_CHECKPOINTS`, default `checkpoints/` in the repository root
 (next to app.py).
@@ -222,7 +225,10 @@ def stored_image(image_id: str) -> Image.Image | None:
 
 
 # ----------------------------------------------------------------------------- traces
-@st.cache_data(max_entries=64, show_spinner=False)
+TRACE_CACHE_BYTES = "256MiB"   # per trace cache (pickled bytes): ~12 ViT-B/16 `ape` traces, 64 compact ones
+
+
+@st.cache_data(max_entries=64, max_size=TRACE_CACHE_BYTES, show_spinner=False)
 def _trace(path: str, mtime_ns: int, key: str, _img: Image.Image | None) -> analysis.Trace:
     ckpt = _load(path, mtime_ns)
     img = _img if _img is not None else gallery_image(key)

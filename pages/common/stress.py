@@ -78,7 +78,7 @@ def rollout_section(page: str, ckpt, tr: analysis.Trace, name: str, key: str, di
 
 
 # ----------------------------------------------------------------------------- stress test
-@st.cache_data(max_entries=8, show_spinner="Running the model on the changed input…")
+@st.cache_data(max_entries=8, max_size=cache.TRACE_CACHE_BYTES, show_spinner="Running the model on the changed input…")
 def _transformed(path: str, mtime_ns: int, key: str, size: tuple[int, int], shift: tuple[int, int], fill: str,
                  _img: Image.Image | None) -> tuple[analysis.Trace, object]:
     ckpt = cache._load(path, mtime_ns)
