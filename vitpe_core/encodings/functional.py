@@ -31,6 +31,10 @@ allocations of them, not into multiply-adds, so both functions minimise those.
   intermediate in cache and recomputes the distances in the backward. The eager code below
   is the fallback (`VITPE_NO_CPP=1`, no compiler, other devices and dtypes) and the reference
   the kernel is tested against.
+* Given `qkv=` (q, k, v as slices of one packed projection, the model's case), the backward
+  writes the three gradients into one tensor with `matmul(..., out=)`, instead of returning
+  three that autograd then stacks; `q·scale` is written contiguous in one pass (a plain
+  `q * scale` keeps the packed strides and every matmul would copy it again).
 """
 from __future__ import annotations
 
