@@ -70,3 +70,16 @@ def test_ruff_is_clean():
     res = subprocess.run([ruff, "check", "--output-format", "concise", "."], cwd=REPO, capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:]
+
+
+def test_the_router_can_draw_before_torch_is_imported():
+    """app.py draws the page title before its heavy imports (cold start): `vitpe_core.viewstate`,
+    which it imports first, must not pull in torch, and vitpe_core's lazy top-level names must
+    all resolve."""
+    import vitpe_core
+    code = "import sys, vitpe_core.viewstate; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.stdout.strip() == "False", out.stderr
+    assert vitpe_core.__all__ == sorted(vitpe_core._LAZY)
+    for name in vitpe_core.__all__:
+        assert getattr(vitpe_core, name) is not None

@@ -12,13 +12,19 @@ draws its first element before that import.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:   # the same names, for type checkers and editors
+    from .config import PRESETS, ViTConfig, preset_config
+    from .encodings import available_encodings, build_encoding, cope_bias, sape2_bias
+    from .model import ViT, build_model
 
 _LAZY = {"PRESETS": "config", "ViTConfig": "config", "preset_config": "config",
          "available_encodings": "encodings", "build_encoding": "encodings", "cope_bias": "encodings",
          "sape2_bias": "encodings", "ViT": "model", "build_model": "model"}
 
-__all__ = sorted(_LAZY)
+__all__ = ["PRESETS", "ViT", "ViTConfig", "available_encodings", "build_encoding", "build_model",
+           "cope_bias", "preset_config", "sape2_bias"]   # = sorted(_LAZY) (tests/test_layout.py)
 __version__ = "0.1.0"
 
 
