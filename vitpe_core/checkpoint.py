@@ -250,7 +250,7 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
         if need > 4 * have + 2**20:   # checked before building: a forged config must not allocate gigabytes
             raise CheckpointError(f"{path.name}: its config describes a model of about {need:,} values but the "
                                   f"file holds {have:,}; the config was altered or belongs to another file")
-        model = ViT(cfg)
+        model = ViT(cfg, init_weights=False)   # every parameter is loaded below (strict)
     except CheckpointError:
         raise
     except (ValueError, TypeError) as e:

