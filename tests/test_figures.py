@@ -215,3 +215,14 @@ def test_the_overlay_image_is_encoded_once_per_image():
     assert figures._png_data_uri.cache_info().misses == 1
     assert figures.png_data_uri(img.copy()) == figures.png_data_uri(img)
     assert figures.png_data_uri(255 - img) != figures.png_data_uri(img)
+
+
+def test_export_file_names_are_safe_for_grouped_checkpoints():
+    """Chart and download names come from checkpoint names, which can hold a folder
+    (`long/ape`) or a `+`: the saved file's name keeps neither (no path, no odd characters)."""
+    from vitpe_core.figures import export_config
+    name = lambda s: export_config(s)["toImageButtonOptions"]["filename"]  # noqa: E731
+    assert name("long/ape_top5") == "long_ape_top5"
+    assert name("seeds/sape2+ape-seed1_bias") == "seeds_sape2_ape-seed1_bias"
+    assert name("../../etc/passwd") == ".._.._etc_passwd" and "/" not in name("a/" * 80)
+    assert len(name("x" * 300)) == 100 and name("") == "figure"
