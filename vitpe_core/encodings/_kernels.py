@@ -112,47 +112,6 @@ INL void line_bwd(const T* g, const T* gd, int64_t A, const T* zs, int64_t M, T*
   }
 }
 
-// Squared distances of s_i (si, m values) to s_n for n in [n0, N) (s given transposed, sT m x N).
-template <typename T>
-INL void sqdist(const T* sT, const T* si, int64_t n0, int64_t N, int64_t m, T* d2) {
-  for (int64_t n = n0; n < N; ++n) d2[n] = 0;
-  for (int64_t k = 0; k < m; ++k) {
-    const T a = si[k];
-    const T* row = sT + k * N;
-    for (int64_t n = n0; n < N; ++n) { T d = a - row[n]; d2[n] += d * d; }
-  }
-}
-
-// Gradient of sum_{n in [n0, N)} gr[n] |s_i − s_n| into gi (m) and gT (m x N, transposed),
-// d2 (the squared distances) given and overwritten.
-template <typename T>
-INL void dist_bwd(const T* sT, const T* si, const T* gr, T* d2w, int64_t n0, int64_t N, int64_t m, T* gi, T* gT) {
-  for (int64_t n = n0; n < N; ++n) {            // 1/distance, 0 at 0 (torch.cdist's gradient there)
-    T d = std::sqrt(d2w[n]);
-    d2w[n] = d > T(0) ? gr[n] / d : T(0);
-  }
-  for (int64_t k = 0; k < m; ++k) {
-    const T a = si[k];
-    const T* row = sT + k * N;
-    T* grow = gT + k * N;
-    T acc = 0;
-#pragma omp simd reduction(+:acc)
-    for (int64_t n = n0; n < N; ++n) {
-      T t = d2w[n] * (a - row[n]);
-      acc += t;
-      grow[n] -= t;
-    }
-    gi[k] += acc;
-  }
-}
-
-template <typename T>
-INL void transpose(const T* s, int64_t N, int64_t m, T* sT) {
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t k = 0; k < m; ++k) sT[k * N + n] = s[n * m + k];
-}
-
-
 // Distances in chunks of C = 8 (float) / 4 (double) columns with GCC vector types (32 bytes;
 // the compiler splits them in two on a CPU without AVX): a chunk's squared distance is summed
 // in a register over the m coordinates. Only chunks that reach above the diagonal are
@@ -450,7 +409,7 @@ torch::Tensor cope_bwd(torch::Tensor gl, torch::Tensor z, torch::Tensor gates, i
 """
 
 _FUNCTIONS = ["sape2_fwd", "sape2_bwd", "cope_fwd", "cope_bwd"]
-_VERSION = "3"  # bump with any change of _SOURCE's interface (torch also rebuilds when the source changes)
+_VERSION = "4"  # bump with any change of _SOURCE's interface (torch also rebuilds when the source changes)
 
 _lock = threading.Lock()
 _state: dict = {}
