@@ -193,14 +193,6 @@ def ratios(samples: dict[str, list[float]], a: str, b: str, key: str, *, invert:
     return {key: med, f"{key}_best": best, f"{key}_noisy": bool(abs(med / best - 1) > NOISY)}
 
 
-TRACE_CACHE_BYTES = "256MiB"   # pages/common/cache.py TRACE_CACHE_BYTES (tests/test_bench.py keeps them equal)
-
-
-def _cache_bytes() -> int:
-    """`TRACE_CACHE_BYTES` in bytes (Streamlit's units: MiB = 2**20)."""
-    return int(TRACE_CACHE_BYTES[:-3]) * {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[TRACE_CACHE_BYTES[-3:]]
-
-
 def percentiles(ms: list[float], prefix: str = "") -> dict[str, float]:
     a = np.asarray(ms)
     return {f"{prefix}p50_ms": float(np.percentile(a, 50)), f"{prefix}p95_ms": float(np.percentile(a, 95)),
@@ -1466,6 +1458,7 @@ def _md_vit_b(res: dict) -> list[str]:
     cfg, grid, T = vb["config"], ape["grid"], ape["tokens"]
     L, h = cfg["depth"], cfg["heads"]
     tb = ape["trace_bytes"]
+    from pages.common.cache import TRACE_CACHE_BYTES as cache_bytes   # the app's own bound
     out = [f"{VIT_B_HEADING} (imported-model scale)", "",
            f"A ViT-B/16-sized model — D {cfg['dim']}, {L} layers, {h} heads, MLP {cfg['mlp_dim']}, patch "
            f"{cfg['patch_size']}, {cfg['img_size'][0]}×{cfg['img_size'][1]} px ({grid[0]}×{grid[1]} grid, T = {T} "
@@ -1515,12 +1508,12 @@ def _md_vit_b(res: dict) -> list[str]:
             + (f"; `sape2+ape` adds its bias (same shape) and SaPE²'s x and y parts ((L, h, N, N) each): "
                f"{_mib(sape['trace_bytes']['total'])} MiB ({_mib(sape['trace_bytes']['pickled'])} MiB pickled)"
                if sape else "")
-            + f". The app caches traces with `st.cache_data(max_entries=64, max_size={TRACE_CACHE_BYTES!r})` "
+            + f". The app caches traces with `st.cache_data(max_entries=64, max_size={_mib(cache_bytes)} MiB)` "
             f"(pages/common/cache.py `_trace`; the stress test's `_transformed` alike): entries alone would allow "
             f"64 images × {_mib(per)} MiB = {64 * per / 2**30:.2f} GiB of pickled traces for one such model"
             + (f" ({64 * sape['trace_bytes']['pickled'] / 2**30:.1f} GiB for `sape2+ape`)" if sape else "")
-            + f"; the byte bound keeps about {int(_cache_bytes() // per)} of them"
-            + (f" ({int(_cache_bytes() // sape['trace_bytes']['pickled'])} `sape2+ape` ones)" if sape else "")
+            + f"; the byte bound keeps about {int(cache_bytes // per)} of them"
+            + (f" ({int(cache_bytes // sape['trace_bytes']['pickled'])} `sape2+ape` ones)" if sape else "")
             + ". Every rerun (each click) unpickles "
             f"its own copy: {ape['clicks']['cache_copy']['p50_ms']:.0f} ms p50 / "
             f"{ape['clicks']['cache_copy']['p95_ms']:.0f} ms p95 here, on top of the click compute above, and "

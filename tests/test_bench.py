@@ -402,9 +402,8 @@ def test_kernel_ab_prints_one_line_per_variant():
 
 
 def test_trace_caches_are_bounded_by_bytes():
-    """Both trace caches (bias page, stress test) carry the byte bound the report quotes; a
-    224-px model's traces are tens of MiB each, so entries alone do not bound memory."""
+    """Both trace caches (bias page, stress test) carry the byte bound the report reads: a 224-px
+    model's traces are tens of MiB each, so entries alone do not bound memory."""
     from pages.common import cache, stress
-    assert bench.TRACE_CACHE_BYTES == cache.TRACE_CACHE_BYTES
     for fn in (cache._trace, stress._transformed):
-        assert fn._info.max_size_bytes == bench._cache_bytes() == 256 * 2**20
+        assert fn._info.max_size_bytes == cache.TRACE_CACHE_BYTES == 256 * 2**20

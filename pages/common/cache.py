@@ -225,7 +225,7 @@ def stored_image(image_id: str) -> Image.Image | None:
 
 
 # ----------------------------------------------------------------------------- traces
-TRACE_CACHE_BYTES = "256MiB"   # per trace cache (pickled bytes): ~12 ViT-B/16 `ape` traces, 64 compact ones
+TRACE_CACHE_BYTES = 256 * 2**20   # per trace cache (pickled bytes): ~12 ViT-B/16 `ape` traces, 64 compact ones
 
 
 @st.cache_data(max_entries=64, max_size=TRACE_CACHE_BYTES, show_spinner=False)
