@@ -73,6 +73,38 @@ def test_content_biases_are_averaged_with_their_spread():
     assert k.kernel.shape == (2, 2, 20, 20) and (k.kernel >= 0).all()
 
 
+@pytest.mark.parametrize("encoding", ["sape2", "cope+ape", "rope_mixed"])
+def test_kernels_are_the_same_whatever_the_chunk(encoding):
+    """The one pass accumulates over chunks of images: any chunking gives the one-batch kernels,
+    and a content bias's mean and spread are those over the images of the traced bias."""
+    model, x = _model(encoding), _images(5)
+    whole = Pos.position_kernels(model, x, chunk=5)
+    for chunk in (1, 2, 4):
+        k = Pos.position_kernels(model, x, chunk=chunk)
+        np.testing.assert_allclose(k.kernel, whole.kernel, atol=1e-5)
+        if whole.spread is not None:
+            np.testing.assert_allclose(k.spread, whole.spread, atol=1e-5)
+    if whole.kind == "bias":
+        rec = []
+        with torch.no_grad():
+            model(x, trace=rec)
+        b = torch.stack([t["bias"][..., 1:, 1:].expand(5, -1, -1, -1) for t in rec])   # (L, B, h, N, N)
+        np.testing.assert_allclose(whole.kernel, b.mean(1).numpy(), atol=1e-5)
+        np.testing.assert_allclose(whole.spread, b.std(1, unbiased=False).numpy(), atol=1e-5)
+
+
+def test_analyze_traces_each_image_once(monkeypatch):
+    """`analyze` takes the kernels and the attention statistics from one forward pass."""
+    from vitpe_core.checkpoint import Checkpoint
+    model = build_model(ViTConfig(img_size=(32, 32), patch_size=8, dim=32, depth=1, heads=2, mlp_dim=32,
+                                  encoding="sape2")).eval()
+    seen, real = [], Pos._traces
+    monkeypatch.setattr(Pos, "_traces", lambda m, x: seen.append(len(x)) or real(m, x))
+    ckpt = Checkpoint(model=model, config=model.cfg, name="t")
+    summary, _ = Pos.analyze(ckpt)
+    assert sum(seen) == summary["images"] == len(Pos.image_set(ckpt)) and max(seen) <= 8
+
+
 def test_mean_attention_distance_of_uniform_attention_is_the_mean_pairwise_distance():
     T, P = 21, 1
     uniform = np.full((T, T), 1.0 / T)

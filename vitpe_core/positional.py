@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -80,41 +81,66 @@ def _traces(model: ViT, images: Tensor) -> list[dict]:
 
 
 @torch.no_grad()
-def position_kernels(model: ViT, images: Tensor) -> Kernels:
+def position_kernels(model: ViT, images: Tensor, *, chunk: int = 8,
+                     on_trace: Callable[[list[dict]], None] | None = None, progress: str | None = None) -> Kernels:
     """The position-only kernels of `model` on `images (B, 3, H, W)` (normalised, all the same
     size), by the encoding's kind (module doc). A composite with a bias (`sape2+ape`) is
-    described by its bias; one with a rotation and no bias by its rotation."""
-    enc = model.pos_enc
-    grid = model.grid_for(images.shape[-2:])
-    P = model.num_prefix
-    rec = _traces(model, images)
-    if rec[0]["bias"] is not None:
-        bias = torch.stack([t["bias"][..., P:, P:].expand(images.shape[0], -1, -1, -1) for t in rec])  # (L, B, h, N, N)
-        return Kernels("bias", grid, bias.mean(1).numpy(), bias.std(1, unbiased=False).numpy(),
-                       list(range(len(rec))))
-    if "rotation" in enc.hooks:
-        return Kernels("rotation", grid, rotation_kernels(model, rec, grid), None, list(range(len(rec))))
-    if "table" in enc.hooks:
+    described by its bias; one with a rotation and no bias by its rotation.
+
+    One traced forward pass, `chunk` images at a time (memory stays bounded for large models);
+    `on_trace(rec)` sees each chunk's trace (`analyze` takes its attention statistics from the
+    same pass); `progress`: a tqdm description, or None for no bar."""
+    from tqdm.auto import tqdm
+
+    enc, grid, P = model.pos_enc, model.grid_for(images.shape[-2:]), model.num_prefix
+    kind, layers = None, 0
+    s1 = s2 = q_sum = k_sum = None          # running sums over images (bias) or image patches (rotation)
+    angles: list[Tensor] = []
+    for x in tqdm(images.split(chunk), desc=progress, disable=progress is None):
+        rec = _traces(model, x)
+        if on_trace is not None:
+            on_trace(rec)
+        if kind is None:
+            kind = ("bias" if rec[0]["bias"] is not None else "rotation" if "rotation" in enc.hooks
+                    else "table" if "table" in enc.hooks else "none")
+            layers = len(rec)
+            angles = [enc.angles(grid, layer).float() for layer in range(layers)] if kind == "rotation" else []
+        if kind == "bias":
+            b = torch.stack([t["bias"][..., P:, P:].expand(x.shape[0], -1, -1, -1) for t in rec]).double()  # (L, b, h, N, N)
+            s1 = b.sum(1) if s1 is None else s1 + b.sum(1)
+            s2 = (b * b).sum(1) if s2 is None else s2 + (b * b).sum(1)
+        elif kind == "rotation":   # the trace keeps q, k after rotation: undo it per patch for the content's mean
+            q = torch.stack([_unrotate(t["q"][:, :, P:].float(), a).sum((0, 2)) for t, a in zip(rec, angles)])
+            k = torch.stack([_unrotate(t["k"][:, :, P:].float(), a).sum((0, 2)) for t, a in zip(rec, angles)])
+            q_sum = q if q_sum is None else q_sum + q                            # (L, h, d)
+            k_sum = k if k_sum is None else k_sum + k
+    n = len(images)
+    if kind == "bias":
+        mean = s1 / n
+        std = (s2 / n - mean * mean).clamp_min(0).sqrt()
+        return Kernels("bias", grid, mean.float().numpy(), std.float().numpy(), list(range(layers)))
+    if kind == "rotation":
+        N = grid[0] * grid[1]
+        return Kernels("rotation", grid, rotation_kernels(q_sum / (n * N), k_sum / (n * N), angles), None,
+                       list(range(layers)))
+    if kind == "table":
         return Kernels("table", grid, table_kernel(model, images)[None], None, [0])
-    return Kernels("none", grid, np.zeros((len(rec), model.cfg.heads, grid[0] * grid[1], grid[0] * grid[1])),
-                   None, list(range(len(rec))))
+    return Kernels("none", grid, np.zeros((layers, model.cfg.heads, grid[0] * grid[1], grid[0] * grid[1])),
+                   None, list(range(layers)))
 
 
-def rotation_kernels(model: ViT, rec: list[dict], grid: Grid) -> np.ndarray:
+def rotation_kernels(q: Tensor, k: Tensor, angles: list[Tensor]) -> np.ndarray:
     """`(L, h, N, N)`: `Re Σ_j z̄q_j conj(z̄k_j) e^{i(φ_ij − φ_nj)} / sqrt d`, with `z̄q, z̄k` the mean
-    query and key of the patches (before rotation, as complex pairs) and `φ` the encoding's angles."""
-    P, out = model.num_prefix, []
-    for layer, t in enumerate(rec):
-        # the trace keeps q, k after rotation: undo it per patch to get the content's mean
-        ang = model.pos_enc.angles(grid, layer).float()                          # (h|1, N, d/2)
-        q = _unrotate(t["q"][:, :, P:].float(), ang).mean((0, 2))                # (h, d)
-        k = _unrotate(t["k"][:, :, P:].float(), ang).mean((0, 2))
-        zq = torch.complex(q[..., 0::2], q[..., 1::2])                          # (h, d/2)
-        zk = torch.complex(k[..., 0::2], k[..., 1::2])
+    query and key of the patches (`q, k (L, h, d)`, before rotation, as complex pairs) and `φ`
+    the encoding's angles per layer (`(h|1, N, d/2)` each)."""
+    out = []
+    for qm, km, ang in zip(q, k, angles):
+        zq = torch.complex(qm[..., 0::2], qm[..., 1::2])                        # (h, d/2)
+        zk = torch.complex(km[..., 0::2], km[..., 1::2])
         phase = ang[:, :, None, :] - ang[:, None, :, :]                          # (h|1, N, N, d/2)
         rot = torch.polar(torch.ones_like(phase), phase)
         kern = ((zq * zk.conj())[:, None, None, :] * rot).real.sum(-1)          # (h, N, N)
-        out.append((kern * q.shape[-1] ** -0.5).numpy())
+        out.append((kern * qm.shape[-1] ** -0.5).numpy())
     return np.stack(out)
 
 
@@ -202,18 +228,19 @@ def image_set(ckpt) -> Tensor:
 def analyze(ckpt, progress: bool = False) -> tuple[dict, dict[str, np.ndarray]]:
     """Summary (JSON-able: the relative score per layer and head and its mean, mean attention
     distance and entropy per layer and head, on `image_set`) and the arrays behind it
-    (`kernel`, `spread`, `offset_kernel`, `mean_distance`, `entropy`)."""
-    from tqdm.auto import tqdm
-
+    (`kernel`, `spread`, `offset_kernel`, `mean_distance`, `entropy`). One traced forward pass
+    over the image set gives both the kernels and the attention statistics."""
     model, images = ckpt.model.eval(), image_set(ckpt)
-    kern = position_kernels(model, images)
-    rec, distances, entropies = [], [], []
-    for x in tqdm(images.split(8), desc=f"{ckpt.name}: attention over {len(images)} images", disable=not progress):
-        rec = _traces(model, x)
+    grid, distances, entropies = model.grid_for(images.shape[-2:]), [], []
+
+    def attention_stats(rec: list[dict]) -> None:
         attn = np.stack([t["attn"].float().numpy() for t in rec], 1)              # (b, L, h, T, T)
-        distances.append(mean_attention_distance(attn, kern.grid, model.num_prefix))  # (b, L, h)
+        distances.append(mean_attention_distance(attn, grid, model.num_prefix))       # (b, L, h)
         rows = np.clip(attn[..., model.num_prefix:, :], 1e-12, None)
         entropies.append(-(rows * np.log(rows)).sum(-1).mean(-1))                # (b, L, h)
+
+    kern = position_kernels(model, images, on_trace=attention_stats,
+                            progress=f"{ckpt.name}: {len(images)} images" if progress else None)
     dist, ent = np.concatenate(distances).mean(0), np.concatenate(entropies).mean(0)   # (L, h)
     score = relative_score(kern.kernel, kern.grid)                               # (L', h)
     summary = {"kind": kern.kind, "layers": kern.layers, "images": int(len(images)),
