@@ -191,12 +191,14 @@ def _gap(a: float | None, b: float | None) -> str:
     return "—" if a is None or b is None else f"{a - b:+.2f}"
 
 
-def budget_table(folder: str | Path = "checkpoints") -> str:
+def budget_table(folder: str | Path = "checkpoints", runs: str | Path | None = None) -> str:
     """Top-1 of the study's encodings at 15 epochs (the shipped rows, seed 0, and their seed-1
     reruns in `folder/seeds`) and at 50 (`folder/long`), the SaPE² − none and SaPE² − APE gaps
     at each budget, the APE table's 2D-structure score and SaPE²'s bias scale. Rows whose recipe
-    differs from the shipped row's in more than the seed or epochs are left out."""
+    differs from the shipped row's in more than the seed or epochs are left out. Runs not shipped
+    yet are listed with their progress from `runs` (default: `runs/` beside `folder`)."""
     folder = Path(folder)
+    run_dir = Path(runs) if runs is not None else folder.resolve().parent / "runs"
     main, seeds, long = (load_metrics(folder), load_metrics(folder / "seeds"), load_metrics(folder / "long"))
     seed1 = {n.removesuffix("-seed1"): m for n, m in seeds.items() if n.endswith("-seed1")}
 
@@ -225,12 +227,29 @@ def budget_table(folder: str | Path = "checkpoints") -> str:
     if spread:
         lines += ["", "Seed spread at 15 epochs: " + ", ".join(f"`{n}` {v:.2f}" for n, v in spread.items())
                   + " points."]
-    todo = [f"`{kind}:{n}`" for n, (_, s1, lng) in rows.items()
+    todo = [f"`{kind}:{n}`" + _progress(run_dir, kind, n) for n, (_, s1, lng) in rows.items()
             for kind, m in (("seed1", s1), ("long", lng)) if m is None and not (kind == "seed1" and n == "sape2+ape")]
     if todo:
-        lines += ["", f"Not trained yet ({len(todo)}): {', '.join(todo)} — `bash scripts/train_study.sh data` "
+        lines += ["", f"Not finished yet ({len(todo)}): {', '.join(todo)} — `bash scripts/train_study.sh data` "
                       "resumes them."]
     return "\n".join(lines)
+
+
+STUDY_RUNS = {"long": "long/{}", "seed1": "seeds/{}-seed1"}   # job kind -> run folder (scripts/train_study.sh)
+
+
+def _progress(runs: Path, kind: str, name: str) -> str:
+    """` (E of N epochs done)` for a study run with a resumable state in `runs`, else ``."""
+    path = runs / STUDY_RUNS[kind].format(name) / "state.pt"
+    if not path.is_file():
+        return ""
+    from .train import load_state
+    try:
+        state = load_state(path)
+        done, total = len(state["curves"].get("epoch", [])), state["train_config"]["epochs"]
+    except Exception as e:  # a state the trainer could not resume either: say so, do not fail the table
+        return f" (unreadable state: {type(e).__name__})"
+    return f" ({done} of {total} epochs done)"
 
 
 def _enc(m: dict) -> str | None:
