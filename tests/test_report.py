@@ -121,3 +121,11 @@ def test_budget_table_shows_the_progress_of_unfinished_runs(tmp_path):
     table = budget_table(tmp_path / "checkpoints")
     assert "`long:sape2` (3 of 50 epochs done)" in table
     assert "`seed1:none` (unreadable state: " in table and "`long:none`," in table
+
+
+def test_study_run_folders_are_the_scripts():
+    """report.STUDY_RUNS names the folders scripts/train_study.sh trains into."""
+    from vitpe_core.report import STUDY_RUNS
+    script = (REPO / "scripts" / "train_study.sh").read_text()
+    for kind, folder in STUDY_RUNS.items():
+        assert f"{kind})" in script and f"out=runs/{folder.format('$enc')};" in script, (kind, folder)
