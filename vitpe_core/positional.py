@@ -106,7 +106,8 @@ def position_kernels(model: ViT, images: Tensor, *, chunk: int = 8,
             layers = len(rec)
             angles = [enc.angles(grid, layer).float() for layer in range(layers)] if kind == "rotation" else []
         if kind == "bias":
-            b = torch.stack([t["bias"][..., P:, P:].expand(x.shape[0], -1, -1, -1) for t in rec]).double()  # (L, b, h, N, N)
+            b = torch.stack([t["bias"][..., P:, P:].expand(x.shape[0], -1, -1, -1) for t in rec])  # (L, b, h, N, N)
+            b = b.double()
             s1 = b.sum(1) if s1 is None else s1 + b.sum(1)
             s2 = (b * b).sum(1) if s2 is None else s2 + (b * b).sum(1)
         elif kind == "rotation":   # the trace keeps q, k after rotation: undo it per patch for the content's mean

@@ -217,11 +217,11 @@ def budget_table(folder: str | Path = "checkpoints", runs: str | Path | None = N
                      f"| {_fmt(score(short), 2)} → {_fmt(score(lng), 2)} | {_fmt(ratio[0], 3)} → {_fmt(ratio[1], 3)} |")
     top = {n: [_top1(m) for m in ms] for n, ms in rows.items()}
     mean15 = {n: _mean([t[0], t[1]]) for n, t in top.items()}
-    runs = lambda n: sum(v is not None for v in top[n][:2])
+    n_seeds = lambda n: sum(v is not None for v in top[n][:2])   # 15-epoch runs of `n`
     for other, label in (("none", "no encoding"), ("ape", "a learned table (APE)")):
         lines += ["", f"SaPE² − {label}: {_gap(top['sape2'][0], top[other][0])} points at 15 epochs (seed 0), "
                       f"{_gap(mean15['sape2'], mean15[other])} between the 15-epoch means over seeds "
-                      f"({runs('sape2')} run(s) of `sape2`, {runs(other)} of `{other}`), "
+                      f"({n_seeds('sape2')} run(s) of `sape2`, {n_seeds(other)} of `{other}`), "
                       f"{_gap(top['sape2'][2], top[other][2])} at {LONG_EPOCHS} epochs."]
     spread = {n: abs(t[0] - t[1]) for n, t in top.items() if None not in t[:2]}
     if spread:
