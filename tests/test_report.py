@@ -86,6 +86,7 @@ def test_scale_cli_measures_what_training_records(tmp_path):
         assert main(["scale", str(ck), "--data-dir", str(tmp_path / "data")]) == 0
     line = json.loads(out.getvalue())
     assert line["bias_ratio_per_layer"] == pytest.approx(recorded, rel=1e-3) and len(recorded) == 2
+    assert line["checkpoint"] == str(ck)      # the path as given: long/sape2 and sape2 stay apart
     ape = tmp_path / "ck" / "a.safetensors"
     train(TrainConfig(encoding="ape", preset="tiny", epochs=1, batch_size=8, eval_batch_size=4, seed=3),
           data_dir=tmp_path / "data", out=tmp_path / "run_a", checkpoint=ape, progress=False)

@@ -329,7 +329,7 @@ def _scale(args: argparse.Namespace) -> int:
         ratios = [v for k, v in scale.items() if k.startswith("enc_bias_ratio_L")]
         if not ratios:
             raise ValueError(f"{path.name}: `{ckpt.config.encoding}` adds no attention bias to measure")
-        print(json.dumps({"checkpoint": path.stem, "images": len(x), "bias_ratio_per_layer": ratios,
+        print(json.dumps({"checkpoint": str(path), "images": len(x), "bias_ratio_per_layer": ratios,
                           "bias_ratio_mean": round(sum(ratios) / len(ratios), 4)}))
     return 0
 
