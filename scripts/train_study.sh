@@ -25,4 +25,6 @@ for job in $JOBS; do
   mkdir -p "$(dirname "$ckpt")"
   "$PY" -m vitpe_core train --encoding "$enc" --dataset cifar10 --preset compact --epochs "$epochs" \
     --seed "$seed" --data-dir "$DATA_DIR" --out "$out" --resume --checkpoint "$ckpt"
+  # the app lists checkpoints/long/: its compare page reads this position analysis beside each one
+  if [ "$kind" = long ]; then "$PY" -m vitpe_core analyze "$ckpt"; fi
 done

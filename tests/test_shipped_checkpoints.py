@@ -105,10 +105,14 @@ def test_seed_reruns_change_only_the_seed(path):
     assert (path.with_suffix(".safetensors")).is_file() and len(m["git_commit"]) == 40
 
 
-@pytest.mark.parametrize("name", SHIPPED)
+LISTED = SHIPPED + [f"long/{n}" for n in list_checkpoints(REPO / "checkpoints" / "long")]   # what the app lists
+
+
+@pytest.mark.parametrize("name", LISTED)
 def test_the_shipped_position_analysis_is_current(name):
-    """checkpoints/NAME.analysis.npz (the compare page's position section) matches the checkpoint;
-    after retraining, `python -m vitpe_core analyze checkpoints/NAME.safetensors` rewrites it."""
+    """checkpoints/NAME.analysis.npz (the compare page's position section, for every checkpoint the
+    app lists) matches the checkpoint; after retraining, `python -m vitpe_core analyze
+    checkpoints/NAME.safetensors` rewrites it."""
     from vitpe_core.positional import read_cache
     arrays = read_cache(REPO / "checkpoints" / f"{name}.safetensors")
     assert arrays is not None and {"kind", "offset_kernel", "relative_score", "mean_distance"} <= set(arrays)
