@@ -283,22 +283,22 @@ void sape2_bwd_impl(T* gl, const T* z, const T* sx, const T* sy, const T* gx, co
 template <typename T>
 INL void cope_fwd_range(T* logits, const T* z, const T* gates, int64_t BH, int64_t Tt, int64_t np, int64_t r0, int64_t r1) {
   const int64_t M = np - 1;
-      std::vector<T> zs(np);
-    for (int64_t r = r0; r < r1; ++r) {
-      T* l = logits + r * Tt;
-      const T* g = gates + r * Tt;
-      const T* zr = z + r * np;
-      for (int64_t t = 0; t < M; ++t) zs[t] = zr[t + 1] - zr[t];
-      zs[M] = 0;
-      T p = 0;
-      for (int64_t j = Tt - 1; j >= 0; --j) {
-        p += g[j];
-        T pos = std::min(p, T(M));
-        int64_t i = (int64_t)pos;
-        T lo = T(i);
-        l[j] = (l[j] + zr[i]) + zs[i] * (pos - lo);
-      }
+  std::vector<T> zs(np);
+  for (int64_t r = r0; r < r1; ++r) {
+    T* l = logits + r * Tt;
+    const T* g = gates + r * Tt;
+    const T* zr = z + r * np;
+    for (int64_t t = 0; t < M; ++t) zs[t] = zr[t + 1] - zr[t];
+    zs[M] = 0;
+    T p = 0;
+    for (int64_t j = Tt - 1; j >= 0; --j) {
+      p += g[j];
+      T pos = std::min(p, T(M));
+      int64_t i = (int64_t)pos;
+      T lo = T(i);
+      l[j] = (l[j] + zr[i]) + zs[i] * (pos - lo);
     }
+  }
 }
 HOT void cope_fwd_one(float* logits, const float* z, const float* gates, int64_t BH, int64_t Tt, int64_t np, int64_t r0, int64_t r1) { cope_fwd_range<float>(logits, z, gates, BH, Tt, np, r0, r1); }
 HOT void cope_fwd_one(double* logits, const double* z, const double* gates, int64_t BH, int64_t Tt, int64_t np, int64_t r0, int64_t r1) { cope_fwd_range<double>(logits, z, gates, BH, Tt, np, r0, r1); }
@@ -310,32 +310,32 @@ void cope_fwd_impl(T* logits, const T* z, const T* gates, int64_t BH, int64_t Tt
 template <typename T>
 INL void cope_bwd_range(T* gl, const T* z, const T* gates, T* gz, int64_t BH, int64_t Tt, int64_t np, int64_t r0, int64_t r1) {
   const int64_t M = np - 1;
-      std::vector<T> zs(np), gzs(np), dp(Tt);
-    for (int64_t r = r0; r < r1; ++r) {
-      T* G = gl + r * Tt;
-      const T* g = gates + r * Tt;
-      const T* zr = z + r * np;
-      T* gzr = gz + r * np;
-      for (int64_t t = 0; t < M; ++t) zs[t] = zr[t + 1] - zr[t];
-      zs[M] = 0;
-      std::fill(gzs.begin(), gzs.end(), T(0));
-      T p = 0;
-      for (int64_t j = Tt - 1; j >= 0; --j) {
-        p += g[j];
-        T pos = std::min(p, T(M));
-        int64_t i = (int64_t)pos;
-        T lo = T(i);
-        gzr[i] += G[j];
-        gzs[i] += G[j] * (pos - lo);
-        dp[j] = G[j] * zs[i];
-      }
-      for (int64_t t = 0; t < M; ++t) { gzr[t + 1] += gzs[t]; gzr[t] -= gzs[t]; }
-      T c = 0;                                   // positions are a reverse cumsum: adjoint a cumsum
-      for (int64_t j = 0; j < Tt; ++j) {
-        c += dp[j];
-        G[j] += c * g[j] * (T(1) - g[j]);
-      }
+  std::vector<T> zs(np), gzs(np), dp(Tt);
+  for (int64_t r = r0; r < r1; ++r) {
+    T* G = gl + r * Tt;
+    const T* g = gates + r * Tt;
+    const T* zr = z + r * np;
+    T* gzr = gz + r * np;
+    for (int64_t t = 0; t < M; ++t) zs[t] = zr[t + 1] - zr[t];
+    zs[M] = 0;
+    std::fill(gzs.begin(), gzs.end(), T(0));
+    T p = 0;
+    for (int64_t j = Tt - 1; j >= 0; --j) {
+      p += g[j];
+      T pos = std::min(p, T(M));
+      int64_t i = (int64_t)pos;
+      T lo = T(i);
+      gzr[i] += G[j];
+      gzs[i] += G[j] * (pos - lo);
+      dp[j] = G[j] * zs[i];
     }
+    for (int64_t t = 0; t < M; ++t) { gzr[t + 1] += gzs[t]; gzr[t] -= gzs[t]; }
+    T c = 0;                                   // positions are a reverse cumsum: adjoint a cumsum
+    for (int64_t j = 0; j < Tt; ++j) {
+      c += dp[j];
+      G[j] += c * g[j] * (T(1) - g[j]);
+    }
+  }
 }
 HOT void cope_bwd_one(float* gl, const float* z, const float* gates, float* gz, int64_t BH, int64_t Tt, int64_t np, int64_t r0, int64_t r1) { cope_bwd_range<float>(gl, z, gates, gz, BH, Tt, np, r0, r1); }
 HOT void cope_bwd_one(double* gl, const double* z, const double* gates, double* gz, int64_t BH, int64_t Tt, int64_t np, int64_t r0, int64_t r1) { cope_bwd_range<double>(gl, z, gates, gz, BH, Tt, np, r0, r1); }
@@ -409,7 +409,7 @@ torch::Tensor cope_bwd(torch::Tensor gl, torch::Tensor z, torch::Tensor gates, i
 """
 
 _FUNCTIONS = ["sape2_fwd", "sape2_bwd", "cope_fwd", "cope_bwd"]
-_VERSION = "4"  # bump with any change of _SOURCE's interface (torch also rebuilds when the source changes)
+_VERSION = "5"  # bump with any change of _SOURCE's interface (torch also rebuilds when the source changes)
 
 _lock = threading.Lock()
 _state: dict = {}
