@@ -79,6 +79,12 @@ INL void steps(const T* z, int64_t M, T* zs) {
   zs[M] = 0;
 }
 
+// Backward of steps: the steps' gradient gzs adds into the read-outs' gradient gz.
+template <typename T>
+INL void steps_bwd(const T* gzs, int64_t M, T* gz) {
+  for (int64_t t = 0; t < M; ++t) { gz[t + 1] += gzs[t]; gz[t] -= gzs[t]; }
+}
+
 // One line of gates g (already σ) -> descriptor desc[a] = z[lo] + f * zs[lo],
 // pos[a] = min(sum_{b >= a} g[b], M), lo = floor pos, f = pos - lo.
 template <typename T>
@@ -259,10 +265,7 @@ INL void sape2_bwd_range(T* gl, const T* z, const T* sx, const T* sy, const T* g
         for (int64_t u = 0; u < W; ++u) Gr[y * W + u] += gline[u];
         line_bwd(gyb + n * H, gsy.data() + n * H, H, zs.data() + np, M, gzn + np, gzs.data() + np, gline.data());
         for (int64_t v = 0; v < H; ++v) Gr[v * W + x] += gline[v];
-        for (int64_t t = 0; t < M; ++t) {                // steps' gradient into the read-outs'
-          gzn[t + 1] += gzs[t]; gzn[t] -= gzs[t];
-          gzn[np + t + 1] += gzs[np + t]; gzn[np + t] -= gzs[np + t];
-        }
+        steps_bwd(gzs.data(), M, gzn); steps_bwd(gzs.data() + np, M, gzn + np);
       }
   }
 }
@@ -278,26 +281,17 @@ void sape2_bwd_impl(T* gl, const T* z, const T* sx, const T* sy, const T* gx, co
   at::parallel_for(0, BH, 1, [&](int64_t b0, int64_t b1) { sape2_bwd_one(gl, z, sx, sy, gx, gy, gz, BH, Tt, P, H, W, np, b0, b1); });
 }
 
-// CoPE, keys in their own order: per row, pos[j] = sum_{t >= j} g[t] (a reverse cumsum, capped at M),
-// bias z[lo] + f zs[lo].
+// CoPE, keys in their own order: each row of logits is one line of line_fwd (gates g = σ of
+// the logits, pos[j] = min(sum_{t >= j} g[t], M)), its descriptor added as the bias.
 template <typename T>
 INL void cope_fwd_range(T* logits, const T* z, const T* gates, int64_t BH, int64_t Tt, int64_t np, int64_t r0, int64_t r1) {
   const int64_t M = np - 1;
-  std::vector<T> zs(np);
+  std::vector<T> zs(np), desc(Tt);
   for (int64_t r = r0; r < r1; ++r) {
     T* l = logits + r * Tt;
-    const T* g = gates + r * Tt;
-    const T* zr = z + r * np;
-    for (int64_t t = 0; t < M; ++t) zs[t] = zr[t + 1] - zr[t];
-    zs[M] = 0;
-    T p = 0;
-    for (int64_t j = Tt - 1; j >= 0; --j) {
-      p += g[j];
-      T pos = std::min(p, T(M));
-      int64_t i = (int64_t)pos;
-      T lo = T(i);
-      l[j] = (l[j] + zr[i]) + zs[i] * (pos - lo);
-    }
+    steps(z + r * np, M, zs.data());
+    line_fwd(gates + r * Tt, Tt, z + r * np, zs.data(), M, desc.data());
+    for (int64_t j = 0; j < Tt; ++j) l[j] += desc[j];
   }
 }
 HOT void cope_fwd_one(float* logits, const float* z, const float* gates, int64_t BH, int64_t Tt, int64_t np, int64_t r0, int64_t r1) { cope_fwd_range<float>(logits, z, gates, BH, Tt, np, r0, r1); }
@@ -307,34 +301,18 @@ void cope_fwd_impl(T* logits, const T* z, const T* gates, int64_t BH, int64_t Tt
   at::parallel_for(0, BH * Tt, 16, [&](int64_t r0, int64_t r1) { cope_fwd_one(logits, z, gates, BH, Tt, np, r0, r1); });
 }
 
+// Backward: gl holds d logits; the gates are σ of the same logits, so their gradient adds into it.
 template <typename T>
 INL void cope_bwd_range(T* gl, const T* z, const T* gates, T* gz, int64_t BH, int64_t Tt, int64_t np, int64_t r0, int64_t r1) {
   const int64_t M = np - 1;
-  std::vector<T> zs(np), gzs(np), dp(Tt);
+  std::vector<T> zs(np), gzs(np), dg(Tt);
   for (int64_t r = r0; r < r1; ++r) {
     T* G = gl + r * Tt;
-    const T* g = gates + r * Tt;
-    const T* zr = z + r * np;
-    T* gzr = gz + r * np;
-    for (int64_t t = 0; t < M; ++t) zs[t] = zr[t + 1] - zr[t];
-    zs[M] = 0;
+    steps(z + r * np, M, zs.data());
     std::fill(gzs.begin(), gzs.end(), T(0));
-    T p = 0;
-    for (int64_t j = Tt - 1; j >= 0; --j) {
-      p += g[j];
-      T pos = std::min(p, T(M));
-      int64_t i = (int64_t)pos;
-      T lo = T(i);
-      gzr[i] += G[j];
-      gzs[i] += G[j] * (pos - lo);
-      dp[j] = G[j] * zs[i];
-    }
-    for (int64_t t = 0; t < M; ++t) { gzr[t + 1] += gzs[t]; gzr[t] -= gzs[t]; }
-    T c = 0;                                   // positions are a reverse cumsum: adjoint a cumsum
-    for (int64_t j = 0; j < Tt; ++j) {
-      c += dp[j];
-      G[j] += c * g[j] * (T(1) - g[j]);
-    }
+    line_bwd(gates + r * Tt, G, Tt, zs.data(), M, gz + r * np, gzs.data(), dg.data());
+    steps_bwd(gzs.data(), M, gz + r * np);
+    for (int64_t j = 0; j < Tt; ++j) G[j] += dg[j];
   }
 }
 HOT void cope_bwd_one(float* gl, const float* z, const float* gates, float* gz, int64_t BH, int64_t Tt, int64_t np, int64_t r0, int64_t r1) { cope_bwd_range<float>(gl, z, gates, gz, BH, Tt, np, r0, r1); }
@@ -409,7 +387,7 @@ torch::Tensor cope_bwd(torch::Tensor gl, torch::Tensor z, torch::Tensor gates, i
 """
 
 _FUNCTIONS = ["sape2_fwd", "sape2_bwd", "cope_fwd", "cope_bwd"]
-_VERSION = "5"  # bump with any change of _SOURCE's interface (torch also rebuilds when the source changes)
+_VERSION = "6"  # bump with any change of _SOURCE's interface (torch also rebuilds when the source changes)
 
 _lock = threading.Lock()
 _state: dict = {}
