@@ -232,9 +232,10 @@ def patch_label(patch: tuple[int, int]) -> str:
 
 
 def share_url(base: str, *, page: str = "bias", ckpt: str | None = None, image: str | None = None,
-              patch: tuple[int, int] | None = None, layer: int | None = None, head: str | None = None) -> str:
+              patch: tuple[int, int] | None = None, layer: int | None = None, head: str | None = None,
+              show: list[str] | None = None) -> str:
     q = {"page": page, "ckpt": ckpt, "image": image, "patch": patch and f"{patch[0]},{patch[1]}",
-         "layer": None if layer is None else str(layer), "head": head}
+         "layer": None if layer is None else str(layer), "head": head, "show": show and ",".join(show)}
     return base.rstrip("/") + "/?" + urlencode({k: v for k, v in q.items() if v is not None}, safe=",", quote_via=quote)
 
 

@@ -20,20 +20,20 @@ def main() -> None:
         ui.no_checkpoints_info()
         ui.render_share(view)
         return
-    with st.sidebar:
-        shown = st.multiselect("Checkpoints to show", names, default=names, key=f"{PAGE}_show")
     ckpts = ui.load_checkpoints(names)
     if not ckpts:
         return
-    shown = [n for n in shown if n in ckpts]
     depth, heads = (max(getattr(c.config, dim) for c in ckpts.values()) for dim in ("depth", "heads"))
     view = ui.current_view(PAGE, list(ckpts), dims_for=lambda n: (ckpts[n].config.grid, depth, heads))
     ref, grid = ckpts[view.ckpt], ckpts[view.ckpt].config.grid
     with st.sidebar:
+        shown = ui.checkpoints_pick(PAGE, list(ckpts))
         img, key, caption, is_upload = ui.image_source(PAGE)
         layer, head = ui.layer_head_controls(PAGE, depth, heads)
     ui.render_share(view, upload_active=is_upload)
     ui.controls_hint(PAGE, layer, head)
+    if not shown:
+        st.info("No checkpoint picked: choose some under **Checkpoints to show** in the sidebar.")
     img, key, custom = ui.fit_image(PAGE, img, key, ref, is_upload)
 
     left, right = st.columns([1, 2])

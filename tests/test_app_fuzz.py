@@ -11,10 +11,11 @@ from hypothesis import strategies as st
 
 from test_app import APP, PAGES, run
 
-KEYS = ["page", "ckpt", "image", "patch", "layer", "head"]
+KEYS = ["page", "ckpt", "image", "patch", "layer", "head", "show"]
 NASTY = ["", " ", "..", "../../etc/passwd", "/etc/passwd", "%00", "\x00", "sape2+ape", "ape", "none", "3,4",
          "-1,2", "99999999999999999999", "1e9", "nan", "inf", "0x10", "1,2,3", ",", "mean", "🙂", "<script>",
-         "a" * 5000, "cifar10-test-0000", "photo-astronaut", "bias", "compare", "similarity", "checkpoints"]
+         "a" * 5000, "ape,none", "-",
+         "ape,,long/ape,ape", "cifar10-test-0000", "photo-astronaut", "bias", "compare", "similarity", "checkpoints"]
 values = st.one_of(st.sampled_from(NASTY), st.text(max_size=40))
 
 
@@ -34,6 +35,8 @@ def test_random_query_strings_never_raise(app_checkpoint_dir, params):
         assert 0 <= r < 8 and 0 <= c < 8
     if "ckpt" in at.query_params:
         assert at.query_params["ckpt"] in {"ape", "sape2+ape", "rope_mixed", "rpb", "none"}
+    if "show" in at.query_params and at.query_params["show"] != "-":
+        assert set(at.query_params["show"].split(",")) <= {"ape", "sape2+ape", "rope_mixed", "rpb", "none"}
 
 
 def test_the_app_routes_every_page_script_and_the_fuzzer_draws_each(app_checkpoint_dir, monkeypatch):

@@ -1,6 +1,6 @@
 """The app's newer views through app.py in AppTest: the Figure-7 film on the similarity page,
 the figure download format (PNG / SVG), the per-query kernels on the compare page, the
-`long/` group of checkpoints, and the encoding-scale chart on the Checkpoints page.
+`long/` group of checkpoints and the compare page's pick of them, and the encoding-scale chart on the Checkpoints page.
 Checkpoints: tiny random-weight models (`benchmarks.harness.write_random_checkpoints`)."""
 from __future__ import annotations
 
@@ -125,6 +125,42 @@ def test_every_page_and_share_link_work_with_a_long_checkpoint(ckpts, page):
     assert "ckpt=long%2Fape" in link and "long/ape" in unquote(link)
     if page == "checkpoints":
         assert any(h.value == "long/ape" for h in at.header)
+
+
+def panels(at: AppTest) -> list[str]:
+    """The compare page's panels, by their checkpoint's name (each panel's subheader-like markdown)."""
+    [select] = [m for m in at.sidebar.multiselect if m.key == "compare_show"]
+    return list(select.value)
+
+
+def test_compare_shows_the_main_checkpoints_first_and_the_pick_goes_into_the_link(ckpts):
+    at = run({"page": "compare"})
+    assert panels(at) == ["ape", "none", "rpb", "sape2+ape"] and "show" not in at.query_params   # not long/ape
+    [select] = [m for m in at.sidebar.multiselect if m.key == "compare_show"]
+    assert "long/ape" in select.options
+    select.set_value(["long/ape", "ape"]).run()
+    assert not at.exception and panels(at) == ["long/ape", "ape"]
+    assert at.query_params["show"] == "long/ape,ape"
+    [link] = [c.value for c in at.sidebar.code]
+    assert "show=long%2Fape,ape" in link
+    table = at.dataframe[0].value
+    assert list(table.index) == ["long/ape", "ape"]                     # the table follows the pick
+    again = run({"page": "compare", "show": "long/ape,ape"})          # the link reopens the pick
+    assert panels(again) == ["long/ape", "ape"] and not again.warning
+    [select] = [m for m in at.sidebar.multiselect if m.key == "compare_show"]
+    select.set_value([]).run()
+    assert not at.exception and at.query_params["show"] == "-" and panels(at) == []
+    assert any("No checkpoint picked" in i.value for i in at.info)
+    at.switch_page("pages/bias.py").run()                              # other pages keep it in their link
+    assert not at.exception and at.query_params["show"] == "-"
+
+
+def test_a_link_naming_missing_checkpoints_keeps_the_others_with_a_note(ckpts):
+    at = run({"page": "compare", "show": "rpb,long/rope_axial"})
+    assert panels(at) == ["rpb"]
+    [note] = [w.value.replace("\\", "") for w in at.warning if "show=" in w.value]    # Markdown-escaped
+    assert note == "Ignored show='rpb,long/rope_axial': no checkpoint named 'long/rope_axial' here; using show='rpb'."
+    assert at.query_params["show"] == "rpb"
 
 
 def test_a_name_outside_the_groups_is_refused(ckpts):

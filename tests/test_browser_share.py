@@ -1,7 +1,8 @@
 """Upload -> click -> share -> open elsewhere, in a real browser (issue 16, part 1): a photo
 uploaded on the bias page, a patch clicked on the picker (layer 1, head 1 from the opening link); the sidebar's
 share link opened in a NEW browser context (another visitor, another Streamlit session) shows
-the same image (the same upload id and the same picture in the picker), patch, layer and head.
+the same image (the same upload id and the same picture in the picker), patch, layer and head;
+and the compare page's pick of checkpoints, changed in its multiselect, travels the same way.
 The server runs from the repository root with its own `.streamlit/config.toml` and a temporary
 `VITPE_UPLOAD_DIR`. Skips without chromium / playwright, like tests/test_browser.py."""
 from __future__ import annotations
@@ -83,4 +84,37 @@ def test_an_uploaded_photo_is_shared_by_link(browser, server):
     expect(page2.get_by_text(digest[:12]).first).to_be_visible()
     assert page2.locator(picker_selector("bias_click")).evaluate(PICKER_IMAGE_JS) == picture   # same pixels
     assert lt.url_params(page2.url)["image"] == f"upload:{digest}"
+    other.close()
+
+
+def _chips(page) -> list[str]:
+    """The compare page's picked checkpoints, as the multiselect shows them (in order)."""
+    return [t.strip() for t in page.locator(".st-key-compare_show [data-tag] span[title]").all_inner_texts()]
+
+
+def test_the_compare_pick_is_shared_by_link(browser, server):
+    srv, _ = server
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = ctx.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(lt.share_url(srv.url, page="compare", show=["rpb", "sape2+ape", "ape"]))
+    expect(page.get_by_text("Per checkpoint", exact=True)).to_be_visible()
+    _idle(page)
+    assert _chips(page) == ["rpb", "sape2+ape", "ape"]
+    page.locator(".st-key-compare_show").get_by_role("button", name="Remove sape2+ape").click()   # the chip's ✕
+    page.wait_for_function("() => /show=rpb(,|%2C)ape(&|$)/.test(location.search)", timeout=TIMEOUT_MS)
+    _idle(page)
+    assert _chips(page) == ["rpb", "ape"]
+    link = page.locator("[data-testid='stSidebar'] [data-testid='stCode']").first.inner_text().strip()
+    assert "show=rpb,ape" in link
+    ctx.close()
+
+    other = browser.new_context(viewport={"width": 1400, "height": 1000})   # another visitor
+    page2 = other.new_page()
+    page2.set_default_timeout(TIMEOUT_MS)
+    page2.goto(link)
+    expect(page2.get_by_text("Per checkpoint", exact=True)).to_be_visible()
+    _idle(page2)
+    expect(page2.locator("[data-testid='stAlertContentWarning']")).to_have_count(0)
+    assert _chips(page2) == ["rpb", "ape"]
     other.close()

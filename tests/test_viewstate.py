@@ -134,12 +134,14 @@ def _valid(view: ViewState, grid, depth, heads, epochs) -> bool:
     return (view.page in PAGES and view.ckpt in CKPTS and (view.image in IMAGES or is_upload_id(view.image))
             and 0 <= view.patch[0] < grid[0] and 0 <= view.patch[1] < grid[1]
             and 0 <= view.layer < depth and (view.head is None or 0 <= view.head < heads)
-            and (view.epoch is None or view.epoch in epochs))
+            and (view.epoch is None or view.epoch in epochs)
+            and (view.show is None or all(n in CKPTS for n in view.show) and len(set(view.show)) == len(view.show)))
 
 
 values = st.one_of(st.text(max_size=80), st.lists(st.text(max_size=20), max_size=3), st.integers(), st.none(),
                    st.sampled_from(["3,4", "0,0", "-1,2", "mean", "sape2+ape", "7", " 2", "1e3", "0x1", "final",
-                                    "FINAL", "0", "5", "60"]))
+                                    "FINAL", "0", "5", "60", "-", "ape,rpb", "rpb,ape,rpb", "ape,long/ape",
+                                    ",", "nope,other"]))
 
 
 @settings(max_examples=300, deadline=None)
@@ -158,7 +160,8 @@ def test_any_query_gives_a_valid_view(params, grid, depth, heads, epochs):
 
 def test_every_view_field_is_a_query_key():
     from dataclasses import fields
-    full = ViewState(ckpt="a", image="b", epoch=0, shift=(1, 0), size=40, fill="reflect", rollout="CLS", fusion="max")
+    full = ViewState(ckpt="a", image="b", epoch=0, shift=(1, 0), size=40, fill="reflect", rollout="CLS", fusion="max",
+                     show=("a",))
     assert KEYS == tuple(f.name for f in fields(ViewState)) == tuple(to_query(full))
 
 
@@ -224,3 +227,30 @@ def test_stress_fills_match_the_stress_module():
     from vitpe_core import stress
     from vitpe_core.viewstate import FILLS
     assert FILLS == stress.FILLS
+
+
+# ----------------------------------------------------------------------------- the compare page's checkpoints
+def test_shown_checkpoints_round_trip_in_their_order_and_stay_out_of_default_links():
+    view, notes = parse({"page": "compare", "show": "sape2+ape,ape,none"})
+    assert notes == [] and view.show == ("sape2+ape", "ape", "none")
+    assert to_query(view)["show"] == "sape2+ape,ape,none" and parse(to_query(view)) == (view, [])
+    assert "show" not in to_query(parse({})[0])                                      # default: left out
+    empty, notes = parse({"show": "-"})
+    assert notes == [] and empty.show == () and to_query(empty)["show"] == "-" and parse(to_query(empty))[0] == empty
+    assert parse({"show": " ape , rpb,ape "}) == (parse({"show": "ape,rpb"})[0], [])   # spaces, repeats dropped
+    url = "http://host/?" + urlencode(to_query(parse({"show": "sape2+ape,rpb"})[0]))     # '+' survives a real URL
+    assert parse({k: v for k, v in parse_qs(urlsplit(url).query).items()})[0].show == ("sape2+ape", "rpb")
+
+
+def test_unknown_shown_checkpoints_are_dropped_with_a_note_and_the_rest_kept():
+    view, notes = parse({"show": "ape,long/ape,rpb"})
+    assert view.show == ("ape", "rpb")
+    assert len(notes) == 1 and notes[0].startswith("Ignored show='ape,long/ape,rpb': no checkpoint named 'long/ape'")
+    assert notes[0].endswith("using show='ape,rpb'.")
+    view, notes = parse({"show": "x,y,z,w"})
+    assert view.show is None and "no checkpoints named 'x', 'y', 'z' and more here" in notes[0]
+    assert "using show=\"the page's default\"" in notes[0]
+    view, notes = parse({"show": ","})
+    assert view.show is None and "expected checkpoint names separated by commas" in notes[0]
+    assert parse({"show": "ape," * 300})[1][0].startswith("Ignored show='ape,ape,")   # over MAX_SHOW_CHARS
+    assert "longer than 1024 characters" in parse({"show": "ape," * 300})[1][0]

@@ -7,7 +7,8 @@ over heads) and the training epoch whose recorded table the similarity page show
 the final weights; left out of links), and the bias explorer's stress test and rollout: the
 shift `(dy, dx)` in pixels of the model's input, the input height (`None` = native), the fill,
 the rollout's source token and head fusion (each left out of links at its default: no shift,
-native size, zero fill, the query patch, mean; old links open as before). `parse_view` turns a
+native size, zero fill, the query patch, mean; old links open as before), and the checkpoints
+the compare page shows (`None` = its default, left out of links; `()` = none, `show=-`). `parse_view` turns a
 query string (as `st.query_params` or `urllib.parse.parse_qs` give it) into a valid `ViewState`
 plus one human-readable note for every value it had to replace by its default; `to_query` is its
 inverse:
@@ -25,6 +26,10 @@ Deliberate choices:
 * An upload id is accepted on its form alone (`upload:` and exactly 64 lowercase hex digits,
   `is_upload_id`); whether the store still holds it is the app's question, not the parser's.
   Nothing else from a link can name a file.
+* `show` is a comma-separated list of checkpoint names (up to `MAX_SHOW_CHARS`); names the
+  folder does not hold are dropped with a note and the others kept (a link from a server with
+  more checkpoints, or naming another session's imported model), repeats are dropped. A name
+  with a comma cannot be linked.
 * The stress and rollout values are checked against what the checkpoint offers
   (`StressLimits`: its shift and size options, its prefix tokens); without limits only the
   defaults are valid.
@@ -39,6 +44,8 @@ PAGES: tuple[str, ...] = ("similarity", "bias", "compare", "checkpoints")
 DEFAULT_PAGE = "bias"
 PREFERRED_CKPT = "sape2+ape"   # the paper's best model, shown first when it is shipped
 MAX_VALUE_CHARS = 72   # the longest valid value: an upload id, `upload:` + 64 hex digits
+MAX_SHOW_CHARS = 1024  # but `show`, a list of checkpoint names
+NO_CHECKPOINTS = "-"   # `show=-`: the compare page shows none
 MEAN_HEAD = "mean"
 FINAL_EPOCH = "final"
 _INT = re.compile(r"[+-]?[0-9]{1,6}")
@@ -78,6 +85,7 @@ class ViewState:
     fill: str = FILLS[0]                # stress test: what enters at the edge
     rollout: str = PATCH_SOURCE         # rollout of the query patch or of a prefix token (CLS, ...)
     fusion: str = FUSIONS[0]            # rollout's head fusion
+    show: tuple[str, ...] | None = None  # compare page's checkpoints, in order; None = the page's default
 
     @property
     def head_label(self) -> str:
@@ -115,7 +123,8 @@ def to_query(view: ViewState) -> dict[str, str]:
          "size": "" if view.size is None else str(view.size),
          "fill": "" if view.fill == FILLS[0] else view.fill,
          "rollout": "" if view.rollout == PATCH_SOURCE else view.rollout,
-         "fusion": "" if view.fusion == FUSIONS[0] else view.fusion}
+         "fusion": "" if view.fusion == FUSIONS[0] else view.fusion,
+         "show": "" if view.show is None else ",".join(view.show) or NO_CHECKPOINTS}
     return {k: v for k, v in q.items() if v != ""}
 
 
@@ -133,7 +142,12 @@ class _Limits:
 
 
 class _Invalid(ValueError):
-    """A value refused by a key's parser; the message says why (it goes into the note)."""
+    """A value refused by a key's parser; the message says why (it goes into the note), and
+    `keep`, if not None, is the part of the value that stands in for it (instead of the default)."""
+
+    def __init__(self, why: str, keep: Any = None):
+        super().__init__(why)
+        self.keep = keep
 
 
 def _page(value: str, lim: _Limits) -> str:
@@ -235,6 +249,20 @@ def _size(value: str, lim: _Limits) -> int | None:
     return None if h == lim.stress.native else h
 
 
+def _show_list(value: str, lim: _Limits) -> tuple[str, ...]:
+    if value.strip() == NO_CHECKPOINTS:
+        return ()
+    names = list(dict.fromkeys(n.strip() for n in value.split(",") if n.strip()))
+    if not names:
+        raise _Invalid(f"expected checkpoint names separated by commas, or '{NO_CHECKPOINTS}' for none")
+    unknown = [n for n in names if n not in lim.checkpoints]
+    if unknown:
+        kept = tuple(n for n in names if n in lim.checkpoints)
+        raise _Invalid(f"no checkpoint{'s' if len(unknown) > 1 else ''} named {', '.join(map(_show, unknown[:3]))}"
+                       f"{' and more' if len(unknown) > 3 else ''} here", keep=kept or None)
+    return tuple(names)
+
+
 def _choice(options: Callable[[_Limits], Sequence[str]]) -> Callable[[str, _Limits], str]:
     def parse(value: str, lim: _Limits) -> str:
         valid = list(options(lim))
@@ -263,6 +291,7 @@ class _Key:
     parse: Callable[[str, _Limits], Any]    # the value a text stands for, or _Invalid
     default: Callable[[_Limits], Any]       # what an empty query string opens
     blank_is_none: bool = False             # "" = none chosen: not a value to refuse
+    max_chars: int = MAX_VALUE_CHARS        # longer values are refused unread
 
 
 # The query keys, in the order links write them and notes report them; ViewState has one field per key.
@@ -280,6 +309,7 @@ _KEYS: dict[str, _Key] = {
     "fill": _Key(_choice(lambda lim: FILLS), lambda lim: FILLS[0]),
     "rollout": _Key(_choice(lambda lim: lim.stress.sources), lambda lim: PATCH_SOURCE),
     "fusion": _Key(_choice(lambda lim: FUSIONS), lambda lim: FUSIONS[0]),
+    "show": _Key(_show_list, lambda lim: None, blank_is_none=True, max_chars=MAX_SHOW_CHARS),
 }
 STRESS_KEYS: tuple[str, ...] = ("shift", "size", "fill", "rollout", "fusion")
 KEYS: tuple[str, ...] = tuple(_KEYS)
@@ -304,7 +334,10 @@ def _parse(params, checkpoints, images, grid, depth, heads, epochs, stress) -> t
         try:
             values[key] = _read(spec, value, lim)
         except _Invalid as why:
-            notes.append(f"Ignored {key}={_show(shown)}: {why}; using {key}={_show(_default_text(base, key))}.")
+            fallback = base if why.keep is None else replace(base, **{key: why.keep})
+            if why.keep is not None:
+                values[key] = why.keep
+            notes.append(f"Ignored {key}={_show(shown)}: {why}; using {key}={_show(_default_text(fallback, key))}.")
     return replace(base, **values), notes
 
 
@@ -312,8 +345,8 @@ def _read(spec: _Key, value: Any, lim: _Limits) -> Any:
     """`value` through the key's parser, after the checks every key shares."""
     if not isinstance(value, str):
         raise _Invalid("not text")
-    if len(value) > MAX_VALUE_CHARS:
-        raise _Invalid(f"longer than {MAX_VALUE_CHARS} characters")
+    if len(value) > spec.max_chars:
+        raise _Invalid(f"longer than {spec.max_chars} characters")
     return spec.parse(value, lim)
 
 
@@ -387,7 +420,7 @@ def _show(value: str) -> str:
 
 
 _DEFAULT_TEXT = {"epoch": FINAL_EPOCH, "shift": "0,0", "size": NATIVE_SIZE, "fill": FILLS[0], "rollout": PATCH_SOURCE,
-                 "fusion": FUSIONS[0]}
+                 "fusion": FUSIONS[0], "show": "the page's default"}
 
 
 def _default_text(view: ViewState, key: str) -> str:

@@ -58,12 +58,18 @@ def checkpoint_names() -> list[str]:
     return list_checkpoints(root) + groups + list(uploaded_models())
 
 
+def in_group(name: str) -> bool:
+    """Whether listed name `name` is one of a group's (`long/ape`)."""
+    group, sep, _ = name.partition("/")
+    return bool(sep) and group in GROUPS
+
+
 def _folder_of(name: str) -> tuple[Path, str]:
     """(folder, file stem) of a listed name: `long/ape` -> (root/long, "ape"); a name of any
     other form is looked up in the root (where `resolve_checkpoint` refuses separators)."""
     root = checkpoint_root()
-    group, sep, stem = name.partition("/")
-    return (root / group, stem) if sep and group in GROUPS else (root, name)
+    group, _, stem = name.partition("/")
+    return (root / group, stem) if in_group(name) else (root, name)
 
 
 # ----------------------------------------------------------------------------- models

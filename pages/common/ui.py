@@ -56,7 +56,7 @@ from vitpe_core.viewstate import (FINAL_EPOCH, KEYS, MEAN_HEAD, NATIVE_SIZE, PAG
 
 log = logging.getLogger(__name__)
 
-VIEW_KEYS = ("ckpt", "image", "patch", "layer", "head", "epoch", *STRESS_KEYS)
+VIEW_KEYS = ("ckpt", "image", "patch", "layer", "head", "epoch", *STRESS_KEYS, "show")
 SYNCED = "_vitpe_synced_query"
 UPLOAD = "_vitpe_upload"           # this session's uploaded image: {"name", "id" (upload:<sha256>), "notes"}
 UPLOAD_GEN = "_vitpe_upload_gen"   # bumped when the upload is set aside: the uploaders start empty
@@ -114,6 +114,10 @@ def _as_text(key: str, value: Any) -> Any:
         return NATIVE_SIZE
     if key == "head" and value is None:
         return MEAN_HEAD
+    if key == "show" and isinstance(value, (tuple, list)):
+        return to_query(ViewState(show=tuple(value)))["show"]
+    if key == "show" and value is None:
+        return ""
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         return str(int(value))
     return value
@@ -209,7 +213,7 @@ def commit(view: ViewState) -> None:
     ss["ckpt"], ss["image"], ss["patch"] = view.ckpt, view.image, tuple(view.patch)
     ss["layer"], ss["head"], ss["epoch"] = view.layer, view.head, view.epoch
     ss["shift"], ss["size"], ss["fill"] = tuple(view.shift), view.size, view.fill
-    ss["rollout"], ss["fusion"] = view.rollout, view.fusion
+    ss["rollout"], ss["fusion"], ss["show"] = view.rollout, view.fusion, view.show
     q = to_query(view)
     # Compared with what the app last wrote too: the URL this rerun carries may be stale, and
     # equal to the new view while the address bar already shows a later one.
@@ -270,6 +274,20 @@ def bound(widget: Callable[..., Any], key: str, canon: str, *, to_widget: Callab
 def checkpoint_select(prefix: str, names: Sequence[str], *, label: str = "Checkpoint") -> str:
     return bound(st.selectbox, f"{prefix}_ckpt", "ckpt", label=label, options=list(names),
                  help="Checkpoints in the folder; '+' composes encodings (e.g. sape2+ape).")
+
+
+def checkpoints_pick(prefix: str, names: Sequence[str]) -> list[str]:
+    """Multiselect of checkpoints, in the order picked, bound to the view's `show` (the link keeps
+    it); `None` there = the main folder's checkpoints and this session's imported models, not the
+    groups' (`long/...`), unless there is nothing else."""
+    default = [n for n in names if not cache.in_group(n)] or list(names)
+    return bound(st.multiselect, f"{prefix}_show", "show", label="Checkpoints to show", options=list(names),
+                 to_widget=lambda v: list(default if v is None else v),
+                 from_widget=lambda v: None if list(v) == default else tuple(v),
+                 placeholder="Pick checkpoints to compare",
+                 help="In the order picked; the share link keeps the pick. " + (
+                     "Shown at first: all but the longer-budget runs (" + ", ".join(f"{g}/" for g in cache.GROUPS)
+                     + "), which you can add here." if len(default) < len(names) else "Shown at first: all."))
 
 
 def layer_head_controls(prefix: str, depth: int, heads: int) -> tuple[int, int | None]:
