@@ -42,6 +42,19 @@ def test_budget_table_reads_both_budgets_and_both_seeds(tmp_path):
     assert "Not finished yet (2): `seed1:ape`, `long:sape2+ape`" in table
 
 
+def test_budget_table_follows_the_gap_along_the_long_runs(tmp_path):
+    for enc in ("none", "ape", "sape2"):
+        _write(tmp_path, enc, enc, 60.0)
+    up = [40.0 + e for e in range(10)]                                  # none: 40 .. 49
+    _write(tmp_path / "long", "none", "none", 49.0, epochs=10, curves={"test_top1": up})
+    _write(tmp_path / "long", "sape2", "sape2", 50.0, epochs=10,
+           curves={"test_top1": [v + (0.5 * e - 1.0) for e, v in enumerate(up)]})   # -1.0 .. +3.5
+    table = budget_table(tmp_path)
+    assert ("SaPE² − `none`: -0.50 at epoch 2, +0.50 at epoch 4, +1.50 at epoch 6, +2.50 at epoch 8, "
+            "+3.50 at epoch 10; ahead after 7 of 10 epochs.") in table
+    assert "SaPE² − `ape`:" not in table                                 # no long ape run: no line
+
+
 def test_budget_table_leaves_out_runs_with_another_recipe(tmp_path):
     _write(tmp_path, "none", "none", 60.0)
     _write(tmp_path / "long", "none", "none", 90.0, epochs=50)

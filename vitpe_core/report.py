@@ -223,6 +223,11 @@ def budget_table(folder: str | Path = "checkpoints", runs: str | Path | None = N
                       f"{_gap(mean15['sape2'], mean15[other])} between the 15-epoch means over seeds "
                       f"({n_seeds('sape2')} run(s) of `sape2`, {n_seeds(other)} of `{other}`), "
                       f"{_gap(top['sape2'][2], top[other][2])} at {LONG_EPOCHS} epochs."]
+    for other in ("none", "ape"):
+        along = curve_gap(rows["sape2"][2], rows[other][2])
+        if along:
+            lines += ["", f"Along the {LONG_EPOCHS}-epoch runs (test top-1 after each epoch), SaPE² − `{other}`: "
+                          + along + "."]
     spread = {n: abs(t[0] - t[1]) for n, t in top.items() if None not in t[:2]}
     if spread:
         lines += ["", "Seed spread at 15 epochs: " + ", ".join(f"`{n}` {v:.2f}" for n, v in spread.items())
@@ -233,6 +238,19 @@ def budget_table(folder: str | Path = "checkpoints", runs: str | Path | None = N
         lines += ["", f"Not finished yet ({len(todo)}): {', '.join(todo)} — `bash scripts/train_study.sh data` "
                       "resumes them."]
     return "\n".join(lines)
+
+
+def curve_gap(a: dict | None, b: dict | None, marks: int = 5) -> str | None:
+    """How run `a`'s test top-1 leads run `b`'s epoch by epoch (runs of the same length): the gap
+    at `marks` evenly spaced epochs and the last, and at how many epochs `a` was ahead."""
+    ta, tb = (((m or {}).get("curves") or {}).get("test_top1") or [] for m in (a, b))
+    if not ta or len(ta) != len(tb):
+        return None
+    n = len(ta)
+    at = sorted({max(1, round(n * k / marks)) for k in range(1, marks + 1)})
+    ahead = sum(x > y for x, y in zip(ta, tb))
+    return (", ".join(f"{ta[e - 1] - tb[e - 1]:+.2f} at epoch {e}" for e in at)
+            + f"; ahead after {ahead} of {n} epochs")
 
 
 STUDY_RUNS = {"long": "long/{}", "seed1": "seeds/{}-seed1"}   # job kind -> run folder (scripts/train_study.sh)
