@@ -736,7 +736,8 @@ the grid (1 = similarity falls off perfectly with distance, 0 = no relation). Th
 shows the table as it was during training. Equations: {SPEC}.
 """,
     "compare": f"""
-Every checkpoint on the same image and query patch, side by side. In each panel the left map is
+Every checkpoint on the same image and query patch, side by side (one run per encoding at first;
+add the 50-epoch `long/` runs, or leave some out, under **Checkpoints to show**). In each panel the left map is
 the encoding's own positional part and the right map the whole model's attention row from the
 query patch:
 
