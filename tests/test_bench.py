@@ -84,7 +84,8 @@ def fake_results(*, mode: str = "full", skip_app: bool = False) -> dict:
         mem = {"VmHWM": 500.0, "VmRSS": 400.0}
         run = {"health_s": 1.5, "get_root_s": 2.0, "first_element_s": 4.9, "first_run_s": 7.0,
                "after_first_page_mib": {"VmHWM": 350.0, "VmRSS": 340.0}}
-        res["app"] = {"checkpoints": names, "fresh": names[1:], "default": "sape2+ape", "browser": True,
+        res["app"] = {"checkpoints": names, "listed": names + ["long/none", "long/sape2"], "fresh": names[1:],
+                      "default": "sape2+ape", "browser": True,
                       "browser_reason": None, "runs": [run], **{k: v for k, v in run.items() if k.endswith("_s")},
                       "compare_first_run_s": 3.0, "after_compare": mem, "e2e_bias": [300.0, 310.0],
                       "e2e_compare": [900.0]}
@@ -155,8 +156,9 @@ def test_report_has_every_section_target_and_verdict():
     app = md_section(md, "## 4. App cold start")
     assert "| first script run complete (chromium) | 7.00 s |" in app and "Patch change end to end" in app
     memory = md_section(md, "## 5. Peak memory")
-    assert "| app server after the compare page (all 10 checkpoints loaded) | 500 | 400 |" in memory
+    assert "| app server after the compare page (all 12 listed checkpoints loaded, 10 shown) | 500 | 400 |" in memory
     assert "not measured" not in memory
+    assert "| app server peak resident (VmHWM) with all 12 listed checkpoints loaded (compare page) | 500 MiB |" in md
     machine = md_section(md, "## Machine and run")
     assert "pid 7 `vitpe_core train --encoding none`: running" in machine and "| load average" in machine
 

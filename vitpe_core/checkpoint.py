@@ -311,6 +311,15 @@ def update_metrics(path: str | Path, updates: dict[str, Any]) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- safe paths
+GROUPS = ("long",)   # sub-folders listed after the main checkpoints as "GROUP/NAME" (long: the 50-epoch runs)
+
+
+def listed_checkpoints(root: str | Path) -> list[str]:
+    """What the app lists from folder `root`: its checkpoints, then those of each sub-folder in
+    `GROUPS` as `GROUP/NAME` (`long/ape`; other sub-folders, such as `seeds/`, are not listed)."""
+    return list_checkpoints(root) + [f"{g}/{n}" for g in GROUPS for n in list_checkpoints(Path(root) / g)]
+
+
 def list_checkpoints(root: str | Path) -> list[str]:
     """Names (file stems) of the checkpoint files directly inside `root`, sorted."""
     root = Path(root)

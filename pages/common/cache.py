@@ -28,8 +28,8 @@ import streamlit as st
 from PIL import Image
 
 from vitpe_core import analysis
-from vitpe_core.checkpoint import (Checkpoint, CheckpointError, list_checkpoints, load_checkpoint,
-                         resolve_checkpoint, sanitize_metrics)
+from vitpe_core.checkpoint import (GROUPS, Checkpoint, CheckpointError, list_checkpoints,  # noqa: F401 (GROUPS)
+                                   listed_checkpoints, load_checkpoint, resolve_checkpoint, sanitize_metrics)
 from vitpe_core.gallery import gallery_image
 from vitpe_core.inputs import checkpoint_input, class_names, dataset_of, image_key, model_crop  # noqa: F401
 from vitpe_core.model import ViT
@@ -46,16 +46,11 @@ def checkpoint_root() -> Path:
     return Path(value).expanduser() if value else DEFAULT_ROOT
 
 
-GROUPS = ("long",)   # sub-folders listed after the main checkpoints as "GROUP/NAME" (long: the 50-epoch runs)
-
-
 def checkpoint_names() -> list[str]:
-    """Checkpoint names in the folder (read on every run: a glob, no file is opened), then those
-    of each sub-folder in `GROUPS` as `GROUP/NAME` (`long/ape`; other sub-folders, such as
-    `seeds/`, are not listed), then the models this browser session imported (`uploaded_models`)."""
-    root = checkpoint_root()
-    groups = [f"{g}/{n}" for g in GROUPS for n in list_checkpoints(root / g)]
-    return list_checkpoints(root) + groups + list(uploaded_models())
+    """Checkpoint names in the folder and its groups (`vitpe_core.checkpoint.listed_checkpoints`:
+    read on every run, a glob, no file is opened), then the models this browser session imported
+    (`uploaded_models`)."""
+    return listed_checkpoints(checkpoint_root()) + list(uploaded_models())
 
 
 def in_group(name: str) -> bool:
