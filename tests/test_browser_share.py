@@ -48,14 +48,22 @@ def _idle(page) -> None:
     page.wait_for_function(lt.IDLE_JS, timeout=TIMEOUT_MS)
 
 
-def test_an_uploaded_photo_is_shared_by_link(browser, server):
-    srv, uploads = server
+def _open(browser, url: str, ready: str):
+    """A new browser context (a visitor of its own) on `url`, once the text `ready` shows and the
+    app is idle; returns (context, page)."""
     ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = ctx.new_page()
     page.set_default_timeout(TIMEOUT_MS)
-    page.goto(lt.share_url(srv.url, ckpt="sape2+ape", image="cifar10-test-0008", patch=(4, 4), layer=1, head="1"))
-    expect(page.get_by_text("Patch (4, 4)", exact=True)).to_be_visible()
+    page.goto(url)
+    expect(page.get_by_text(ready, exact=True)).to_be_visible()
     _idle(page)
+    return ctx, page
+
+
+def test_an_uploaded_photo_is_shared_by_link(browser, server):
+    srv, uploads = server
+    ctx, page = _open(browser, lt.share_url(srv.url, ckpt="sape2+ape", image="cifar10-test-0008", patch=(4, 4),
+                                            layer=1, head="1"), "Patch (4, 4)")
     page.locator(".st-key-bias_upload input[type=file]").set_input_files(
         files=[{"name": "photo.png", "mimeType": "image/png", "buffer": _photo()}])
     page.wait_for_function("() => /image=upload(:|%3A)[0-9a-f]{64}/.test(location.search)", timeout=TIMEOUT_MS)
@@ -70,12 +78,7 @@ def test_an_uploaded_photo_is_shared_by_link(browser, server):
     picture = page.locator(picker_selector("bias_click")).evaluate(PICKER_IMAGE_JS)
     ctx.close()
 
-    other = browser.new_context(viewport={"width": 1400, "height": 1000})   # another visitor
-    page2 = other.new_page()
-    page2.set_default_timeout(TIMEOUT_MS)
-    page2.goto(link)
-    expect(page2.get_by_text("Patch (2, 5)", exact=True)).to_be_visible()
-    _idle(page2)
+    other, page2 = _open(browser, link, "Patch (2, 5)")                    # another visitor
     expect(page2.locator("[data-testid='stAlertContentWarning']")).to_have_count(0)
     expect(page2.locator(".st-key-bias_layer input[type=range]")).to_have_value("1")
     expect(page2.locator(".st-key-bias_head input")).to_have_value("head 1")
@@ -94,12 +97,8 @@ def _chips(page):
 
 def test_the_compare_pick_is_shared_by_link(browser, server):
     srv, _ = server
-    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = ctx.new_page()
-    page.set_default_timeout(TIMEOUT_MS)
-    page.goto(lt.share_url(srv.url, page="compare", show=["rpb", "sape2+ape", "ape"]))
-    expect(page.get_by_text("Per checkpoint", exact=True)).to_be_visible()
-    _idle(page)
+    ctx, page = _open(browser, lt.share_url(srv.url, page="compare", show=["rpb", "sape2+ape", "ape"]),
+                      "Per checkpoint")
     expect(_chips(page)).to_have_text(["rpb", "sape2+ape", "ape"])
     page.locator(".st-key-compare_show").get_by_role("button", name="Remove sape2+ape").click()   # the chip's ✕
     page.wait_for_function("() => /show=rpb(,|%2C)ape(&|$)/.test(location.search)", timeout=TIMEOUT_MS)
@@ -110,12 +109,7 @@ def test_the_compare_pick_is_shared_by_link(browser, server):
     link = code.inner_text().strip()
     ctx.close()
 
-    other = browser.new_context(viewport={"width": 1400, "height": 1000})   # another visitor
-    page2 = other.new_page()
-    page2.set_default_timeout(TIMEOUT_MS)
-    page2.goto(link)
-    expect(page2.get_by_text("Per checkpoint", exact=True)).to_be_visible()
-    _idle(page2)
+    other, page2 = _open(browser, link, "Per checkpoint")                  # another visitor
     expect(page2.locator("[data-testid='stAlertContentWarning']")).to_have_count(0)
     expect(_chips(page2)).to_have_text(["rpb", "ape"])
     other.close()
