@@ -28,7 +28,7 @@ import streamlit as st
 from PIL import Image
 
 from vitpe_core import analysis
-from vitpe_core.checkpoint import (GROUPS, Checkpoint, CheckpointError, list_checkpoints,  # noqa: F401 (GROUPS)
+from vitpe_core.checkpoint import (GROUPS, Checkpoint, CheckpointError, list_checkpoints,
                                    listed_checkpoints, load_checkpoint, resolve_checkpoint, sanitize_metrics)
 from vitpe_core.gallery import gallery_image
 from vitpe_core.inputs import checkpoint_input, class_names, dataset_of, image_key, model_crop  # noqa: F401
