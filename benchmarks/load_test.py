@@ -335,7 +335,8 @@ def run_load(server: Server, specs: list[Spec], seconds: float, *, click_timeout
 def page_memory(server: Server, pages: tuple[str, ...] = ("compare", "similarity", "bias", "checkpoints"),
                 timeout: float = 300.0) -> dict:
     """The server's memory after one browser session opened each page in turn (`compare`
-    first: it loads every checkpoint of the folder and traces the image through each)."""
+    first: it loads the checkpoints it shows by default, every one of the main folder, and
+    traces the image through each)."""
     from playwright.sync_api import sync_playwright
 
     out = {"before": memory_mb(server.pid)}
@@ -852,7 +853,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="report file (default artifacts/load_test.json, "
                                                 "or artifacts/memory.json with --memory-only)")
     ap.add_argument("--memory-only", action="store_true",
-                    help="no load: open each page once (compare loads every checkpoint) and report the "
+                    help="no load: open each page once (compare loads the main folder's checkpoints) and report the "
                          "server's VmRSS / VmHWM")
     args = ap.parse_args(argv)
     out = Path(args.out or REPO / "artifacts" / ("memory.json" if args.memory_only else "load_test.json"))

@@ -170,7 +170,7 @@ async def walk(base: str, names: list[str], pid: int, limit: Limit, timeout: flo
             record(f"{page} {name}", time.perf_counter() - t0, exc)
             await s.close()
             if page == "compare":
-                break                    # the compare page shows every checkpoint whichever is chosen
+                break                    # the compare page shows its default pick whichever is chosen
     # a visitor's image and model
     t0 = time.perf_counter()
     s, _ = await open_session(base, "/?page=bias", timeout)

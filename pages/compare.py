@@ -20,17 +20,22 @@ def main() -> None:
         ui.no_checkpoints_info()
         ui.render_share(view)
         return
-    ckpts = ui.load_checkpoints(names)
-    if not ckpts:
+    configs = ui.checkpoint_configs(names)             # headers only: the list, the controls' ranges
+    if not configs:
         return
-    depth, heads = (max(getattr(c.config, dim) for c in ckpts.values()) for dim in ("depth", "heads"))
-    view = ui.current_view(PAGE, list(ckpts), dims_for=lambda n: (ckpts[n].config.grid, depth, heads))
-    ref, grid = ckpts[view.ckpt], ckpts[view.ckpt].config.grid
+    depth, heads = (max(getattr(c, dim) for c in configs.values()) for dim in ("depth", "heads"))
+    view = ui.current_view(PAGE, list(configs), dims_for=lambda n: (configs[n].grid, depth, heads))
     with st.sidebar:
-        shown = ui.checkpoints_pick(PAGE, list(ckpts))
+        shown = ui.checkpoints_pick(PAGE, list(configs))
         img, key, caption, is_upload = ui.image_source(PAGE)
         layer, head = ui.layer_head_controls(PAGE, depth, heads)
     ui.render_share(view, upload_active=is_upload)
+    ckpts = ui.load_checkpoints(list(dict.fromkeys([view.ckpt, *shown])))   # only the shown ones load
+    shown = [n for n in shown if n in ckpts]
+    ref = ckpts.get(view.ckpt) or next(iter(ckpts.values()), None)   # the image grid: the view's checkpoint
+    if ref is None:
+        return
+    grid = ref.config.grid
     ui.controls_hint(PAGE, layer, head)
     if not shown:
         st.info("No checkpoint picked: choose some under **Checkpoints to show** in the sidebar.")
@@ -58,14 +63,14 @@ def main() -> None:
         for col, name in zip(st.columns(COLUMNS), shown[start:start + COLUMNS]):
             with col:
                 panel(name, ckpts[name], key, custom, view.patch, layer, head, grid)
-    position_section(PAGE, shown, ckpts, layer, head, figures.checkpoint_colors(list(ckpts)), view.patch, grid)
-    training_curves(shown, ckpts)
+    position_section(PAGE, shown, ckpts, layer, head, figures.checkpoint_colors(list(configs)), view.patch, grid)
+    training_curves(shown, ckpts, figures.checkpoint_colors(list(configs)))
 
 
-def training_curves(names, ckpts) -> None:
-    """Test top-1 and the table's 2D-structure score per epoch, every shown checkpoint on one chart each."""
+def training_curves(names, ckpts, colors) -> None:
+    """Test top-1 and the table's 2D-structure score per epoch, every shown checkpoint on one chart each
+    (`colors`: one per listed checkpoint, the same in every chart whatever is shown)."""
     st.subheader("Training, epoch by epoch")
-    colors = figures.checkpoint_colors(list(ckpts))                  # one colour per checkpoint, in both charts
     accuracy = views.accuracy_runs({n: ckpts[n].metrics for n in names})
     structure = cache.structure_runs([n for n in names if "table" in ckpts[n].model.pos_enc.hooks])
     left, right = st.columns(2)

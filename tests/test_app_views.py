@@ -163,6 +163,34 @@ def test_a_link_naming_missing_checkpoints_keeps_the_others_with_a_note(ckpts):
     assert at.query_params["show"] == "rpb"
 
 
+def test_compare_loads_only_the_checkpoints_it_shows(folder, tmp_path, monkeypatch):
+    """`long/odd` has a sound header but weights that do not fit its config: listing it (the
+    pick's options, the controls' ranges) reads headers only, so it fails only once shown."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    root = tmp_path / "ckpts"
+    shutil.copytree(folder, root)
+    with safe_open(str(root / "ape.safetensors"), framework="pt") as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    meta["config"] = json.dumps({**json.loads(meta["config"]), "encoding": "none"})   # ape's table: unexpected
+    save_file(tensors, root / "long" / "odd.safetensors", metadata=meta)
+    monkeypatch.setenv("VITPE_CHECKPOINTS", str(root))
+    at = run({"page": "compare"})
+    [select] = [m for m in at.sidebar.multiselect if m.key == "compare_show"]
+    assert "long/odd" in select.options and drawn(at) == ["ape", "none", "rpb", "sape2+ape"]
+    assert not at.error
+    select.set_value(["long/odd", "rpb"]).run()
+    assert not at.exception and drawn(at) == ["rpb"] and panels(at) == ["long/odd", "rpb"]   # the pick is kept
+    [error] = [e.value for e in at.error]
+    assert "'long/odd' cannot be used" in error and "not 'history.<epoch>.<parameter of the none encoding>'" in error
+
+
+def drawn(at: AppTest) -> list[str]:
+    """The checkpoints whose panel the compare page drew (each panel's first line: **NAME** ...)."""
+    return [m.value[2:].split("**")[0] for m in at.markdown if m.value.startswith("**") and " · " in m.value]
+
+
 def test_a_name_outside_the_groups_is_refused(ckpts):
     at = run({"page": "checkpoints", "ckpt": "seeds/none-seed1"})
     assert any("ckpt" in w.value for w in at.warning) and at.session_state["ckpt"] != "seeds/none-seed1"

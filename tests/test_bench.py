@@ -87,7 +87,8 @@ def fake_results(*, mode: str = "full", skip_app: bool = False) -> dict:
         res["app"] = {"checkpoints": names, "listed": names + ["long/none", "long/sape2"], "fresh": names[1:],
                       "default": "sape2+ape", "browser": True,
                       "browser_reason": None, "runs": [run], **{k: v for k, v in run.items() if k.endswith("_s")},
-                      "compare_first_run_s": 3.0, "after_compare": mem, "e2e_bias": [300.0, 310.0],
+                      "compare_first_run_s": 3.0, "after_compare": {"VmHWM": 450.0, "VmRSS": 380.0},
+                      "after_compare_all": mem, "e2e_bias": [300.0, 310.0],
                       "e2e_compare": [900.0]}
     return res
 
@@ -156,7 +157,9 @@ def test_report_has_every_section_target_and_verdict():
     app = md_section(md, "## 4. App cold start")
     assert "| first script run complete (chromium) | 7.00 s |" in app and "Patch change end to end" in app
     memory = md_section(md, "## 5. Peak memory")
-    assert "| app server after the compare page (all 12 listed checkpoints loaded, 10 shown) | 500 | 400 |" in memory
+    assert "| app server after the compare page (the default 10 shown and loaded) | 450 | 380 |" in memory
+    assert "| app server after the compare page (then all 12 listed shown and loaded) | 500 | 400 |" in memory
+    assert "| compare page, first run: 10 checkpoints loaded, the default 10 shown (after the bias page) |" in app
     assert "not measured" not in memory
     assert "| app server peak resident (VmHWM) with all 12 listed checkpoints loaded (compare page) | 500 MiB |" in md
     machine = md_section(md, "## Machine and run")
@@ -180,7 +183,8 @@ def test_report_of_a_quick_run_without_the_app():
 def test_report_without_a_browser_says_why():
     res = fake_results()
     app = res["app"]
-    for key in ("first_element_s", "first_run_s", "compare_first_run_s", "after_compare", "e2e_bias", "e2e_compare"):
+    for key in ("first_element_s", "first_run_s", "compare_first_run_s", "after_compare", "after_compare_all",
+                "e2e_bias", "e2e_compare"):
         app.pop(key)
     app["runs"][0] = {"health_s": 1.5, "get_root_s": 2.0}
     app.update(browser=False, browser_reason="chromium not found")

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from vitpe_core import ViTConfig, build_model
 from vitpe_core import analysis as A
 from vitpe_core.checkpoint import (CheckpointError, history_params, import_timm, list_checkpoints, load_checkpoint,
-                                   read_state_dict, resolve_checkpoint, sanitize_metrics, save_checkpoint,
+                                   read_config, read_state_dict, resolve_checkpoint, sanitize_metrics, save_checkpoint,
                                    update_metrics)
 
 
@@ -106,6 +106,23 @@ def test_wrong_shape_and_missing_and_unexpected_keys_are_named(saved):
         load_checkpoint(saved)
     msg = str(e.value)
     assert "head.weight" in msg and "norm.bias" in msg and "surprise" in msg
+
+
+def test_read_config_reads_the_header_alone_and_refuses_what_load_refuses(saved, tmp_path):
+    assert read_config(saved) == load_checkpoint(saved).config == tiny_cfg()
+    _rewrite(saved, tensors_update={"head.weight": torch.zeros(3, 32, dtype=torch.float16)})
+    assert read_config(saved) == tiny_cfg()      # a weight that does not fit: only loading finds it
+    with pytest.raises(CheckpointError, match="head.weight"):
+        load_checkpoint(saved)
+    save_file({"x": torch.zeros(2)}, tmp_path / "other.safetensors")
+    for path, message in ((tmp_path / "other.safetensors", "not a vitpe checkpoint"),
+                          (tmp_path / "nope.safetensors", "no checkpoint")):
+        with pytest.raises(CheckpointError, match=message):
+            read_config(path)
+    cfg = {**tiny_cfg().to_dict(), "encoding": "sape9"}
+    _rewrite(saved, meta_update={"config": json.dumps(cfg)})
+    with pytest.raises(CheckpointError, match="unknown encoding"):
+        read_config(saved)
 
 
 def test_missing_file_is_refused(tmp_path):

@@ -31,6 +31,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as st_save
 
 from .config import ViTConfig
+from .encodings import available_encodings
 from .model import ViT, map_timm_pos_embed
 
 log = logging.getLogger(__name__)
@@ -196,8 +197,10 @@ def history_params(model: ViT) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().clone() for k, v in model.pos_enc.named_parameters()}
 
 
-def read_checkpoint_file(path: str | Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
-    """Metadata and tensors of a vitpe checkpoint, with every failure a CheckpointError."""
+def read_checkpoint_file(path: str | Path, *, tensors: bool = True
+                         ) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    """Metadata and tensors of a vitpe checkpoint, with every failure a CheckpointError;
+    `tensors=False` reads the header only (no tensor is read: `{}` in their place)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no checkpoint file at {path}")
@@ -208,7 +211,7 @@ def read_checkpoint_file(path: str | Path) -> tuple[dict[str, str], dict[str, to
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
+            read = {k: f.get_tensor(k) for k in f.keys()} if tensors else {}
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"{path.name} is not a readable safetensors file "
                               f"(truncated or not a vitpe checkpoint): {e}") from None
@@ -219,7 +222,7 @@ def read_checkpoint_file(path: str | Path) -> tuple[dict[str, str], dict[str, to
     if meta.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"{path.name} has checkpoint format version {meta.get('format_version')!r}; "
                               f"this vitpe reads version {FORMAT_VERSION}. Re-save it with a matching vitpe.")
-    return meta, tensors
+    return meta, read
 
 
 def _parse_json(meta: dict[str, str], key: str, name: str) -> Any:
@@ -237,6 +240,24 @@ def approx_elements(cfg: ViTConfig) -> int:
     blocks = cfg.depth * (4 * d * d + 2 * d * cfg.mlp_dim)
     return (blocks + cfg.patch_size ** 2 * cfg.in_chans * d + cfg.num_classes * d
             + (H * W + 1) * d + 4 * H * W * cfg.heads)
+
+
+def read_config(path: str | Path) -> ViTConfig:
+    """The model config of a vitpe checkpoint from its header alone (milliseconds: no tensor is
+    read, no model built), for listing many checkpoints; `load_checkpoint` still checks the rest."""
+    path = Path(path)
+    meta, _ = read_checkpoint_file(path, tensors=False)
+    try:
+        cfg = ViTConfig.from_dict(_parse_json(meta, "config", path.name))
+    except CheckpointError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"{path.name}: its config cannot build a model: {e}") from None
+    unknown = [p for p in str(cfg.encoding).split("+") if p.strip() not in available_encodings()]
+    if unknown:
+        raise CheckpointError(f"{path.name}: its config cannot build a model: unknown encoding {unknown}; "
+                              f"valid: {sorted(available_encodings())}")
+    return cfg
 
 
 def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
@@ -318,6 +339,12 @@ def listed_checkpoints(root: str | Path) -> list[str]:
     """What the app lists from folder `root`: its checkpoints, then those of each sub-folder in
     `GROUPS` as `GROUP/NAME` (`long/ape`; other sub-folders, such as `seeds/`, are not listed)."""
     return list_checkpoints(root) + [f"{g}/{n}" for g in GROUPS for n in list_checkpoints(Path(root) / g)]
+
+
+def in_group(name: str) -> bool:
+    """Whether listed name `name` is one of a group's (`long/ape`)."""
+    group, sep, _ = name.partition("/")
+    return bool(sep) and group in GROUPS
 
 
 def list_checkpoints(root: str | Path) -> list[str]:

@@ -28,8 +28,10 @@ import streamlit as st
 from PIL import Image
 
 from vitpe_core import analysis
-from vitpe_core.checkpoint import (GROUPS, Checkpoint, CheckpointError, list_checkpoints,
-                                   listed_checkpoints, load_checkpoint, resolve_checkpoint, sanitize_metrics)
+from vitpe_core.checkpoint import (Checkpoint, CheckpointError, in_group, list_checkpoints,
+                                   listed_checkpoints, load_checkpoint, read_config, resolve_checkpoint,
+                                   sanitize_metrics)
+from vitpe_core.config import ViTConfig
 from vitpe_core.gallery import gallery_image
 from vitpe_core.inputs import checkpoint_input, class_names, dataset_of, image_key, model_crop  # noqa: F401
 from vitpe_core.model import ViT
@@ -51,12 +53,6 @@ def checkpoint_names() -> list[str]:
     read on every run, a glob, no file is opened), then the models this browser session imported
     (`uploaded_models`)."""
     return listed_checkpoints(checkpoint_root()) + list(uploaded_models())
-
-
-def in_group(name: str) -> bool:
-    """Whether listed name `name` is one of a group's (`long/ape`)."""
-    group, sep, _ = name.partition("/")
-    return bool(sep) and group in GROUPS
 
 
 def _folder_of(name: str) -> tuple[Path, str]:
@@ -100,6 +96,18 @@ def get_checkpoint(name: str) -> Checkpoint:
     """The checkpoint `name` of the folder or of this session's uploads; raises
     `CheckpointError` (a ValueError)."""
     return _load(*_file(name))
+
+
+@st.cache_data(max_entries=256, show_spinner=False)
+def _config_file(path: str, mtime_ns: int) -> ViTConfig:
+    return read_config(path)
+
+
+def checkpoint_config(name: str) -> ViTConfig:
+    """The model config of checkpoint `name` without loading it (a folder file's header only;
+    an imported model is in memory already); raises `CheckpointError` (a ValueError)."""
+    path, mtime_ns = _file(name)
+    return _load(path, mtime_ns).config if path.startswith(UPLOAD_KEY) else _config_file(path, mtime_ns)
 
 
 # ----------------------------------------------------------------------------- uploaded models

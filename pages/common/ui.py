@@ -47,7 +47,7 @@ from PIL import Image
 from vitpe_core import figures, views
 
 from . import cache
-from vitpe_core.checkpoint import CheckpointError
+from vitpe_core.checkpoint import GROUPS, CheckpointError, in_group
 from vitpe_core.gallery import gallery_caption, gallery_ids, gallery_image
 from vitpe_core.images import ALLOWED_FORMATS, ImageError, load_image_info
 from vitpe_core.inputs import preprocess_of
@@ -280,13 +280,13 @@ def checkpoints_pick(prefix: str, names: Sequence[str]) -> list[str]:
     """Multiselect of checkpoints, in the order picked, bound to the view's `show` (the link keeps
     it); `None` there = the main folder's checkpoints and this session's imported models, not the
     groups' (`long/...`), unless there is nothing else."""
-    default = [n for n in names if not cache.in_group(n)] or list(names)
+    default = [n for n in names if not in_group(n)] or list(names)
     return bound(st.multiselect, f"{prefix}_show", "show", label="Checkpoints to show", options=list(names),
                  to_widget=lambda v: list(default if v is None else v),
                  from_widget=lambda v: None if list(v) == default else tuple(v),
                  placeholder="Pick checkpoints to compare",
                  help="In the order picked; the share link keeps the pick. " + (
-                     "Shown at first: all but the longer-budget runs (" + ", ".join(f"{g}/" for g in cache.GROUPS)
+                     "Shown at first: all but the longer-budget runs (" + ", ".join(f"{g}/" for g in GROUPS)
                      + "), which you can add here." if len(default) < len(names) else "Shown at first: all."))
 
 
@@ -606,6 +606,18 @@ def load_checkpoint_or_error(name: str):
     except (ValueError, OSError) as e:   # CheckpointError is a ValueError
         st.error(f"Checkpoint {name!r} cannot be used: {e}")
         return None
+
+
+def checkpoint_configs(names: Sequence[str]) -> dict:
+    """name -> model config for every checkpoint whose header reads (no model is loaded); an
+    st.error for each that does not."""
+    configs = {}
+    for name in names:
+        try:
+            configs[name] = cache.checkpoint_config(name)
+        except (ValueError, OSError) as e:   # CheckpointError is a ValueError
+            st.error(f"Checkpoint {name!r} cannot be used: {e}")
+    return configs
 
 
 def load_checkpoints(names: Sequence[str]) -> dict:
