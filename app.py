@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import streamlit as st   # `streamlit run app.py` puts this folder on sys.path: pages/ and vitpe_core import
 
+from pages.common import warmup                                      # light: imports in a thread
 from vitpe_core.viewstate import DEFAULT_PAGE, PAGES as PAGE_NAMES   # torch-free (vitpe_core imports lazily)
-
-st.set_page_config(page_title="vitpe — position encodings in ViTs", page_icon="🧭", layout="wide")
 
 NAV = {  # page name (vitpe_core.viewstate.PAGES, the one list) -> (menu title, icon); file pages/NAME.py
     "bias": ("Bias explorer", ":material/my_location:"),
@@ -22,29 +21,43 @@ NAV = {  # page name (vitpe_core.viewstate.PAGES, the one list) -> (menu title, 
     "checkpoints": ("Checkpoints", ":material/inventory_2:"),
 }
 HEADINGS = {"similarity": "Position-embedding similarity"}   # the page's h1 where it differs from the menu
-PAGES = {name: st.Page(f"pages/{name}.py", title=NAV[name][0], icon=NAV[name][1], url_path=name,
-                       default=name == DEFAULT_PAGE) for name in sorted(PAGE_NAMES, key=list(NAV).index)}
-nav = st.navigation(list(PAGES.values()))
 
-# `?page=NAME` on any URL opens that page once per session, keeping the other parameters.
-requested = st.query_params.get("page")
-if not st.session_state.get("_vitpe_routed"):
-    st.session_state["_vitpe_routed"] = True
-    if requested in PAGES and PAGES[requested].url_path != nav.url_path:
-        st.switch_page(PAGES[requested], query_params=st.query_params.to_dict())
 
-# The page's title first: on a cold start what follows imports torch (about 2 s) before anything
-# else can be drawn. Then pandas before any page script: Plotly uses a half-imported pandas that
-# another session's page script is still importing (partially initialized module; load test).
-name = next(n for n, p in PAGES.items() if p.url_path == nav.url_path)
-st.title(HEADINGS.get(name, NAV[name][0]))
-import pandas  # noqa: E402,F401
-from pages.common import cache, status  # noqa: E402
+def main() -> None:
+    """One visitor's run: route to the page, draw the sidebar's folder line and the status."""
+    st.set_page_config(page_title="vitpe — position encodings in ViTs", page_icon="🧭", layout="wide")
 
-with st.sidebar:
-    root = cache.checkpoint_root()
-    st.caption(f"Checkpoints: `{root}` ({len(cache.checkpoint_names())} found). "
-               f"Set `{cache.ENV_VAR}` to use another folder.")
+    pages = {name: st.Page(f"pages/{name}.py", title=NAV[name][0], icon=NAV[name][1], url_path=name,
+                           default=name == DEFAULT_PAGE) for name in sorted(PAGE_NAMES, key=list(NAV).index)}
+    nav = st.navigation(list(pages.values()))
 
-nav.run()
-status.render()
+    # `?page=NAME` on any URL opens that page once per session, keeping the other parameters.
+    requested = st.query_params.get("page")
+    if not st.session_state.get("_vitpe_routed"):
+        st.session_state["_vitpe_routed"] = True
+        if requested in pages and pages[requested].url_path != nav.url_path:
+            st.switch_page(pages[requested], query_params=st.query_params.to_dict())
+
+    # The page's title first: on a cold start what follows imports torch (about 2 s, unless the
+    # server's warm-up did) before anything else can be drawn. Then pandas before any page script:
+    # Plotly uses a half-imported pandas that another session's page script is still importing
+    # (partially initialized module; load test).
+    name = next(n for n, p in pages.items() if p.url_path == nav.url_path)
+    st.title(HEADINGS.get(name, NAV[name][0]))
+    warmup.wait()
+    import pandas  # noqa: F401
+    from pages.common import cache, status
+
+    with st.sidebar:
+        root = cache.checkpoint_root()
+        st.caption(f"Checkpoints: `{root}` ({len(cache.checkpoint_names())} found). "
+                   f"Set `{cache.ENV_VAR}` to use another folder.")
+
+    nav.run()
+    status.render()
+
+
+if __name__ == "__main__":    # a visitor's run: Streamlit runs this file as __main__
+    main()
+else:                         # `streamlit run app.py` imports it once, finds this server and serves
+    app = st.App(__file__, lifespan=warmup.lifespan)   # the file to visitors; warm-up at start

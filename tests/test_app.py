@@ -586,3 +586,41 @@ def test_compare_says_what_it_loads(with_ckpts, monkeypatch):
     monkeypatch.setattr(st, "spinner", recording)
     ok(run({"page": "compare"}))
     assert any(s.startswith("Loading 5 checkpoints") for s in said), said
+
+
+# ----------------------------------------------------------------------------- warm-up at server start
+@pytest.mark.slow
+def test_the_server_imports_the_heavy_modules_before_any_visitor(app_checkpoint_dir, tmp_path):
+    """`streamlit run app.py` finds app.py's `st.App`, whose lifespan starts pages/common/warmup.py:
+    the server log says the imports are done while no browser has connected; with
+    `VITPE_WARMUP=0` it never does, and the app still answers."""
+    import time
+
+    from benchmarks.harness import streamlit_server
+
+    for setting, expected in (("1", True), ("0", False)):
+        log = tmp_path / f"server-{setting}.log"
+        with streamlit_server(app_checkpoint_dir, log=log, timeout=120, env={"VITPE_WARMUP": setting}):
+            deadline = time.monotonic() + (120 if expected else 5)
+            while "warm-up imports took" not in log.read_text() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            text = log.read_text()
+        assert ("warm-up imports took" in text) is expected, text
+        assert "failed" not in text and "Traceback" not in text, text
+
+
+def test_warmup_wait_returns_at_once_where_nothing_started_it_and_after_it_ran(monkeypatch):
+    from pages.common import warmup
+
+    monkeypatch.setattr(warmup, "_started", False)
+    monkeypatch.setattr(warmup, "_done", warmup.threading.Event())
+    warmup.wait(timeout=0)                      # AppTest, or VITPE_WARMUP=0: nothing to wait for
+    monkeypatch.setenv("VITPE_WARMUP", "0")
+    warmup.start()
+    assert not warmup._started
+    monkeypatch.setenv("VITPE_WARMUP", "1")
+    warmup.start()
+    warmup.start()                              # once per process
+    warmup.wait()
+    assert warmup._done.is_set() and warmup.seconds is not None
+    assert [t for t in warmup.threading.enumerate() if t.name == "vitpe-warmup"] == []
