@@ -30,17 +30,13 @@ def main() -> None:
         img, key, caption, is_upload = ui.image_source(PAGE)
         layer, head = ui.layer_head_controls(PAGE, depth, heads)
     ui.render_share(view, upload_active=is_upload)
-    ckpts = ui.load_checkpoints(list(dict.fromkeys([view.ckpt, *shown])))   # only the shown ones load
-    shown = [n for n in shown if n in ckpts]
-    ref = ckpts.get(view.ckpt) or next(iter(ckpts.values()), None)   # the image grid: the view's checkpoint
+    ckpts, shown, ref = ui.load_shown(view.ckpt, shown)
     if ref is None:
         return
-    grid = ref.config.grid
     ui.controls_hint(PAGE, layer, head)
     if not shown:
         st.info("No checkpoint picked: choose some under **Checkpoints to show** in the sidebar.")
     img, key, custom = ui.fit_image(PAGE, img, key, ref, is_upload)
-
     left, right = st.columns([1, 2])
     with left:
         ui.patch_picker(PAGE, img, ref, view.patch, f"{caption} — click a patch", max_side=256)
@@ -62,14 +58,14 @@ def main() -> None:
     for start in range(0, len(shown), COLUMNS):
         for col, name in zip(st.columns(COLUMNS), shown[start:start + COLUMNS]):
             with col:
-                panel(name, ckpts[name], key, custom, view.patch, layer, head, grid)
-    position_section(PAGE, shown, ckpts, layer, head, figures.checkpoint_colors(list(configs)), view.patch, grid)
-    training_curves(shown, ckpts, figures.checkpoint_colors(list(configs)))
+                panel(name, ckpts[name], key, custom, view.patch, layer, head, ref.config.grid)
+    colors = figures.checkpoint_colors(list(configs))   # one per listed checkpoint, whatever is shown
+    position_section(PAGE, shown, ckpts, layer, head, colors, view.patch, ref.config.grid)
+    training_curves(shown, ckpts, colors)
 
 
 def training_curves(names, ckpts, colors) -> None:
-    """Test top-1 and the table's 2D-structure score per epoch, every shown checkpoint on one chart each
-    (`colors`: one per listed checkpoint, the same in every chart whatever is shown)."""
+    """Test top-1 and the table's 2D-structure score per epoch, every shown checkpoint on one chart each."""
     st.subheader("Training, epoch by epoch")
     accuracy = views.accuracy_runs({n: ckpts[n].metrics for n in names})
     structure = cache.structure_runs([n for n in names if "table" in ckpts[n].model.pos_enc.hooks])

@@ -628,6 +628,13 @@ def load_checkpoints(names: Sequence[str]) -> dict:
     return {name: ckpt for name, ckpt in loaded.items() if ckpt is not None}
 
 
+def load_shown(ref: str, shown: Sequence[str]) -> tuple[dict, list[str], Any]:
+    """Load checkpoint `ref` and the `shown` ones, no others: (name -> checkpoint, the shown
+    names that loaded, the reference checkpoint: `ref`, else the first that loaded, else None)."""
+    ckpts = load_checkpoints(list(dict.fromkeys([ref, *shown])))
+    return ckpts, [n for n in shown if n in ckpts], ckpts.get(ref) or next(iter(ckpts.values()), None)
+
+
 @st.cache_data(max_entries=32, show_spinner=False)
 def _grid_picture(display: np.ndarray, grid: tuple[int, int]) -> Image.Image:
     return figures.grid_image(display, grid)
