@@ -450,3 +450,34 @@ def test_a_stale_build_lock_is_removed_and_a_fresh_one_waited_for(tmp_path, monk
         warnings.simplefilter("error")
         _kernels._clear_stale_lock("x")
     assert time.perf_counter() - t0 >= 1.0 and not lock.exists()
+
+
+def test_the_build_lock_dies_with_its_holder_and_clears_torchs_stale_lock(tmp_path, monkeypatch):
+    """`_held_by_this_process`: a process killed while loading leaves torch's `lock` file, which
+    the next load removes at once (it holds the OS lock, so nobody else is loading); a live
+    holder of the OS lock is waited for; a killed one releases it."""
+    import subprocess
+    import sys
+    import time
+
+    import torch.utils.cpp_extension as ext
+
+    from vitpe_core.encodings import _kernels
+    monkeypatch.setattr(ext, "_get_build_directory", lambda name, verbose: str(tmp_path))
+    (tmp_path / "lock").write_text("")                         # left by a load killed a moment ago
+    with _kernels._held_by_this_process("x") as held:
+        assert held and not (tmp_path / "lock").exists()
+    hold = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(float(sys.argv[2]))")
+    for seconds, kill in ((1.5, False), (60, True)):
+        proc = subprocess.Popen([sys.executable, "-c", hold, str(tmp_path / "vitpe.flock"), str(seconds)],
+                                stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "held"
+        if kill:
+            proc.kill()                                        # dies holding it: the OS releases it
+            proc.wait(30)
+        t0 = time.perf_counter()
+        with _kernels._held_by_this_process("x") as held:
+            waited = time.perf_counter() - t0
+        proc.wait(30)
+        assert held and (waited < 30 if kill else waited >= 1.0), (kill, waited)

@@ -1,21 +1,25 @@
-"""Import the app's heavy modules once at server start, before the first visitor arrives.
+"""Do the first visitor's slow work once at server start, before anyone arrives.
 
 On a cold start the first script run used to import pandas, torch, Plotly and vitpe_core
-itself (about 2 s of its 5) after the browser had connected, while the server sat idle for the
-second or so the browser spends loading Streamlit's JavaScript. `streamlit run app.py` finds
-the `st.App` in app.py (made only when the file is imported as a module, not in a visitor's
-run), whose lifespan calls `start`: one daemon thread does those imports. A visitor's first run
-calls `wait` before its own imports, so the two never import the same modules at once (a
-half-imported module seen from another thread broke Plotly once; RELIABILITY.md).
+(about 2 s of its 5), then load the default checkpoint and trace the default image, all after
+the browser had connected, while the server had sat idle for the second or so the browser
+spends loading Streamlit's JavaScript. `streamlit run app.py` finds the `st.App` in app.py
+(made only when the file is imported as a module, not in a visitor's run), whose lifespan
+calls `start`: one daemon thread does those imports, one forward pass of a tiny model, and
+puts the default view's checkpoint and trace in the app's caches (`pages.common.cache`). A
+visitor's first run calls `wait` before its own imports, so the two never import the same
+modules at once (a half-imported module seen from another thread broke Plotly once;
+RELIABILITY.md).
 
 Where nothing calls `start` (AppTest; `VITPE_WARMUP=0` turns it off), `wait` returns at once.
-Nothing heavy imported here: app.py imports this module on every run. The server log says how
-long the imports took ("warm-up imports took 2.1 s").
+Nothing heavy is imported here: app.py imports this module on every run. The server log says
+how long it took ("warm-up done in 2.9 s").
 """
 from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import os
 import threading
 import time
@@ -30,12 +34,13 @@ MODULES = ("pandas", "torch", "plotly.graph_objects", "vitpe_core.model", "vitpe
            "vitpe_core.figures", "vitpe_core.views", "vitpe_core.positional", "vitpe_core.stress",
            "pages.common.cache", "pages.common.ui", "pages.common.status", "pages.common.position",
            "pages.common.stress", "pages.common.film")
+THREAD = "vitpe-warmup"
 WAIT_S = 120.0                  # a visitor waits at most this long; the imports then run in its own script
 
 _done = threading.Event()
 _started = False
 _lock = threading.Lock()
-seconds: float | None = None    # how long the imports took (None until done)
+seconds: float | None = None    # how long the warm-up took (None until done)
 
 
 def _run() -> None:
@@ -45,11 +50,13 @@ def _run() -> None:
         for name in MODULES:
             importlib.import_module(name)
         _first_forward()
-    except Exception:  # noqa: BLE001 — the visitor's own import then reports it where it can be seen
-        log.exception("warm-up import failed; the first page run imports it instead")
+        _default_view()
+    except Exception:  # noqa: BLE001 — the visitor's own run then meets it where the page shows it
+        log.exception("warm-up failed; the first page run does that work instead")
     finally:
         seconds = time.perf_counter() - t0
-        log.info("warm-up imports took %.2f s", seconds)
+        log.info("warm-up done in %.2f s (imports, a first forward pass, the default view's checkpoint and trace)",
+                 seconds)
         _done.set()
 
 
@@ -65,18 +72,40 @@ def _first_forward() -> None:
         ViT(preset_config("tiny", encoding="sape2+ape")).eval()(torch.zeros(1, 3, 32, 32))
 
 
+class _NotFromWarmup(logging.Filter):
+    """Drops Streamlit's "missing ScriptRunContext" warnings of this thread: the caches' spinners
+    have no page to draw on here, as intended."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.threadName != THREAD
+
+
+def _default_view() -> None:
+    """The default view's checkpoint and the trace of its image into the app's caches (what the
+    first visitor's bias page asks for first)."""
+    from pages.common import cache
+    from vitpe_core.checkpoint import listed_checkpoints
+    from vitpe_core.gallery import gallery_ids
+    from vitpe_core.viewstate import default_view
+
+    view = default_view(checkpoints=listed_checkpoints(cache.checkpoint_root()), images=gallery_ids())
+    if view.ckpt:
+        cache.trace(view.ckpt, view.image)
+
+
 def start() -> None:
-    """Start the warm-up imports in a daemon thread (once per process; not with `VITPE_WARMUP=0`)."""
+    """Start the warm-up in a daemon thread (once per process; not with `VITPE_WARMUP=0`)."""
     global _started
     with _lock:
         if _started or os.environ.get("VITPE_WARMUP", "").strip() == "0":
             return
         _started = True
-    threading.Thread(target=_run, name="vitpe-warmup", daemon=True).start()
+    get_logger("streamlit.runtime.scriptrunner_utils.script_run_context").addFilter(_NotFromWarmup())
+    threading.Thread(target=_run, name=THREAD, daemon=True).start()
 
 
 def wait(timeout: float = WAIT_S) -> None:
-    """Block until the warm-up imports are done (at once if none were started)."""
+    """Block until the warm-up is done (at once if none was started)."""
     if _started:
         _done.wait(timeout)
 

@@ -1,8 +1,8 @@
 """Fused C++ CPU kernels for the hot part of `sape2_attention` / `cope_attention`.
 
 Built once with `torch.utils.cpp_extension.load_inline` on first use (cached under torch's
-extension dir, `~/.cache/torch_extensions` by default; torch's file lock serialises concurrent
-builds) and used for CPU float32/float64 tensors. What they fuse, per (batch, head) and with
+extension dir, `~/.cache/torch_extensions` by default; a lock the OS releases with its holder
+serialises concurrent loads and builds, see `_held_by_this_process`) and used for CPU float32/float64 tensors. What they fuse, per (batch, head) and with
 every `N x N` intermediate kept in cache instead of written to memory:
 * SaPE² forward: the logits on every row and column line gathered and turned into gates by a
   vectorised σ, their reverse cumulative sums, the read-out interpolation (the descriptors
@@ -27,8 +27,10 @@ thread count).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
+from typing import Iterator
 import threading
 import time
 import warnings
@@ -419,13 +421,40 @@ def _clear_stale_lock(name: str, max_age_s: float = STALE_LOCK_S) -> None:
         time.sleep(1.0)
 
 
+@contextlib.contextmanager
+def _held_by_this_process(name: str) -> Iterator[bool]:
+    """An advisory lock (`fcntl.flock`) on `vitpe.flock` in the extension's build folder, held
+    while torch loads it: the kernel releases it when its holder dies, however it dies. Under
+    it no other vitpe process is inside torch's loader, so torch's own `lock` file, which a
+    process killed in the second or two of every load (torch runs ninja each time) leaves
+    behind for good, is stale and removed. Yields False (nothing held) where `fcntl` or
+    torch's private `_get_build_directory` is missing; `_clear_stale_lock` then applies."""
+    try:
+        import fcntl
+
+        from torch.utils.cpp_extension import _get_build_directory
+        folder = Path(_get_build_directory(name, False))
+        fd = os.open(folder / "vitpe.flock", os.O_RDWR | os.O_CREAT, 0o644)
+    except (ImportError, AttributeError, OSError):
+        yield False
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)          # waits while another process loads or builds it
+        (folder / "lock").unlink(missing_ok=True)
+        yield True
+    finally:
+        os.close(fd)                            # releases the lock
+
+
 def _build():
     from torch.utils.cpp_extension import load_inline
     name = f"vitpe_attend_v{_VERSION}"
-    _clear_stale_lock(name)
-    return load_inline(name=name, cpp_sources=[_SOURCE], functions=_FUNCTIONS,
-                       extra_cflags=["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"],
-                       extra_ldflags=["-fopenmp"], verbose=False)
+    with _held_by_this_process(name) as held:
+        if not held:
+            _clear_stale_lock(name)
+        return load_inline(name=name, cpp_sources=[_SOURCE], functions=_FUNCTIONS,
+                           extra_cflags=["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"],
+                           extra_ldflags=["-fopenmp"], verbose=False)
 
 
 def kernels():
