@@ -481,3 +481,14 @@ def test_the_build_lock_dies_with_its_holder_and_clears_torchs_stale_lock(tmp_pa
             waited = time.perf_counter() - t0
         proc.wait(30)
         assert held and (waited < 30 if kill else waited >= 1.0), (kill, waited)
+
+
+def test_each_torch_install_builds_the_kernel_in_its_own_folder(monkeypatch):
+    import torch
+
+    from vitpe_core.encodings import _kernels
+    here = _kernels.extension_name()
+    assert here.startswith(f"vitpe_attend_v{_kernels._VERSION}_") and here.isidentifier()
+    assert _kernels.extension_name() == here
+    monkeypatch.setattr(torch, "__file__", "/elsewhere/venv/lib/python3.11/site-packages/torch/__init__.py")
+    assert _kernels.extension_name() != here

@@ -446,9 +446,21 @@ def _held_by_this_process(name: str) -> Iterator[bool]:
         os.close(fd)                            # releases the lock
 
 
+def extension_name() -> str:
+    """`vitpe_attend_v<_VERSION>_<8 hex digits of this torch's folder>`: each virtual
+    environment gets its own build in the shared extension cache. One name for all made two
+    environments rebuild it in turn, about 40 s each time: torch's build.ninja holds the torch
+    include paths, and a different one makes ninja rebuild."""
+    import hashlib
+
+    import torch
+    tag = hashlib.sha256(str(Path(torch.__file__).resolve().parent).encode()).hexdigest()[:8]
+    return f"vitpe_attend_v{_VERSION}_{tag}"
+
+
 def _build():
     from torch.utils.cpp_extension import load_inline
-    name = f"vitpe_attend_v{_VERSION}"
+    name = extension_name()
     with _held_by_this_process(name) as held:
         if not held:
             _clear_stale_lock(name)
