@@ -601,7 +601,7 @@ def test_the_server_imports_the_heavy_modules_before_any_visitor(app_checkpoint_
     for setting, expected in (("1", True), ("0", False)):
         log = tmp_path / f"server-{setting}.log"
         with streamlit_server(app_checkpoint_dir, log=log, timeout=120, env={"VITPE_WARMUP": setting}):
-            deadline = time.monotonic() + (120 if expected else 5)
+            deadline = time.monotonic() + (300 if expected else 5)   # 52 s seen in a loaded CI run
             while "warm-up done in" not in log.read_text() and time.monotonic() < deadline:
                 time.sleep(0.2)
             text = log.read_text()
