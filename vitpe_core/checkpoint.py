@@ -31,7 +31,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as st_save
 
 from .config import ViTConfig
-from .encodings import available_encodings
+from .encodings.base import encoding_parts
 from .model import ViT, map_timm_pos_embed
 
 log = logging.getLogger(__name__)
@@ -247,16 +247,18 @@ def read_config(path: str | Path) -> ViTConfig:
     read, no model built), for listing many checkpoints; `load_checkpoint` still checks the rest."""
     path = Path(path)
     meta, _ = read_checkpoint_file(path, tensors=False)
+    return _config_of(meta, path.name)
+
+
+def _config_of(meta: dict[str, str], name: str) -> ViTConfig:
+    """The metadata's config, its encoding's parts checked against the registry."""
     try:
-        cfg = ViTConfig.from_dict(_parse_json(meta, "config", path.name))
+        cfg = ViTConfig.from_dict(_parse_json(meta, "config", name))
+        encoding_parts(str(cfg.encoding))
     except CheckpointError:
         raise
     except (ValueError, TypeError) as e:
-        raise CheckpointError(f"{path.name}: its config cannot build a model: {e}") from None
-    unknown = [p for p in str(cfg.encoding).split("+") if p.strip() not in available_encodings()]
-    if unknown:
-        raise CheckpointError(f"{path.name}: its config cannot build a model: unknown encoding {unknown}; "
-                              f"valid: {sorted(available_encodings())}")
+        raise CheckpointError(f"{name}: its config cannot build a model: {e}") from None
     return cfg
 
 
@@ -265,8 +267,8 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
     """Rebuild the model of a vitpe checkpoint and load its weights strictly."""
     path = Path(path)
     meta, tensors = read_checkpoint_file(path)
+    cfg = _config_of(meta, path.name)
     try:
-        cfg = ViTConfig.from_dict(_parse_json(meta, "config", path.name))
         need, have = approx_elements(cfg), sum(t.numel() for t in tensors.values())
         if need > 4 * have + 2**20:   # checked before building: a forged config must not allocate gigabytes
             raise CheckpointError(f"{path.name}: its config describes a model of about {need:,} values but the "

@@ -2,8 +2,9 @@
 
 Built once with `torch.utils.cpp_extension.load_inline` on first use (cached under torch's
 extension dir, `~/.cache/torch_extensions` by default; a lock the OS releases with its holder
-serialises concurrent loads and builds, see `_held_by_this_process`) and used for CPU float32/float64 tensors. What they fuse, per (batch, head) and with
-every `N x N` intermediate kept in cache instead of written to memory:
+serialises concurrent loads and builds, see `_held_by_this_process`) and used for CPU
+float32/float64 tensors. What they fuse, per (batch, head) and with every `N x N` intermediate
+kept in cache instead of written to memory:
 * SaPE² forward: the logits on every row and column line gathered and turned into gates by a
   vectorised σ, their reverse cumulative sums, the read-out interpolation (the descriptors
   `s_x, s_y`; the steps between read-outs formed here from `z = src·[E_x, E_y]`), and the

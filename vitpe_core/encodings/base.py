@@ -132,9 +132,9 @@ def _options_of(cls: type[PositionEncoding]) -> set[str]:
     return {p.name for p in sig.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
 
-def build_encoding(name: str, ctx: EncodingContext, **options) -> PositionEncoding:
-    """Build `name` (`a+b` composes). Each keyword option goes to every part that accepts
-    it; an option no part accepts is an error (no silently dropped keywords)."""
+def encoding_parts(name: str) -> list[str]:
+    """The registered parts of encoding `name` (`a+b` composes); ValueError for an unknown part
+    or one named twice."""
     parts = [p.strip() for p in name.split("+")]
     unknown = [p for p in parts if p not in _REGISTRY]
     if unknown or not parts:
@@ -142,6 +142,13 @@ def build_encoding(name: str, ctx: EncodingContext, **options) -> PositionEncodi
                          "or several joined with '+', e.g. 'sape2+ape'")
     if len(set(parts)) != len(parts):
         raise ValueError(f"encoding {name!r} names a part twice")
+    return parts
+
+
+def build_encoding(name: str, ctx: EncodingContext, **options) -> PositionEncoding:
+    """Build `name` (`a+b` composes). Each keyword option goes to every part that accepts
+    it; an option no part accepts is an error (no silently dropped keywords)."""
+    parts = encoding_parts(name)
     used: set[str] = set()
     modules = []
     for p in parts:
