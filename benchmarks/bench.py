@@ -944,7 +944,7 @@ def bench_app(plan: Plan, cs: CheckpointSet, workdir: Path) -> dict:
                     run["first_run_s"] = time.perf_counter() - t0
                     run["after_first_page_mib"] = proc_memory(server.pid)
                     if last:
-                        out.update(_browse(page, server, plan, cs))
+                        out.update(_browse(page, server, plan, cs, out["listed"]))
                     page.close()
                 runs.append(run)
     out["runs"] = runs
@@ -960,7 +960,7 @@ def app_default(cs: CheckpointSet) -> str:
     return PREFERRED_CKPT if PREFERRED_CKPT in cs.names else cs.names[0]
 
 
-def _browse(page, server: Server, plan: Plan, cs: CheckpointSet) -> dict:
+def _browse(page, server: Server, plan: Plan, cs: CheckpointSet, listed: list[str]) -> dict:
     cfg = load_checkpoint(resolve_checkpoint(app_default(cs), cs.root)).config
     start = (cfg.grid[0] // 2, cfg.grid[1] // 2)            # the default view's patch
     out: dict[str, Any] = {"e2e_bias": e2e_patch_changes(page, plan.e2e_clicks, cfg.grid, start)}
@@ -970,7 +970,7 @@ def _browse(page, server: Server, plan: Plan, cs: CheckpointSet) -> dict:
     out["compare_first_run_s"] = time.perf_counter() - t0
     out["after_compare"] = proc_memory(server.pid)
     out["e2e_compare"] = e2e_patch_changes(page, plan.e2e_clicks, cfg.grid, start, prefix="compare")
-    listed = listed_checkpoints(cs.root)            # the most the page can hold: every listed one shown
+    # the most the page can hold: every listed one shown
     page.goto(server.url + "/compare?show=" + quote(",".join(listed), safe=",/"))
     wait_script_run(page)
     out["after_compare_all"] = proc_memory(server.pid)

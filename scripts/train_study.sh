@@ -6,6 +6,8 @@
 # (15 epochs, seed 1 -> checkpoints/seeds/ENC-seed1). Default: every job below, in this order.
 # Resumable: rerun after an interruption; each run continues from its runs/ folder's state.pt,
 # finished checkpoints are skipped.
+# TRAIN_ARGS adds options that change how a run executes, not what it learns (e.g. --compile,
+# --threads 1); the recipe itself is fixed here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
@@ -24,7 +26,7 @@ for job in $JOBS; do
   echo "== $job: training ($epochs epochs, seed $seed)"
   mkdir -p "$(dirname "$ckpt")"
   "$PY" -m vitpe_core train --encoding "$enc" --dataset cifar10 --preset compact --epochs "$epochs" \
-    --seed "$seed" --data-dir "$DATA_DIR" --out "$out" --resume --checkpoint "$ckpt"
+    --seed "$seed" --data-dir "$DATA_DIR" --out "$out" --resume --checkpoint "$ckpt" ${TRAIN_ARGS:-}
   # the app lists checkpoints/long/: its compare page reads this position analysis beside each one
   if [ "$kind" = long ]; then "$PY" -m vitpe_core analyze "$ckpt"; fi
 done

@@ -8,6 +8,7 @@ import base64
 import hashlib
 import io
 import json
+import os
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -624,3 +625,45 @@ def test_warmup_wait_returns_at_once_where_nothing_started_it_and_after_it_ran(m
     warmup.wait()
     assert warmup._done.is_set() and warmup.seconds is not None
     assert [t for t in warmup.threading.enumerate() if t.name == "vitpe-warmup"] == []
+
+
+_PAGE_IMPORTS_CHECK = r'''
+import ast, importlib, importlib.util, sys
+from pathlib import Path
+from pages.common import warmup
+for name in warmup.MODULES:
+    importlib.import_module(name)
+before = set(sys.modules)
+for f in [*sorted(Path("pages").glob("*.py")), *sorted(Path("pages/common").glob("*.py"))]:
+    package = "pages.common" if f.parent.name == "common" else "pages"
+    for node in ast.parse(f.read_text()).body:                 # module level: what a page run imports first
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
+            spec = importlib.util.find_spec(base)
+            targets = [base] + ([f"{base}.{a.name}" for a in node.names]
+                                if spec.submodule_search_locations is not None else [])
+        else:
+            continue
+        for name in targets:
+            if importlib.util.find_spec(name) is not None:
+                importlib.import_module(name)
+print(sorted(m for m in set(sys.modules) - before if not m.startswith("_")))
+'''
+
+
+@pytest.mark.slow
+def test_the_warmup_imports_every_module_the_pages_import_first():
+    """warmup.MODULES is kept by hand: a module a page imports at module level and the list
+    leaves out would be imported by the first visitor instead of the warm-up. Imports inside
+    functions (the import form's importers, say) are lazy on purpose and not checked."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", _PAGE_IMPORTS_CHECK], cwd=root, capture_output=True, text=True,
+                         timeout=600, env={**os.environ, "PYTHONPATH": str(root)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]", (
+        f"imported by the pages but not by the warm-up (add them to pages/common/warmup.py MODULES): {out.stdout}")

@@ -29,7 +29,8 @@ from streamlit.logger import get_logger   # the server's log format and level
 
 log = get_logger(__name__)
 
-# In the order a page's first run imports them (app.py, then the pages through pages.common).
+# In the order a page's first run imports them (app.py, then the pages through pages.common). Kept by hand;
+# tests/test_app.py checks that it covers every module the pages import at module level.
 MODULES = ("pandas", "torch", "plotly.graph_objects", "vitpe_core.model", "vitpe_core.analysis",
            "vitpe_core.figures", "vitpe_core.views", "vitpe_core.positional", "vitpe_core.stress",
            "pages.common.cache", "pages.common.ui", "pages.common.status", "pages.common.position",
