@@ -93,7 +93,7 @@ from vitpe_core.encodings import EncodingContext, available_encodings, build_enc
 from vitpe_core.gallery import gallery_ids, gallery_image
 from vitpe_core.model import Attention, build_model
 from vitpe_core.report import ORDER
-from vitpe_core.viewstate import PREFERRED_CKPT
+from vitpe_core.viewstate import PREFERRED_CKPT, show_value
 
 log = logging.getLogger(__name__)
 
@@ -971,7 +971,7 @@ def _browse(page, server: Server, plan: Plan, cs: CheckpointSet, listed: list[st
     out["after_compare"] = proc_memory(server.pid)
     out["e2e_compare"] = e2e_patch_changes(page, plan.e2e_clicks, cfg.grid, start, prefix="compare")
     # the most the page can hold: every listed one shown
-    page.goto(server.url + "/compare?show=" + quote(",".join(listed), safe=",/"))
+    page.goto(server.url + "/compare?show=" + quote(show_value(listed), safe=",/"))
     wait_script_run(page)
     out["after_compare_all"] = proc_memory(server.pid)
     return out

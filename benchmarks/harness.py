@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
+from vitpe_core.viewstate import show_value   # torch-free
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -235,7 +237,7 @@ def share_url(base: str, *, page: str = "bias", ckpt: str | None = None, image: 
               patch: tuple[int, int] | None = None, layer: int | None = None, head: str | None = None,
               show: list[str] | None = None) -> str:
     q = {"page": page, "ckpt": ckpt, "image": image, "patch": patch and f"{patch[0]},{patch[1]}",
-         "layer": None if layer is None else str(layer), "head": head, "show": show and ",".join(show)}
+         "layer": None if layer is None else str(layer), "head": head, "show": show and show_value(show)}
     return base.rstrip("/") + "/?" + urlencode({k: v for k, v in q.items() if v is not None}, safe=",", quote_via=quote)
 
 

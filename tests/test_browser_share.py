@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import re
+import shutil
 
 import pytest
 from PIL import Image
@@ -24,13 +25,21 @@ TIMEOUT_MS = 90_000
 PICKER_IMAGE_JS = "e => e.data[0].source"      # the picker's image (a PNG data URI)
 
 
+COMMA_NAME = "rpb,2"       # a file name with a comma: `show` must still link it
+
+
 @pytest.fixture(scope="module")
 def server(app_checkpoint_dir, tmp_path_factory):
     uploads = tmp_path_factory.mktemp("uploads")
+    ckpts = tmp_path_factory.mktemp("share_checkpoints")
+    for f in app_checkpoint_dir.iterdir():
+        if f.is_file():
+            shutil.copy(f, ckpts / f.name)
+    shutil.copy(app_checkpoint_dir / "rpb.safetensors", ckpts / f"{COMMA_NAME}.safetensors")
     mp = pytest.MonkeyPatch()
     mp.setenv("VITPE_UPLOAD_DIR", str(uploads))
     try:
-        with lt.streamlit_server(app_checkpoint_dir, log=uploads.parent / "server.log", timeout=90) as srv:
+        with lt.streamlit_server(ckpts, log=uploads.parent / "server.log", timeout=90) as srv:
             yield srv, uploads
     finally:
         mp.undo()
@@ -112,4 +121,23 @@ def test_the_compare_pick_is_shared_by_link(browser, server):
     other, page2 = _open(browser, link, "Per checkpoint")                  # another visitor
     expect(page2.locator("[data-testid='stAlertContentWarning']")).to_have_count(0)
     expect(_chips(page2)).to_have_text(["rpb", "ape"])
+    other.close()
+
+
+def test_a_checkpoint_named_with_a_comma_is_shared_by_link(browser, server):
+    srv, _ = server
+    ctx, page = _open(browser, lt.share_url(srv.url, page="compare", show=[COMMA_NAME, "ape"]), "Per checkpoint")
+    expect(page.locator("[data-testid='stAlertContentWarning']")).to_have_count(0)
+    expect(_chips(page)).to_have_text([COMMA_NAME, "ape"])
+    page.locator(".st-key-compare_show").get_by_role("button", name="Remove ape").click()
+    page.wait_for_function("() => /show=rpb%252C2(&|$)/.test(location.search)", timeout=TIMEOUT_MS)
+    _idle(page)
+    code = page.locator("[data-testid='stSidebar'] [data-testid='stCode']").first
+    expect(code).to_contain_text("show=rpb%252C2")
+    link = code.inner_text().strip()
+    ctx.close()
+
+    other, page2 = _open(browser, link, "Per checkpoint")                  # another visitor
+    expect(page2.locator("[data-testid='stAlertContentWarning']")).to_have_count(0)
+    expect(_chips(page2)).to_have_text([COMMA_NAME])
     other.close()

@@ -10,15 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vitpe_core.viewstate import (KEYS, MAX_VALUE_CHARS, PAGES, STRESS_KEYS, StressLimits, ViewState, default_view,
-                                  is_upload_id, parse_view, to_query, upload_id)
+                                  is_upload_id, parse_view, show_value, to_query, upload_id)
 
 CKPTS = ["ape", "none", "rope_mixed", "rpb", "sape2+ape"]
 IMAGES = ["cifar10-test-0000", "cifar10-test-0007", "photo-astronaut"]
 DIMS = dict(grid=(8, 6), depth=3, heads=4, epochs=(0, 1, 2, 5))
 
 
-def parse(params, **kw):
-    return parse_view(params, checkpoints=CKPTS, images=IMAGES, **{**DIMS, **kw})
+def parse(params, checkpoints=CKPTS, **kw):
+    return parse_view(params, checkpoints=checkpoints, images=IMAGES, **{**DIMS, **kw})
 
 
 def test_empty_query_gives_defaults_without_notes():
@@ -240,6 +240,26 @@ def test_shown_checkpoints_round_trip_in_their_order_and_stay_out_of_default_lin
     assert parse({"show": " ape , rpb,ape "}) == (parse({"show": "ape,rpb"})[0], [])   # spaces, repeats dropped
     url = "http://host/?" + urlencode(to_query(parse({"show": "sape2+ape,rpb"})[0]))     # '+' survives a real URL
     assert parse({k: v for k, v in parse_qs(urlsplit(url).query).items()})[0].show == ("sape2+ape", "rpb")
+
+
+def test_a_comma_or_percent_sign_in_a_checkpoint_name_survives_a_link():
+    names = ["a,b", "50%", "a%2Cb", "ape"]                  # files may be named so; `a%2Cb` literally
+    view, notes = parse({"show": show_value(names)}, checkpoints=[*CKPTS, *names])
+    assert notes == [] and view.show == tuple(names)
+    assert to_query(view)["show"] == "a%2Cb,50%25,a%252Cb,ape"
+    url = "http://host/?" + urlencode(to_query(view))                                  # through a real URL
+    params = {k: v[0] for k, v in parse_qs(urlsplit(url).query).items()}
+    assert parse(params, checkpoints=[*CKPTS, *names]) == (view, [])
+    assert parse({"show": "a,b"}, checkpoints=[*CKPTS, "a,b"])[0].show is None        # unescaped: two names
+    assert parse({"show": "ape,50%"}, checkpoints=[*CKPTS, "50%"])[0].show == ("ape", "50%")   # a lone % is kept
+
+
+@given(st.lists(st.text(alphabet=",%2C5c a", min_size=1, max_size=6).filter(lambda n: n == n.strip()),
+                min_size=1, max_size=4, unique=True))
+@settings(max_examples=200, deadline=None)
+def test_show_value_round_trips_any_names(names):
+    view, notes = parse({"show": show_value(names)}, checkpoints=names)
+    assert notes == [] and view.show == tuple(names)
 
 
 def test_unknown_shown_checkpoints_are_dropped_with_a_note_and_the_rest_kept():

@@ -28,8 +28,8 @@ Deliberate choices:
   Nothing else from a link can name a file.
 * `show` is a comma-separated list of checkpoint names (up to `MAX_SHOW_CHARS`); names the
   folder does not hold are dropped with a note and the others kept (a link from a server with
-  more checkpoints, or naming another session's imported model), repeats are dropped. A name
-  with a comma cannot be linked.
+  more checkpoints, or naming another session's imported model), repeats are dropped. A comma or
+  percent sign inside a name is written `%2C` / `%25` (`show_value`).
 * The stress and rollout values are checked against what the checkpoint offers
   (`StressLimits`: its shift and size options, its prefix tokens); without limits only the
   defaults are valid.
@@ -124,8 +124,20 @@ def to_query(view: ViewState) -> dict[str, str]:
          "fill": "" if view.fill == FILLS[0] else view.fill,
          "rollout": "" if view.rollout == PATCH_SOURCE else view.rollout,
          "fusion": "" if view.fusion == FUSIONS[0] else view.fusion,
-         "show": "" if view.show is None else ",".join(view.show) or NO_CHECKPOINTS}
+         "show": "" if view.show is None else show_value(view.show)}
     return {k: v for k, v in q.items() if v != ""}
+
+
+def show_value(names: Sequence[str]) -> str:
+    """`show`'s value for checkpoints `names`: joined by commas, with a comma or percent sign
+    inside a name written `%2C` / `%25` (a file may be named `a,b`); `-` for none."""
+    return ",".join(n.replace("%", "%25").replace(",", "%2C") for n in names) or NO_CHECKPOINTS
+
+
+def _show_names(value: str) -> list[str]:
+    """The names in `show`'s value (show_value's inverse; a `%` not starting `%2C`/`%25` is kept)."""
+    return [re.sub(r"%2[Cc5]", lambda m: "," if m[0][-1] in "Cc" else "%", n.strip())
+            for n in value.split(",") if n.strip()]
 
 
 # ----------------------------------------------------------------------------- one entry per key
@@ -252,7 +264,7 @@ def _size(value: str, lim: _Limits) -> int | None:
 def _show_list(value: str, lim: _Limits) -> tuple[str, ...]:
     if value.strip() == NO_CHECKPOINTS:
         return ()
-    names = list(dict.fromkeys(n.strip() for n in value.split(",") if n.strip()))
+    names = list(dict.fromkeys(_show_names(value)))
     if not names:
         raise _Invalid(f"expected checkpoint names separated by commas, or '{NO_CHECKPOINTS}' for none")
     unknown = [n for n in names if n not in lim.checkpoints]
