@@ -126,6 +126,9 @@ def test_compare_words():
     rows = [{"checkpoint": "ape", "encoding": "ape", "x": 1}, {"checkpoint": "mine", "encoding": "sape2+ape", "x": 2}]
     assert views.without_same_encoding(rows[:1]) == [{"checkpoint": "ape", "x": 1}]
     assert [r["encoding"] for r in views.without_same_encoding(rows)] == [None, "sape2+ape"]
+    grouped = [{"checkpoint": "long/ape", "encoding": "ape"}, {"checkpoint": "none", "encoding": "none"}]
+    assert views.without_same_encoding(grouped) == [{"checkpoint": "long/ape"}, {"checkpoint": "none"}]
+    assert [r["encoding"] for r in views.without_same_encoding([*grouped, rows[1]])] == [None, None, "sape2+ape"]
     assert "SaPE²(K)" in views.readout_text({}) and "SaPE²(Q)" in views.readout_text({"readout": "key"})
 
 

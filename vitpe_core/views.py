@@ -192,11 +192,14 @@ def readout_text(encoding_options: dict) -> str:
 
 def without_same_encoding(rows: list[dict]) -> list[dict]:
     """Compare-table rows (`checkpoint`, `encoding`, ...) without the `encoding` column when every
-    row's encoding is its checkpoint's name; otherwise the encoding is kept only where it differs
-    (None elsewhere, shown as a dash)."""
-    if all(r.get("encoding") == r.get("checkpoint") for r in rows):
+    row's encoding is its checkpoint's name (a group's `long/ape` counts as `ape`); otherwise the
+    encoding is kept only where it differs (None elsewhere, shown as a dash)."""
+    def same(r: dict) -> bool:
+        return r.get("encoding") == str(r.get("checkpoint")).rpartition("/")[2]
+
+    if all(same(r) for r in rows):
         return [{k: v for k, v in r.items() if k != "encoding"} for r in rows]
-    return [{**r, "encoding": None if r.get("encoding") == r.get("checkpoint") else r.get("encoding")} for r in rows]
+    return [{**r, "encoding": None if same(r) else r.get("encoding")} for r in rows]
 
 
 # ----------------------------------------------------------------------------- what the model sees of an image
