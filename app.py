@@ -57,7 +57,22 @@ def main() -> None:
     status.render()
 
 
+def _no_pages_folder_mode() -> None:
+    """Route every run through main(). Streamlit runs the files of a `pages/` folder next to the
+    main script as pages of their own (multipage v1) until some session calls st.navigation: the
+    first visitors of a fresh server who opened a path (`/compare?show=...`, what the address bar
+    shows after any page switch) got that page bare, without the title, the router or the menu's
+    names, until someone opened `/`. st.navigation clears the same flag."""
+    try:
+        from streamlit.runtime.pages_manager import PagesManager
+
+        PagesManager.uses_pages_directory = False
+    except (ImportError, AttributeError) as e:  # another Streamlit: the first visit of `/` still fixes it
+        warmup.log.warning("could not turn off Streamlit's pages-folder mode (%s): open / first after a restart", e)
+
+
 if __name__ == "__main__":    # a visitor's run: Streamlit runs this file as __main__
     main()
 else:                         # `streamlit run app.py` imports it once, finds this server and serves
+    _no_pages_folder_mode()
     app = st.App(__file__, lifespan=warmup.lifespan)   # the file to visitors; warm-up at start

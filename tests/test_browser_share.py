@@ -141,3 +141,18 @@ def test_a_checkpoint_named_with_a_comma_is_shared_by_link(browser, server):
     expect(page2.locator("[data-testid='stAlertContentWarning']")).to_have_count(0)
     expect(_chips(page2)).to_have_text([COMMA_NAME])
     other.close()
+
+
+def test_a_path_link_is_routed_on_a_fresh_server(browser, app_checkpoint_dir, tmp_path):
+    """After any page switch the address bar shows a path (`/compare?page=compare&...`). Opened as
+    the first visit of a fresh server, it must still run app.py's router (Streamlit would run
+    pages/compare.py bare, multipage-v1 style: no title, file names in the menu)."""
+    with lt.streamlit_server(app_checkpoint_dir, log=tmp_path / "server.log", timeout=90) as srv:
+        ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+        page = ctx.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        page.goto(srv.url + "/compare?show=rpb,ape")
+        expect(page.locator("h1").first).to_have_text("Compare encodings")
+        expect(page.locator("[data-testid='stSidebarNav']")).to_contain_text("Bias explorer")
+        expect(_chips(page)).to_have_text(["rpb", "ape"])
+        ctx.close()
