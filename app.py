@@ -74,5 +74,10 @@ def _no_pages_folder_mode() -> None:
 if __name__ == "__main__":    # a visitor's run: Streamlit runs this file as __main__
     main()
 else:                         # `streamlit run app.py` imports it once, finds this server and serves
+    from starlette.middleware import Middleware
+
+    from pages.common.paths import RedirectDeepPaths   # /pages/compare -> /compare, not a blank page
+
     _no_pages_folder_mode()
-    app = st.App(__file__, lifespan=warmup.lifespan)   # the file to visitors; warm-up at start
+    app = st.App(__file__, lifespan=warmup.lifespan,   # the file to visitors; warm-up at start
+                 middleware=[Middleware(RedirectDeepPaths)])

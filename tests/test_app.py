@@ -667,3 +667,23 @@ def test_the_warmup_imports_every_module_the_pages_import_first():
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]", (
         f"imported by the pages but not by the warm-up (add them to pages/common/warmup.py MODULES): {out.stdout}")
+
+
+@pytest.mark.parametrize("path, query, base, target", [
+    ("/pages/compare", "show=ape", "", "/compare?show=ape"),       # the repo's folder name typed in
+    ("/compare/", "", "", "/compare"),
+    ("/a/b/c", "patch=1,1", "", "/?patch=1,1"),                    # no page named: the default, same query
+    ("/compare", "x=1", "", None),                                 # a page or the root: served as it is
+    ("/", "", "", None),
+    ("/static/js/main.js", "", "", None),                          # Streamlit's own routes
+    ("/_stcore/health", "", "", None),
+    ("/media/abc.png", "", "", None),
+    ("/app/static/x.png", "", "", None),
+    ("/vitpe/compare", "", "vitpe", None),                         # below server.baseUrlPath: a page
+    ("/vitpe/pages/bias", "", "/vitpe/", "/vitpe/bias"),
+    ("/other/compare", "", "vitpe", None),                         # outside the base: not ours
+])
+def test_deep_paths_redirect_to_the_page_they_name(path, query, base, target):
+    from pages.common.paths import redirect_target
+
+    assert redirect_target(path, query, base) == target

@@ -155,4 +155,7 @@ def test_a_path_link_is_routed_on_a_fresh_server(browser, app_checkpoint_dir, tm
         expect(page.locator("h1").first).to_have_text("Compare encodings")
         expect(page.locator("[data-testid='stSidebarNav']")).to_contain_text("Bias explorer")
         expect(_chips(page)).to_have_text(["rpb", "ape"])
+        page.goto(srv.url + "/pages/similarity?ckpt=ape")     # deeper than a page name: redirected, not blank
+        expect(page.locator("h1").first).to_have_text("Position-embedding similarity")
+        assert lt.url_params(page.url)["ckpt"] == "ape" and "/pages/" not in page.url
         ctx.close()
