@@ -679,6 +679,7 @@ def test_the_warmup_imports_every_module_the_pages_import_first():
     ("/_stcore/health", "", "", None),
     ("/media/abc.png", "", "", None),
     ("/app/static/x.png", "", "", None),
+    ("/app/compare", "", "", "/compare"),
     ("/vitpe/compare", "", "vitpe", None),                         # below server.baseUrlPath: a page
     ("/vitpe/pages/bias", "", "/vitpe/", "/vitpe/bias"),
     ("/other/compare", "", "vitpe", None),                         # outside the base: not ours

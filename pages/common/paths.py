@@ -15,7 +15,7 @@ from typing import Any, Awaitable, Callable
 
 from vitpe_core.viewstate import PAGES
 
-STREAMLIT_PREFIXES = ("_stcore", "static", "media", "component", "app")   # starlette_routes' BASE_ROUTE_*
+STREAMLIT_PREFIXES = ("_stcore", "static", "media", "component")   # starlette_routes' BASE_ROUTE_*, and app/static
 
 
 def redirect_target(path: str, query: str, base: str = "") -> str | None:
@@ -25,7 +25,7 @@ def redirect_target(path: str, query: str, base: str = "") -> str | None:
     if prefix and not (path == prefix or path.startswith(prefix + "/")):
         return None
     parts = path[len(prefix):].split("/")[1:]             # "/a/b" -> ["a", "b"]; "/a/" -> ["a", ""]
-    if len(parts) < 2 or parts[0] in STREAMLIT_PREFIXES:
+    if len(parts) < 2 or parts[0] in STREAMLIT_PREFIXES or parts[:2] == ["app", "static"]:
         return None
     named = [p for p in parts if p]
     page = named[-1] if named and named[-1] in PAGES else ""
