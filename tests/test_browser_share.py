@@ -109,18 +109,25 @@ def test_the_compare_pick_is_shared_by_link(browser, server):
     ctx, page = _open(browser, lt.share_url(srv.url, page="compare", show=["rpb", "sape2+ape", "ape"]),
                       "Per checkpoint")
     expect(_chips(page)).to_have_text(["rpb", "sape2+ape", "ape"])
-    page.locator(".st-key-compare_show").get_by_role("button", name="Remove sape2+ape").click()   # the chip's ✕
-    page.wait_for_function("() => /show=rpb(,|%2C)ape(&|$)/.test(location.search)", timeout=TIMEOUT_MS)
+    _remove_and_share(browser, ctx, page, "sape2+ape", r"show=rpb(,|%2C)ape(&|$)", "show=rpb,ape", ["rpb", "ape"])
+
+
+def _remove_and_share(browser, ctx, page, chip: str, url_re: str, link_text: str, kept: list[str]) -> None:
+    """Remove `chip` from the compare pick (its ✕), wait for the URL to match `url_re`, take the
+    sidebar's link (it must contain `link_text`), close `ctx`, and open the link as another
+    visitor: no warning, the chips `kept`."""
+    page.locator(".st-key-compare_show").get_by_role("button", name=f"Remove {chip}").click()
+    page.wait_for_function(f"() => /{url_re}/.test(location.search)", timeout=TIMEOUT_MS)
     _idle(page)
-    expect(_chips(page)).to_have_text(["rpb", "ape"])
+    expect(_chips(page)).to_have_text(kept)
     code = page.locator("[data-testid='stSidebar'] [data-testid='stCode']").first
-    expect(code).to_contain_text("show=rpb,ape")
+    expect(code).to_contain_text(link_text)
     link = code.inner_text().strip()
     ctx.close()
 
     other, page2 = _open(browser, link, "Per checkpoint")                  # another visitor
     expect(page2.locator("[data-testid='stAlertContentWarning']")).to_have_count(0)
-    expect(_chips(page2)).to_have_text(["rpb", "ape"])
+    expect(_chips(page2)).to_have_text(kept)
     other.close()
 
 
@@ -129,18 +136,7 @@ def test_a_checkpoint_named_with_a_comma_is_shared_by_link(browser, server):
     ctx, page = _open(browser, lt.share_url(srv.url, page="compare", show=[COMMA_NAME, "ape"]), "Per checkpoint")
     expect(page.locator("[data-testid='stAlertContentWarning']")).to_have_count(0)
     expect(_chips(page)).to_have_text([COMMA_NAME, "ape"])
-    page.locator(".st-key-compare_show").get_by_role("button", name="Remove ape").click()
-    page.wait_for_function("() => /show=rpb%252C2(&|$)/.test(location.search)", timeout=TIMEOUT_MS)
-    _idle(page)
-    code = page.locator("[data-testid='stSidebar'] [data-testid='stCode']").first
-    expect(code).to_contain_text("show=rpb%252C2")
-    link = code.inner_text().strip()
-    ctx.close()
-
-    other, page2 = _open(browser, link, "Per checkpoint")                  # another visitor
-    expect(page2.locator("[data-testid='stAlertContentWarning']")).to_have_count(0)
-    expect(_chips(page2)).to_have_text([COMMA_NAME])
-    other.close()
+    _remove_and_share(browser, ctx, page, "ape", r"show=rpb%252C2(&|$)", "show=rpb%252C2", [COMMA_NAME])
 
 
 def test_a_path_link_is_routed_on_a_fresh_server(browser, app_checkpoint_dir, tmp_path):
