@@ -254,7 +254,14 @@ def test_a_comma_or_percent_sign_in_a_checkpoint_name_survives_a_link():
     assert parse({"show": "ape,50%"}, checkpoints=[*CKPTS, "50%"])[0].show == ("ape", "50%")   # a lone % is kept
 
 
-@given(st.lists(st.text(alphabet=",%2C5c a", min_size=1, max_size=6).filter(lambda n: n == n.strip()),
+def test_a_checkpoint_named_dash_is_not_confused_with_none():
+    view, notes = parse({"show": show_value(["-"])}, checkpoints=[*CKPTS, "-"])
+    assert notes == [] and view.show == ("-",) and to_query(view)["show"] == "%2D"
+    assert parse({"show": "-"}, checkpoints=[*CKPTS, "-"])[0].show == ()              # `-` alone: none
+    assert parse({"show": show_value(["-", "ape"])}, checkpoints=[*CKPTS, "-"])[0].show == ("-", "ape")
+
+
+@given(st.lists(st.text(alphabet=",%2C5cDd- a", min_size=1, max_size=6).filter(lambda n: n == n.strip()),
                 min_size=1, max_size=4, unique=True))
 @settings(max_examples=200, deadline=None)
 def test_show_value_round_trips_any_names(names):

@@ -29,7 +29,8 @@ Deliberate choices:
 * `show` is a comma-separated list of checkpoint names (up to `MAX_SHOW_CHARS`); names the
   folder does not hold are dropped with a note and the others kept (a link from a server with
   more checkpoints, or naming another session's imported model), repeats are dropped. A comma or
-  percent sign inside a name is written `%2C` / `%25` (`show_value`).
+  percent sign inside a name is written `%2C` / `%25`, and a name that is just `-` (which alone
+  means none) `%2D` (`show_value`).
 * The stress and rollout values are checked against what the checkpoint offers
   (`StressLimits`: its shift and size options, its prefix tokens); without limits only the
   defaults are valid.
@@ -130,14 +131,20 @@ def to_query(view: ViewState) -> dict[str, str]:
 
 def show_value(names: Sequence[str]) -> str:
     """`show`'s value for checkpoints `names`: joined by commas, with a comma or percent sign
-    inside a name written `%2C` / `%25` (a file may be named `a,b`); `-` for none."""
-    return ",".join(n.replace("%", "%25").replace(",", "%2C") for n in names) or NO_CHECKPOINTS
+    inside a name written `%2C` / `%25` (a file may be named `a,b`) and a name that is just `-`
+    written `%2D` (so it differs from `-`, none); `-` for none."""
+    escaped = (n.replace("%", "%25").replace(",", "%2C") for n in names)
+    return ",".join("%2D" if n == NO_CHECKPOINTS else n for n in escaped) or NO_CHECKPOINTS
 
 
 def _show_names(value: str) -> list[str]:
-    """The names in `show`'s value (show_value's inverse; a `%` not starting `%2C`/`%25` is kept)."""
-    return [re.sub(r"%2[Cc5]", lambda m: "," if m[0][-1] in "Cc" else "%", n.strip())
+    """The names in `show`'s value (show_value's inverse; a `%` not starting `%2C`/`%25`/`%2D`
+    is kept)."""
+    return [re.sub(r"%2[CcDd5]", lambda m: _UNESCAPE[m[0][-1].upper()], n.strip())
             for n in value.split(",") if n.strip()]
+
+
+_UNESCAPE = {"C": ",", "D": "-", "5": "%"}
 
 
 # ----------------------------------------------------------------------------- one entry per key
