@@ -66,6 +66,19 @@ def test_interrupted_run_resumes_to_the_same_result(data_dir, tmp_path, augment)
         assert torch.equal(wa[k], wb[k]), k
     assert whole["curves"]["train_loss"] == resumed["curves"]["train_loss"]
     assert whole["test"] == resumed["test"]
+    assert [st["step"] for st in resumed["starts"]] == [0, 1, 2]           # each (re)start is recorded
+    assert {st["compiled"] for st in resumed["starts"]} == {False} and whole["starts"][0]["step"] == 0
+    assert all(st["commit"] == resumed["git_commit"] and "cpu" in st["device"] for st in resumed["starts"])
+
+
+def test_a_state_from_before_starts_were_recorded_still_resumes(data_dir, tmp_path):
+    c = cfg(epochs=2)
+    train(c, data_dir=data_dir, out=tmp_path, progress=False, stop_after_steps=1, full_eval=False)
+    state = torch.load(tmp_path / "state.pt", weights_only=True)
+    del state["starts"]
+    torch.save(state, tmp_path / "state.pt")
+    metrics = train(c, data_dir=data_dir, out=tmp_path, progress=False, resume=True, full_eval=False)
+    assert "not recorded" in metrics["starts"][0]["note"] and metrics["starts"][1]["step"] == 1
 
 
 @pytest.mark.slow
@@ -78,6 +91,7 @@ def test_compiled_training_follows_the_eager_run(data_dir, tmp_path):
     compiled = train(c, data_dir=data_dir, out=tmp_path / "compiled", progress=False, full_eval=False,
                      compile_model=True)
     assert compiled["steps"] == eager["steps"] == 2
+    assert compiled["starts"][0]["compiled"] and not eager["starts"][0]["compiled"]
     we, wc = _final_weights(tmp_path / "eager"), _final_weights(tmp_path / "compiled")
     assert we.keys() == wc.keys()
     for k in we:

@@ -178,6 +178,7 @@ class _Run:
     aug_gen: torch.Generator                    # augmentation draws, saved: a resumed run draws the same
     history: dict[int, dict]                    # epoch -> the encoding's parameters (0: at initialisation)
     commits: list[str]                          # the code each (re)start of this run trained with
+    starts: list[dict] = field(default_factory=list)  # each (re)start: step, commit, device, compiled (`_start`)
     step: int = 0                               # optimiser steps done
     train_time: float = 0.0                     # seconds spent in training steps
     curves: dict[str, list] = field(default_factory=lambda: {k: [] for k in _CURVES})  # one value per epoch
@@ -211,9 +212,11 @@ def train(cfg: TrainConfig, *, data_dir: str | Path, out: str | Path, resume: bo
     so N processes follow the single-process run (tests/test_train.py checks this on CPU
     with gloo). Only rank 0 writes files."""
     run = _setup(cfg, data_dir=data_dir, out=out, device=device, download=download)
+    commit = run.commits[0]                                         # this start's code (before any resume)
     if resume:
         _resume(run)
     _wrap(run, compile_model)
+    _start(run, commit=commit, compiled=compile_model)
     while run.step < run.total:
         epoch = run.step // run.steps_per_epoch
         if not _train_epoch(run, save_every=save_every, stop_after_steps=stop_after_steps, progress=progress):
@@ -265,6 +268,8 @@ def _resume(run: _Run) -> None:
     run.step, run.train_time, run.curves, run.running = st["step"], st["train_time"], st["curves"], st["running"]
     run.history = {int(k): v for k, v in st["history"].items()}
     run.commits = list(dict.fromkeys(st["commits"] + run.commits))
+    run.starts = st.get("starts", [{"step": 0, "note": f"starts before step {run.step} were not recorded "
+                                                        "(a state written before vitpe recorded them)"}])
     log.info("resumed %s at step %d/%d", run.out, run.step, run.total)
 
 
@@ -281,6 +286,13 @@ def _wrap(run: _Run, compile_model: bool) -> None:
     run.autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=run.device.startswith("cuda"))
 
 
+def _start(run: _Run, *, commit: str, compiled: bool) -> None:
+    """Record how this (re)start trains: from which step, with which code, on what, compiled or not.
+    The metrics keep the list (`starts`), so a run resumed on other hardware or options says so."""
+    run.starts.append({"step": run.step, "commit": commit, "device": _describe(run.device, run.world),
+                       "compiled": compiled})
+
+
 def _save(run: _Run) -> None:
     """Write state.pt (rank 0); every key is read back by `_resume`."""
     if run.rank == 0:
@@ -288,7 +300,7 @@ def _save(run: _Run) -> None:
             "train_config": run.cfg.to_dict(), "model": clean_state_dict(run.model.state_dict()),
             "optimizer": run.opt.state_dict(), "aug_rng": run.aug_gen.get_state(), "torch_rng": torch.get_rng_state(),
             "step": run.step, "train_time": run.train_time, "curves": run.curves, "running": run.running,
-            "commits": run.commits, "history": {str(k): v for k, v in run.history.items()}})
+            "commits": run.commits, "starts": run.starts, "history": {str(k): v for k, v in run.history.items()}})
     if run.world > 1:
         torch.distributed.barrier()
 
@@ -411,7 +423,7 @@ def _finish(run: _Run, *, checkpoint: str | Path | None, full_eval: bool) -> dic
         "wall_time_s": round(run.train_time, 1),
         "images_per_s": round(total * cfg.batch_size / max(run.train_time, 1e-9), 1),
         "curves": run.curves, "git_commit": run.commits[0], "git_commits": run.commits, "torch": torch.__version__,
-        "device": _describe(run.device, run.world), "parameters": sum(p.numel() for p in model.parameters()),
+        "device": _describe(run.device, run.world), "starts": run.starts, "parameters": sum(p.numel() for p in model.parameters()),
     }
     if full_eval:
         metrics.update(full_report(model, test_ds, cfg.dataset, batch_size=cfg.eval_batch_size, device=run.device))
