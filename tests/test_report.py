@@ -53,6 +53,11 @@ def test_budget_table_follows_the_gap_along_the_long_runs(tmp_path):
     assert ("SaPE² − `none`: -0.50 at epoch 2, +0.50 at epoch 4, +1.50 at epoch 6, +2.50 at epoch 8, "
             "+3.50 at epoch 10; ahead after 7 of 10 epochs.") in table
     assert "SaPE² − `ape`:" not in table                                 # no long ape run: no line
+    _write(tmp_path / "long", "sape2+ape", "sape2+ape", 52.0, epochs=10, curves={"test_top1": [v + 2 for v in up]})
+    _write(tmp_path, "sape2+ape", "sape2+ape", 60.0)
+    table = budget_table(tmp_path)
+    assert "SaPE²+APE − `sape2`: +2.50 at epoch 2, +1.50 at epoch 4, +0.50 at epoch 6" in table
+    assert "SaPE²+APE − `ape`:" not in table
 
 
 def test_budget_table_leaves_out_runs_with_another_recipe(tmp_path):

@@ -191,10 +191,14 @@ def _gap(a: float | None, b: float | None) -> str:
     return "—" if a is None or b is None else f"{a - b:+.2f}"
 
 
+ALONG = (("sape2", "none"), ("sape2", "ape"), ("sape2+ape", "sape2"), ("sape2+ape", "ape"))  # curve_gap pairs
+
+
 def budget_table(folder: str | Path = "checkpoints", runs: str | Path | None = None) -> str:
     """Top-1 of the study's encodings at 15 epochs (the shipped rows, seed 0, and their seed-1
     reruns in `folder/seeds`) and at 50 (`folder/long`), the SaPE² − none and SaPE² − APE gaps
-    at each budget, the APE table's 2D-structure score and SaPE²'s bias scale. Rows whose recipe
+    at each budget, the gaps along the 50-epoch runs (`ALONG`), the APE table's 2D-structure score
+    and SaPE²'s bias scale. Rows whose recipe
     differs from the shipped row's in more than the seed or epochs are left out. Runs not shipped
     yet are listed with their progress from `runs` (default: `runs/` beside `folder`)."""
     folder = Path(folder)
@@ -223,11 +227,12 @@ def budget_table(folder: str | Path = "checkpoints", runs: str | Path | None = N
                       f"{_gap(mean15['sape2'], mean15[other])} between the 15-epoch means over seeds "
                       f"({n_seeds('sape2')} run(s) of `sape2`, {n_seeds(other)} of `{other}`), "
                       f"{_gap(top['sape2'][2], top[other][2])} at {LONG_EPOCHS} epochs."]
-    for other in ("none", "ape"):
-        along = curve_gap(rows["sape2"][2], rows[other][2])
+    label = {"sape2": "SaPE²", "sape2+ape": "SaPE²+APE"}
+    for first, other in ALONG:
+        along = curve_gap(rows[first][2], rows[other][2])
         if along:
-            lines += ["", f"Along the {LONG_EPOCHS}-epoch runs (test top-1 after each epoch), SaPE² − `{other}`: "
-                          + along + "."]
+            lines += ["", f"Along the {LONG_EPOCHS}-epoch runs (test top-1 after each epoch), {label[first]} − "
+                          f"`{other}`: " + along + "."]
     spread = {n: abs(t[0] - t[1]) for n, t in top.items() if None not in t[:2]}
     if spread:
         lines += ["", "Seed spread at 15 epochs: " + ", ".join(f"`{n}` {v:.2f}" for n, v in spread.items())
