@@ -127,11 +127,12 @@ class Plan:
     functional_rounds: int = 0    # timed rounds of the functional attentions (section 7); 0: no section
     profile_steps: int = 0        # profiled fwd+bwd steps of the SaPE² layer, before and now (section 8); 0: none
     analysis: bool = False        # time `positional.analyze` on a shipped checkpoint (section 9)
+    train_steps_per_sample: int = 1   # consecutive optimiser steps of one variant per training sample (their mean)
 
 
 FULL = Plan(attn_rounds=7, attn_min_sample_s=0.1, train_rounds=8, warmup=1, clicks=50, app_runs=3, e2e_clicks=6,
             memory_steps=3, vit_b_images=20, vit_b_clicks=50, vit_b_sape2_images=5, functional_rounds=7,
-            profile_steps=5, analysis=True)
+            profile_steps=5, analysis=True, train_steps_per_sample=3)
 QUICK = Plan(attn_rounds=2, attn_min_sample_s=0.0, train_rounds=1, warmup=0, clicks=8, app_runs=1, e2e_clicks=2,
              memory_steps=1, memory_encodings=("sape2+ape",), vit_b_images=2, vit_b_clicks=4, vit_b_sape2_images=1,
              functional_rounds=2, profile_steps=1, analysis=True)
@@ -155,13 +156,13 @@ def _calls_within(fn: Callable[[], object], seconds: float) -> int:
 
 
 def interleaved(fns: dict[str, Callable[[], object]], *, rounds: int, warmup: int,
-                min_sample_s: float = 0.0) -> dict[str, list[float]]:
+                min_sample_s: float = 0.0, calls_per_sample: int = 1) -> dict[str, list[float]]:
     """Seconds per call of every variant, one sample per round, variants round-robin with the
     starting variant rotating each round. After `warmup` calls, a calibration pass counts how
-    many calls fill `min_sample_s`; a sample is the mean over that many calls (one if 0).
-    Returns name -> `rounds` samples."""
+    many calls fill `min_sample_s`; a sample is the mean over that many calls (over
+    `calls_per_sample` consecutive calls if `min_sample_s` is 0). Returns name -> `rounds` samples."""
     names = list(fns)
-    inner = {name: 1 for name in names}
+    inner = {name: max(1, calls_per_sample) for name in names}
     for name in names:
         for _ in range(warmup):
             fns[name]()
@@ -304,7 +305,7 @@ def bench_training(plan: Plan, encodings: list[str]) -> list[dict]:
     for name, build in builders.items():
         torch.manual_seed(0)
         fns[name] = train_step(build())
-    s = interleaved(fns, rounds=plan.train_rounds, warmup=plan.warmup)
+    s = interleaved(fns, rounds=plan.train_rounds, warmup=plan.warmup, calls_per_sample=plan.train_steps_per_sample)
     rows = []
     for name in builders:
         rows.append({"variant": name, "images_per_s": TRAIN_BATCH / float(np.median(s[name])),
@@ -1275,10 +1276,12 @@ def _md_attention(res: dict) -> list[str]:
 
 
 def _md_training(res: dict) -> list[str]:
+    steps = (res.get("plan") or {}).get("train_steps_per_sample", 1)
     out = ["## 2. Training throughput (whole model)", "",
            f"Compact preset (D 128, 6 layers, 4 heads, MLP 256, patch 4, 32×32), batch {TRAIN_BATCH}, one "
            "step = forward, label-smoothed cross entropy, backward, grad-norm clip, AdamW (train.py's "
-           "optimiser); random input. The reference is the same architecture from plain `torch.nn` "
+           f"optimiser); random input. A sample is the mean of {steps} consecutive step(s) of one variant, "
+           "variants round-robin (training runs one model for many steps). The reference is the same architecture from plain `torch.nn` "
            "(`nn.TransformerEncoder`, norm_first, GELU, conv patch embed, CLS, learned table)"
            + ("" if any("timm" in r["variant"] for r in res["training"]) else "; timm is not installed, so no "
               "timm ViT row") + ".", "",

@@ -243,6 +243,10 @@ def test_paired_and_best_of_n_ratios():
     calls = {"a": 0, "b": 0}
     out = bench.interleaved({k: (lambda k=k: calls.__setitem__(k, calls[k] + 1)) for k in calls}, rounds=3, warmup=1)
     assert {k: len(v) for k, v in out.items()} == {"a": 3, "b": 3} and calls == {"a": 4, "b": 4}
+    calls = {"a": 0, "b": 0}                                          # a sample: the mean of 3 calls
+    out = bench.interleaved({k: (lambda k=k: calls.__setitem__(k, calls[k] + 1)) for k in calls}, rounds=2, warmup=1,
+                            calls_per_sample=3)
+    assert {k: len(v) for k, v in out.items()} == {"a": 2, "b": 2} and calls == {"a": 7, "b": 7}
 
 
 def test_click_patches_change_every_click():
