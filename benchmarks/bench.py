@@ -1281,7 +1281,8 @@ def _md_training(res: dict) -> list[str]:
            f"Compact preset (D 128, 6 layers, 4 heads, MLP 256, patch 4, 32×32), batch {TRAIN_BATCH}, one "
            "step = forward, label-smoothed cross entropy, backward, grad-norm clip, AdamW (train.py's "
            f"optimiser); random input. A sample is the mean of {steps} consecutive step(s) of one variant, "
-           "variants round-robin (training runs one model for many steps). The reference is the same architecture from plain `torch.nn` "
+           "variants round-robin (training runs one model for many steps). The reference is the same "
+           "architecture from plain `torch.nn` "
            "(`nn.TransformerEncoder`, norm_first, GELU, conv patch embed, CLS, learned table)"
            + ("" if any("timm" in r["variant"] for r in res["training"]) else "; timm is not installed, so no "
               "timm ViT row") + ".", "",

@@ -198,9 +198,9 @@ def budget_table(folder: str | Path = "checkpoints", runs: str | Path | None = N
     """Top-1 of the study's encodings at 15 epochs (the shipped rows, seed 0, and their seed-1
     reruns in `folder/seeds`) and at 50 (`folder/long`), the SaPE² − none and SaPE² − APE gaps
     at each budget, the gaps along the 50-epoch runs (`ALONG`), the APE table's 2D-structure score
-    and SaPE²'s bias scale. Rows whose recipe
-    differs from the shipped row's in more than the seed or epochs are left out. Runs not shipped
-    yet are listed with their progress from `runs` (default: `runs/` beside `folder`)."""
+    and SaPE²'s bias scale. Rows whose recipe differs from the shipped row's in more than the seed
+    or epochs are left out. Runs not shipped yet are listed with their progress from `runs`
+    (default: `runs/` beside `folder`)."""
     folder = Path(folder)
     run_dir = Path(runs) if runs is not None else folder.resolve().parent / "runs"
     main, seeds, long = (load_metrics(folder), load_metrics(folder / "seeds"), load_metrics(folder / "long"))
