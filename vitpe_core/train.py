@@ -423,7 +423,8 @@ def _finish(run: _Run, *, checkpoint: str | Path | None, full_eval: bool) -> dic
         "wall_time_s": round(run.train_time, 1),
         "images_per_s": round(total * cfg.batch_size / max(run.train_time, 1e-9), 1),
         "curves": run.curves, "git_commit": run.commits[0], "git_commits": run.commits, "torch": torch.__version__,
-        "device": _describe(run.device, run.world), "starts": run.starts, "parameters": sum(p.numel() for p in model.parameters()),
+        "device": _describe(run.device, run.world), "starts": run.starts,
+        "parameters": sum(p.numel() for p in model.parameters()),
     }
     if full_eval:
         metrics.update(full_report(model, test_ds, cfg.dataset, batch_size=cfg.eval_batch_size, device=run.device))
