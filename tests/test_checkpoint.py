@@ -326,3 +326,14 @@ def test_size_estimate_matches_real_models(bare_elements, enc):
         if name == "tiny":   # the sum itself, checked where a whole build is cheap
             assert real == sum(t.numel() for t in build_model(cfg).state_dict().values())
         assert 0.5 < approx_elements(cfg) / real < 2, (name, enc)
+
+
+def test_listed_names_split_into_group_and_stem_only_for_a_group(tmp_path):
+    from vitpe_core.checkpoint import group_and_stem, in_group, listed_checkpoints
+    assert group_and_stem("long/ape") == ("long", "ape") and in_group("long/ape")
+    assert group_and_stem("ape") == ("", "ape")
+    assert group_and_stem("seeds/ape-seed1") == ("", "seeds/ape-seed1") and not in_group("seeds/ape-seed1")
+    for folder in (tmp_path, tmp_path / "long", tmp_path / "seeds"):
+        folder.mkdir(exist_ok=True)
+        (folder / "ape.safetensors").write_bytes(b"")
+    assert listed_checkpoints(tmp_path) == ["ape", "long/ape"]              # seeds/ is not a listed group

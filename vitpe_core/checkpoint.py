@@ -349,6 +349,13 @@ def in_group(name: str) -> bool:
     return bool(sep) and group in GROUPS
 
 
+def group_and_stem(name: str) -> tuple[str, str]:
+    """(group, file stem) of a listed name: `long/ape` -> ("long", "ape"); a name of any other
+    form is its own stem, in no group ("")."""
+    group, _, stem = name.partition("/")
+    return (group, stem) if in_group(name) else ("", name)
+
+
 def list_checkpoints(root: str | Path) -> list[str]:
     """Names (file stems) of the checkpoint files directly inside `root`, sorted."""
     root = Path(root)

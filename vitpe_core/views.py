@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import analysis
+from .checkpoint import group_and_stem
 from .config import ViTConfig
 from .encodings import PositionEncoding
 
@@ -195,7 +196,7 @@ def without_same_encoding(rows: list[dict]) -> list[dict]:
     row's encoding is its checkpoint's name (a group's `long/ape` counts as `ape`); otherwise the
     encoding is kept only where it differs (None elsewhere, shown as a dash)."""
     def same(r: dict) -> bool:
-        return r.get("encoding") == str(r.get("checkpoint")).rpartition("/")[2]
+        return r.get("encoding") == group_and_stem(str(r.get("checkpoint")))[1]
 
     if all(same(r) for r in rows):
         return [{k: v for k, v in r.items() if k != "encoding"} for r in rows]

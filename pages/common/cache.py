@@ -28,7 +28,7 @@ import streamlit as st
 from PIL import Image
 
 from vitpe_core import analysis
-from vitpe_core.checkpoint import (Checkpoint, CheckpointError, in_group, list_checkpoints,
+from vitpe_core.checkpoint import (Checkpoint, CheckpointError, group_and_stem, list_checkpoints,
                                    listed_checkpoints, load_checkpoint, read_config, resolve_checkpoint,
                                    sanitize_metrics)
 from vitpe_core.config import ViTConfig
@@ -58,9 +58,8 @@ def checkpoint_names() -> list[str]:
 def _folder_of(name: str) -> tuple[Path, str]:
     """(folder, file stem) of a listed name: `long/ape` -> (root/long, "ape"); a name of any
     other form is looked up in the root (where `resolve_checkpoint` refuses separators)."""
-    root = checkpoint_root()
-    group, _, stem = name.partition("/")
-    return (root / group, stem) if in_group(name) else (root, name)
+    group, stem = group_and_stem(name)
+    return checkpoint_root() / group, stem
 
 
 # ----------------------------------------------------------------------------- models
