@@ -137,14 +137,14 @@ def show_value(names: Sequence[str]) -> str:
     return ",".join("%2D" if n == NO_CHECKPOINTS else n for n in escaped) or NO_CHECKPOINTS
 
 
+_UNESCAPE = {"C": ",", "D": "-", "5": "%"}   # `%2C`, `%2D`, `%25` in `show` (show_value)
+
+
 def _show_names(value: str) -> list[str]:
     """The names in `show`'s value (show_value's inverse; a `%` not starting `%2C`/`%25`/`%2D`
     is kept)."""
     return [re.sub(r"%2[CcDd5]", lambda m: _UNESCAPE[m[0][-1].upper()], n.strip())
             for n in value.split(",") if n.strip()]
-
-
-_UNESCAPE = {"C": ",", "D": "-", "5": "%"}
 
 
 # ----------------------------------------------------------------------------- one entry per key
