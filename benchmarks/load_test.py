@@ -539,9 +539,12 @@ async def ws_user(base: str, spec: Spec, index: int, gate: "PhaseGate", *, think
         return res
     await gate.arrive()
     model_at = gate.opened_at if (model_npz is not None and index == 0) else None   # its first action
+    queued: list[str] = []      # after the import: a click (on the bias page) and its share link, always
     while time.monotonic() < gate.deadline:
         if model_at is not None and time.monotonic() >= model_at:
-            action, model_at = "model", None
+            action, model_at, queued = "model", None, ["click", "share"]
+        elif queued:
+            action = queued.pop(0)
         else:
             action = rng.choices(ACTIONS, WEIGHTS)[0]
             if action in ("upload", "share") and page != "bias":

@@ -337,6 +337,42 @@ def test_import_a_vit_on_the_checkpoints_page_and_use_it_on_every_page(without_c
     assert at.error and "junk.pth was not imported" in at.error[0].value
 
 
+def test_a_share_link_of_an_imported_model_opens_that_model_in_another_session(without_ckpts):
+    """The cause of the load test's `does not carry ckpt loadmodel-upload`: the link of a view on
+    an imported model named only the session's name for it, so another visitor's session (which
+    does not list that model) fell back to the default checkpoint. The link now carries the
+    model's content hash (`model=`) and opens the same model anywhere on this server."""
+    from vitpe_core import ViTConfig, build_model
+
+    torch_model = build_model(ViTConfig(img_size=(32, 32), patch_size=4, dim=32, depth=2, heads=2, mlp_dim=32,
+                                        num_classes=3))
+    data = _timm_npz(torch_model)
+    at = ok(run({"page": "checkpoints"}))
+    at.file_uploader(key="checkpoints_model_upload").set_value(("shared.npz", data, "application/octet-stream"))
+    ok(at.run())
+    at.button(key="checkpoints_model_import").click()
+    ok(at.run())
+    at.switch_page("pages/bias.py")
+    ok(at.run())
+    at.session_state["patch"] = (2, 6)
+    ok(at.run())
+    link = {k: _qp(at, k) for k in ("page", "ckpt", "image", "patch", "layer", "head", "model")}
+    assert link["ckpt"] == "shared-upload" and link["model"] == hashlib.sha256(data).hexdigest(), link
+    mine = chart_spec(at, "bias_attn_map")["data"][0]["z"]
+    other = ok(run(link))                                          # another visitor, another session
+    assert not other.warning, [w.value for w in other.warning]
+    assert other.session_state["ckpt"] == "shared-upload" and other.session_state["patch"] == (2, 6)
+    assert other.selectbox(key="bias_ckpt").value == "shared-upload"
+    assert chart_spec(other, "bias_attn_map")["data"][0]["z"] == mine
+    renamed = ok(run({**link, "ckpt": "sape2+ape"}))               # a link cannot name it as something else
+    assert renamed.session_state["ckpt"] == "shared-upload"
+    gone = ok(run({**link, "model": "0" * 64}))
+    assert any("not on this server any more" in w.value for w in gone.warning), [w.value for w in gone.warning]
+    assert gone.session_state["ckpt"] != "shared-upload"
+    bad = ok(run({**link, "model": "../x"}))                      # not a content hash: the name alone, unknown here
+    assert any("Ignored ckpt='shared-upload'" in w.value for w in bad.warning), [w.value for w in bad.warning]
+
+
 # ----------------------------------------------------------------------------- pure helpers
 def test_gallery():
     ids = gallery.gallery_ids()

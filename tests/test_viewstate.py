@@ -161,8 +161,18 @@ def test_any_query_gives_a_valid_view(params, grid, depth, heads, epochs):
 def test_every_view_field_is_a_query_key():
     from dataclasses import fields
     full = ViewState(ckpt="a", image="b", epoch=0, shift=(1, 0), size=40, fill="reflect", rollout="CLS", fusion="max",
-                     show=("a",))
+                     show=("a",), model="f" * 64)
     assert KEYS == tuple(f.name for f in fields(ViewState)) == tuple(to_query(full))
+
+
+def test_model_ids_round_trip_and_odd_ones_are_refused():
+    sha = hashlib.sha256(b"weights").hexdigest()
+    view, notes = parse({"model": sha})
+    assert notes == [] and view.model == sha and to_query(view)["model"] == sha
+    assert parse(to_query(view)) == (view, [])
+    for bad in ("A" * 64, "a" * 63, "../" + "a" * 61):
+        view, notes = parse({"model": bad})
+        assert view.model == "" and len(notes) == 1 and "not a model id" in notes[0]
 
 
 def test_upload_ids_round_trip():

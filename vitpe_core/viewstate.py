@@ -31,6 +31,10 @@ Deliberate choices:
   more checkpoints, or naming another session's imported model), repeats are dropped. A comma or
   percent sign inside a name is written `%2C` / `%25`, and a name that is just `-` (which alone
   means none) `%2D` (`show_value`).
+* `model` is the SHA-256 of the imported model file that `ckpt` names (imported models live in
+  the server's model store, by content hash): a link carrying it reopens that model in any
+  session on this server while the store holds it. The parser checks its form only; whether
+  the store holds it, and under which name, is the app's question (`pages.common.cache`).
 * The stress and rollout values are checked against what the checkpoint offers
   (`StressLimits`: its shift and size options, its prefix tokens); without limits only the
   defaults are valid.
@@ -52,6 +56,7 @@ FINAL_EPOCH = "final"
 _INT = re.compile(r"[+-]?[0-9]{1,6}")
 UPLOAD_PREFIX = "upload:"
 _UPLOAD_ID = re.compile(r"upload:[0-9a-f]{64}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 FILLS: tuple[str, ...] = ("zero", "reflect")         # vitpe_core.stress.FILLS (tests check they agree)
 FUSIONS: tuple[str, ...] = ("mean", "max")
@@ -87,6 +92,7 @@ class ViewState:
     rollout: str = PATCH_SOURCE         # rollout of the query patch or of a prefix token (CLS, ...)
     fusion: str = FUSIONS[0]            # rollout's head fusion
     show: tuple[str, ...] | None = None  # compare page's checkpoints, in order; None = the page's default
+    model: str = ""                     # SHA-256 of the imported model file `ckpt` names; "" for the folder's
 
     @property
     def head_label(self) -> str:
@@ -125,7 +131,8 @@ def to_query(view: ViewState) -> dict[str, str]:
          "fill": "" if view.fill == FILLS[0] else view.fill,
          "rollout": "" if view.rollout == PATCH_SOURCE else view.rollout,
          "fusion": "" if view.fusion == FUSIONS[0] else view.fusion,
-         "show": "" if view.show is None else show_value(view.show)}
+         "show": "" if view.show is None else show_value(view.show),
+         "model": view.model}
     return {k: v for k, v in q.items() if v != ""}
 
 
@@ -201,6 +208,17 @@ def _image(value: str, lim: _Limits) -> str:
     if value.startswith(UPLOAD_PREFIX):
         raise _Invalid("not an upload id (expected 'upload:' and 64 lowercase hexadecimal digits)")
     raise _Invalid("not a gallery image")
+
+
+def is_model_id(value: Any) -> bool:
+    """Exactly 64 lowercase hexadecimal digits (the SHA-256 of an imported weights file)."""
+    return isinstance(value, str) and _SHA256.fullmatch(value) is not None
+
+
+def _model(value: str, lim: _Limits) -> str:
+    if not is_model_id(value):
+        raise _Invalid("not a model id (expected 64 lowercase hexadecimal digits)")
+    return value
 
 
 def _patch(value: str, lim: _Limits) -> tuple[int, int]:
@@ -329,6 +347,7 @@ _KEYS: dict[str, _Key] = {
     "rollout": _Key(_choice(lambda lim: lim.stress.sources), lambda lim: PATCH_SOURCE),
     "fusion": _Key(_choice(lambda lim: FUSIONS), lambda lim: FUSIONS[0]),
     "show": _Key(_show_list, lambda lim: None, blank_is_none=True, max_chars=MAX_SHOW_CHARS),
+    "model": _Key(_model, lambda lim: "", blank_is_none=True),
 }
 STRESS_KEYS: tuple[str, ...] = ("shift", "size", "fill", "rollout", "fusion")
 KEYS: tuple[str, ...] = tuple(_KEYS)

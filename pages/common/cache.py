@@ -176,7 +176,13 @@ def import_upload(filename: str, data: bytes, *, family: str = "auto", img_size:
             if evicted:
                 notes.append(f"The server made room by removing {len(evicted)} model(s) imported earlier "
                              "(least recently used).")
-    name = ckpt.name
+    return _list_in_session(ckpt.name, sha, notes)
+
+
+def _list_in_session(name: str, sha: str, notes: list[str]) -> tuple[str, list[str]]:
+    """List the store's model `sha` in this session as `name` (with `_` appended while another
+    checkpoint has that name), dropping the session's oldest beyond MAX_SESSION_MODELS."""
+    mine = uploaded_models()
     while name in mine or name in list_checkpoints(checkpoint_root()):
         name += "_"
     if len(mine) >= MAX_SESSION_MODELS:
@@ -186,6 +192,24 @@ def import_upload(filename: str, data: bytes, *, family: str = "auto", img_size:
                      "models.")
     mine[name] = sha
     return name, notes
+
+
+def open_shared_model(name: str, sha: str) -> tuple[str | None, list[str]]:
+    """A link's imported model (`ckpt=name&model=sha`) in this session: (its name in this
+    session's lists, notes). The model is looked up by content hash in the server's store, so
+    a link works for anyone on this server while the store holds the model; its name is the
+    store's (never the link's: a link cannot rename a model as a folder checkpoint). None with
+    a note when the store no longer holds it."""
+    mine = uploaded_models()
+    for n, s in mine.items():
+        if s == sha:
+            return n, []
+    ckpt = model_store().get(sha)
+    if ckpt is None:
+        return None, [f"The imported model of this link ({name[:40]}, {sha[:12]}…) is not on this server any more: "
+                      "it was imported on another server, or removed to make room for newer imports. Import the "
+                      "weights file again on the Checkpoints page to see it."]
+    return _list_in_session(ckpt.name, sha, [])
 
 
 # ----------------------------------------------------------------------------- uploaded images

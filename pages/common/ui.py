@@ -61,6 +61,7 @@ SYNCED = "_vitpe_synced_query"
 UPLOAD = "_vitpe_upload"           # this session's uploaded image: {"name", "id" (upload:<sha256>), "notes"}
 UPLOAD_GEN = "_vitpe_upload_gen"   # bumped when the upload is set aside: the uploaders start empty
 UPLOAD_ERROR = "_vitpe_upload_error"   # (uploader key, why its file was refused), shown while the file is there
+LINK_MODEL_NOTES = "_vitpe_link_model_notes"   # open_link_model's note, shown by current_view
 FIT = "_vitpe_fit"                 # "crop" (the model's centre crop) or "pad" (letterbox): for every page
 NARROW_PX = 768                    # up to this width the sidebar starts collapsed: the main area says so
 UPLOAD_TYPES = ["png", "jpg", "jpeg", "webp", "gif", "bmp", "tif", "tiff"]
@@ -185,6 +186,7 @@ def current_view(page: str, checkpoints: Sequence[str], *,
     params: dict[str, Any] = {k: _as_text(k, ss[k]) for k in VIEW_KEYS if k in ss and ss[k] != ""}
     if from_url:
         params.update(url)
+    params.pop("model", None)          # it follows from the checkpoint (set below; open_link_model read it)
     params.setdefault("page", page)
     first, _ = parse_view(params, checkpoints=checkpoints, images=images, grid=(1024, 1024),
                           depth=1024, heads=1024)
@@ -201,10 +203,31 @@ def current_view(page: str, checkpoints: Sequence[str], *,
                      "never uploaded here, or removed to make room for newer uploads. Showing the sample image "
                      "instead; upload the photo again to share it.")
         view = ViewState(**{**view.__dict__, "image": images[0] if images else ""})
-    show_notes(notes)
-    view = ViewState(**{**view.__dict__, "page": page})
+    show_notes([*st.session_state.pop(LINK_MODEL_NOTES, []), *notes])
+    view = ViewState(**{**view.__dict__, "page": page, "model": cache.uploaded_models().get(view.ckpt, "")})
     commit(view)
     return view
+
+
+def open_link_model() -> None:
+    """A link's imported model (`ckpt=NAME&model=<sha256>`, see `viewstate`): on a run that
+    reads the URL (as `current_view`), list it in this session from the server's store and
+    point the URL's `ckpt` at its name here, before the page lists the checkpoints. The app
+    calls it before every page; a note (the store no longer holds it) waits for `current_view`."""
+    from vitpe_core.viewstate import is_model_id
+
+    ss, qp = st.session_state, st.query_params
+    if not (ss.get(SYNCED) is None or (bool(qp) and history_navigation())):
+        return
+    sha = qp.get("model", "")
+    if not is_model_id(sha):
+        return
+    name, notes = cache.open_shared_model(str(qp.get("ckpt", "")), sha)
+    if name is None:
+        del qp["ckpt"]                  # the note says why: the default checkpoint, without a second note
+        ss[LINK_MODEL_NOTES] = notes
+    elif qp.get("ckpt") != name:
+        qp["ckpt"] = name
 
 
 def commit(view: ViewState) -> None:
