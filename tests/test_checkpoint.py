@@ -1,4 +1,5 @@
-"""Checkpoint format, strict loading with clear errors, safe paths, and the timm import."""
+"""Checkpoint format, strict loading with clear errors, safe paths; foreign files are refused
+(and read only by `foreign`, for the importer, without running code)."""
 from __future__ import annotations
 
 import json
@@ -12,9 +13,10 @@ from safetensors.torch import save_file
 
 from vitpe_core import ViTConfig, build_model
 from vitpe_core import analysis as A
-from vitpe_core.checkpoint import (CheckpointError, history_params, import_timm, list_checkpoints, load_checkpoint,
-                                   read_config, read_state_dict, resolve_checkpoint, sanitize_metrics, save_checkpoint,
-                                   update_metrics)
+from vitpe_core.checkpoint import (CheckpointError, NotVitpeCheckpointError, history_params, list_checkpoints,
+                                   load_checkpoint, read_config, resolve_checkpoint, save_checkpoint, update_metrics)
+from vitpe_core.foreign import read_state_dict
+from vitpe_core.importers import import_file, import_state_dict
 
 
 def tiny_cfg(encoding="sape2+ape") -> ViTConfig:
@@ -67,9 +69,9 @@ def test_truncated_file_is_refused(saved):
         load_checkpoint(saved)
 
 
-def test_non_vitpe_safetensors_is_refused(tmp_path):
+def test_non_vitpe_safetensors_is_refused_and_pointed_at_the_importer(tmp_path):
     save_file({"x": torch.zeros(2)}, tmp_path / "other.safetensors")
-    with pytest.raises(CheckpointError, match="not a vitpe checkpoint"):
+    with pytest.raises(NotVitpeCheckpointError, match="not a vitpe checkpoint.*python -m vitpe_core import"):
         load_checkpoint(tmp_path / "other.safetensors")
 
 
@@ -146,7 +148,7 @@ def test_pickle_that_runs_code_is_refused_and_does_not_run(tmp_path):
     with pytest.raises(CheckpointError):
         read_state_dict(evil)
     with pytest.raises(CheckpointError):
-        import_timm(evil)
+        import_file(evil)
     evil_st = tmp_path / "evil.safetensors"
     evil_st.write_bytes(evil.read_bytes())
     with pytest.raises(CheckpointError):
@@ -177,13 +179,24 @@ def test_timm_state_dict_loads_directly_into_ape():
     dst = build_model(cfg)
     dst.load_state_dict(sd)                           # direct, strict
     assert torch.equal(dst.pos_enc.pos_embed, src.pos_enc.pos_embed)
-    assert import_timm(sd).cfg.grid == (4, 4)
+    assert import_state_dict(sd, family="timm").model.cfg.grid == (4, 4)
+
+
+def test_a_checkpoint_with_timm_table_key_is_not_a_vitpe_checkpoint(tmp_path):
+    """Checkpoint loading knows only vitpe's own keys (`pos_enc.*`); timm's `pos_embed` is the importer's."""
+    from vitpe_core.checkpoint import read_checkpoint_file
+    path = save_checkpoint(tmp_path / "m.safetensors", build_model(tiny_cfg("ape")))
+    meta, tensors = read_checkpoint_file(path)
+    tensors["pos_embed"] = tensors.pop("pos_enc.pos_embed")
+    save_file(tensors, str(path), metadata=meta)
+    with pytest.raises(CheckpointError, match=r"missing keys \['pos_enc.pos_embed'\]; unexpected keys \['pos_embed'\]"):
+        load_checkpoint(path)
 
 
 @pytest.mark.shared
 def test_import_real_timm_vit_tiny_shows_row_column_structure(shared_dir):
     path = shared_dir / "data" / "vit_tiny_patch16_224_tinyimagenet_ft.npz"
-    model = import_timm(path)
+    model = import_file(path).model
     assert model.cfg.grid == (14, 14) and model.cfg.heads == 3 and model.cfg.num_classes == 200
     sim = A.cosine_similarity(A.position_table(model))
     score = A.structure_score(sim, (14, 14))
@@ -251,26 +264,6 @@ def test_structure_cli_says_why_it_cannot_score(tmp_path, capsys):
 def test_structure_cli_reproduces_the_readme_figure_for_timm_vit_tiny(shared_dir, capsys):
     rc, out, _ = _structure_cli(shared_dir / "data" / "vit_tiny_patch16_224_tinyimagenet_ft.npz", capsys)
     assert rc == 0 and round(json.loads(out)["spearman"], 2) == 0.57   # "a pretrained timm ViT-Tiny scores 0.57"
-
-
-def test_sanitize_metrics_keeps_what_train_writes_and_names_what_it_drops():
-    good = {"test": {"top1": 74.7, "top5": 98.3, "loss": 0.8}, "epochs": 15, "recipe": {"preset": "compact"},
-            "resolution": {"24": {"top1": 70.3, "grid": [6, 6]}}, "translation": {"half_x": {"agreement": 80.1,
-            "shift_px": [0, 2]}}, "curves": {"epoch": [1, 2], "test_top1": [37.1, 48.6]}, "notes": "n",
-            "git_commit": "a" * 40, "structure": {"spearman": 0.51}, "class_names": ["a", "b"]}
-    assert sanitize_metrics(good) == (good, [])
-    bad = {"test": {"top1": "high", "top5": float("nan")}, "epochs": True, "structure": 3,
-           "resolution": {"24": "x", "40": {"top1": 70.0}}, "curves": {"epoch": [1, 2], "train_loss": [2.3],
-           "test_top1": [None, "a"], "test_top5": [90.0, 91.0]}, "notes": 7}
-    clean, problems = sanitize_metrics(bad)
-    assert clean["test"] == {"top1": None, "top5": None}
-    assert "epochs" not in clean and "structure" not in clean and "notes" not in clean
-    assert clean["resolution"] == {"40": {"top1": 70.0}}
-    assert clean["curves"] == {"epoch": [1, 2], "test_top5": [90.0, 91.0]}
-    joined = "; ".join(problems)
-    for word in ("epochs", "structure", "notes", "resolution: 1 entries", "train_loss", "test_top1"):
-        assert word in joined, (word, joined)
-    assert sanitize_metrics([1, 2]) == ({}, ["metrics is a list, not an object"])
 
 
 @pytest.mark.parametrize("key, shape", [("history.x.pos_enc_param", None), ("history.1.nope", (3,)),

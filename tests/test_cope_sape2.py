@@ -432,10 +432,8 @@ def test_a_stale_build_lock_is_removed_and_a_fresh_one_waited_for(tmp_path, monk
     import time
     import warnings
 
-    import torch.utils.cpp_extension as ext
-
     from vitpe_core.encodings import _kernels
-    monkeypatch.setattr(ext, "_get_build_directory", lambda name, verbose: str(tmp_path))
+    monkeypatch.setattr(_kernels, "build_directory", lambda name: str(tmp_path))
     lock = tmp_path / "lock"
     lock.write_text("")
     old = time.time() - 2 * _kernels.STALE_LOCK_S
@@ -460,10 +458,8 @@ def test_the_build_lock_dies_with_its_holder_and_clears_torchs_stale_lock(tmp_pa
     import sys
     import time
 
-    import torch.utils.cpp_extension as ext
-
     from vitpe_core.encodings import _kernels
-    monkeypatch.setattr(ext, "_get_build_directory", lambda name, verbose: str(tmp_path))
+    monkeypatch.setattr(_kernels, "build_directory", lambda name: str(tmp_path))
     (tmp_path / "lock").write_text("")                         # left by a load killed a moment ago
     with _kernels._held_by_this_process("x") as held:
         assert held and not (tmp_path / "lock").exists()
@@ -488,7 +484,22 @@ def test_each_torch_install_builds_the_kernel_in_its_own_folder(monkeypatch):
 
     from vitpe_core.encodings import _kernels
     here = _kernels.extension_name()
-    assert here.startswith(f"vitpe_attend_v{_kernels._VERSION}_") and here.isidentifier()
+    assert here.startswith("vitpe_attend_") and here.isidentifier()
     assert _kernels.extension_name() == here
     monkeypatch.setattr(torch, "__file__", "/elsewhere/venv/lib/python3.11/site-packages/torch/__init__.py")
     assert _kernels.extension_name() != here
+
+
+def test_an_edited_source_is_a_new_build_in_the_extensions_dir(tmp_path, monkeypatch):
+    """The name hashes the C++ source: an edited one is built afresh, never a stale build
+    loaded. The build folder is `$TORCH_EXTENSIONS_DIR/<name>` when that is set, as torch's."""
+    from vitpe_core.encodings import _kernels
+    assert _kernels.SOURCE.is_file()
+    here = _kernels.extension_name()
+    edited = tmp_path / "attend.cpp"
+    edited.write_bytes(_kernels.SOURCE.read_bytes() + b"\n// edited\n")
+    monkeypatch.setattr(_kernels, "SOURCE", edited)
+    assert _kernels.extension_name() != here
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    folder = _kernels.build_directory("vitpe_attend_x")
+    assert folder == str(tmp_path / "ext" / "vitpe_attend_x") and (tmp_path / "ext" / "vitpe_attend_x").is_dir()

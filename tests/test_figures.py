@@ -226,3 +226,23 @@ def test_export_file_names_are_safe_for_grouped_checkpoints():
     assert name("seeds/sape2+ape-seed1_bias") == "seeds_sape2_ape-seed1_bias"
     assert name("../../etc/passwd") == ".._.._etc_passwd" and "/" not in name("a/" * 80)
     assert len(name("x" * 300)) == 100 and name("") == "figure"
+
+
+def test_the_package_re_exports_each_modules_public_names_and_each_docstring_lists_its_builders():
+    """`figures.X` works for every public function and constant defined in a module of the
+    package, and the module's docstring names each such function (a builder moved or added is
+    listed where it is)."""
+    import ast
+    import importlib
+    import pkgutil
+
+    for info in pkgutil.iter_modules(figures.__path__):
+        mod = importlib.import_module(f"vitpe_core.figures.{info.name}")
+        assert f"`{info.name}`" in figures.__doc__, info.name
+        tree = ast.parse(open(mod.__file__, encoding="utf-8").read())
+        functions = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)]
+        constants = [t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets
+                     if isinstance(t, ast.Name) and t.id.isupper()]
+        for name in (n for n in functions + constants if not n.startswith("_")):
+            assert getattr(figures, name) is getattr(mod, name) and name in figures.__all__, (info.name, name)
+            assert name in constants or f"`{name}" in mod.__doc__, (info.name, name)

@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from vitpe_core import analysis
 from vitpe_core.checkpoint import CheckpointError, load_checkpoint
 from vitpe_core.encodings.absolute import resample_abs_pos_embed
-from vitpe_core.importers import detect_family, import_checkpoint, import_file, import_state_dict
+from vitpe_core.importers import GridUnknownError, detect_family, import_checkpoint, import_file, import_state_dict
 
 REFS = Path(__file__).parent / "data" / "import_references.safetensors"
 
@@ -159,11 +159,42 @@ def test_import_writes_a_checkpoint_that_loads_and_runs_at_its_own_size(tmp_path
     assert ckpt.metrics["source"] == "w.safetensors" and len(ckpt.metrics["class_names"]) == 7
     assert ckpt.config.reg_tokens == 4 and ckpt.config.grid == (3, 5)
     x = CASES["timm_reg4_noembed_ls_nonsquare"]["x"]
-    with torch.no_grad():   # the checkpoint stores fp16 weights: close, not equal
-        _close(ckpt.model(x), imp.model(x), rel=2e-2)
+    with torch.no_grad():   # the checkpoint keeps the file's float32 weights: the same model, the same logits
+        assert torch.equal(ckpt.model(x), imp.model(x))
+    assert ckpt.metrics["stored_dtype"] == "float32"
     tr = analysis.trace_image(ckpt.model, x[0])
     assert tr.prefix == ("CLS", "reg 0", "reg 1", "reg 2", "reg 3")
     assert analysis.patch_maps(tr, (2, 4))["attn"].shape == (2, 2, 3, 5)
+
+
+@pytest.mark.parametrize("source, asked, stored", [(torch.float32, "source", torch.float32),
+                                                   (torch.float16, "source", torch.float16),
+                                                   (torch.bfloat16, "source", torch.bfloat16),
+                                                   (torch.float32, "float16", torch.float16)])
+def test_an_import_keeps_the_files_precision_unless_asked(tmp_path, capsys, source, asked, stored):
+    """A float32 file was stored as float16, silently (2.4e-4 relative off the source's logits):
+    the stored weights are now the file's, bit for bit, unless `--dtype` asks otherwise (said)."""
+    from safetensors import safe_open
+
+    from vitpe_core.__main__ import main
+    sd = {k: v.to(source) if v.is_floating_point() else v for k, v in _timm_sd().items()}
+    save_file(sd, str(tmp_path / "w.safetensors"))
+    out = tmp_path / "mine.safetensors"
+    assert main(["import", str(tmp_path / "w.safetensors"), "--out", str(out), "--heads", str(HEADS),
+                 "--dtype", asked]) == 0
+    line = json.loads(capsys.readouterr().out)
+    assert line["stored_dtype"] == str(stored).removeprefix("torch.")
+    with safe_open(str(out), "pt") as f:
+        kept = {k: f.get_tensor(k) for k in f.keys()}
+    assert kept["blocks.0.attn.qkv.weight"].dtype == stored
+    if stored == source:       # bit for bit: the checkpoint is the file's model
+        assert torch.equal(kept["blocks.0.attn.qkv.weight"], sd["blocks.0.attn.qkv.weight"])
+        assert torch.equal(kept["pos_enc.pos_embed"], sd["pos_embed"])
+    else:
+        assert any("Stored as float16 on request" in n for n in line["notes"])
+    ckpt = load_checkpoint(out)
+    assert ckpt.metrics["stored_dtype"] == str(stored).removeprefix("torch.")
+    assert ckpt.metrics["source_dtype"] == str(source).removeprefix("torch.")
 
 
 def test_the_table_is_resampled_at_import_for_another_size():
@@ -223,9 +254,11 @@ def test_missing_and_extra_model_keys_are_named():
 def test_non_square_table_asks_for_the_image_size():
     sd = _timm_sd()
     sd["pos_embed"] = torch.randn(1, 1 + 4 * 6, 32)
-    with pytest.raises(CheckpointError, match="--img-size"):
+    with pytest.raises(GridUnknownError, match="--img-size") as err:
         import_state_dict(sd)
+    assert err.value.table == "pos_embed has 25 rows with 1 prefix token(s): not a square grid of patches"
     assert import_state_dict(sd, img_size=(32, 48)).model.cfg.grid == (4, 6)
+    assert import_state_dict(sd, grid=(4, 6)).model.cfg.grid == (4, 6)
     with pytest.raises(CheckpointError, match="too large"):   # a typed size must not allocate gigabytes
         import_state_dict(_timm_sd(), img_size=(16_000, 16_000))
 

@@ -67,6 +67,24 @@ def test_a_random_table_scores_near_zero_and_a_2d_table_higher():
         Pos.relative_score(k.kernel, GRID).mean()
 
 
+def test_relative_score_and_query_fit_differ_only_by_a_constant_per_query():
+    """One offset fit: `relative_score` (the stored measure) counts a per-query constant against
+    the kernel, `query_fit` (the per-query view) does not, because softmax ignores it."""
+    from vitpe_core.encodings.grid import relative_index
+    rng = np.random.default_rng(0)
+    H, W = GRID
+    idx = relative_index(GRID).numpy()
+    relative = rng.normal(size=(2, (2 * H - 1) * (2 * W - 1)))[..., idx]          # (h, N, N), offsets only
+    np.testing.assert_allclose(Pos.offset_fit(relative, GRID), relative, atol=1e-12)
+    np.testing.assert_allclose(Pos.relative_score(relative, GRID), 1.0, atol=1e-12)
+    shifted = relative + rng.normal(size=(2, H * W, 1)) * 5                       # + a constant per query
+    np.testing.assert_allclose(Pos.offset_fit(shifted, GRID, per_query=True), shifted, atol=1e-8)
+    assert Pos.relative_score(shifted, GRID).max() < 0.9
+    assert all(Pos.query_fit(shifted[h], GRID, i) == pytest.approx(1.0, abs=1e-8) for h in (0, 1) for i in (0, 7, 19))
+    np.testing.assert_allclose(Pos.offset_fit(shifted, GRID, per_query=True)[1],     # batched = one at a time
+                               Pos.offset_fit(shifted[1], GRID, per_query=True), atol=1e-8)
+
+
 def test_content_biases_are_averaged_with_their_spread():
     k = Pos.position_kernels(_model("sape2"), _images(4))
     assert k.kind == "bias" and k.spread is not None and k.spread.max() > 0

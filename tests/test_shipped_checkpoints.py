@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from vitpe_core.checkpoint import list_checkpoints, load_checkpoint, sanitize_metrics
+from vitpe_core.checkpoint import list_checkpoints, load_checkpoint
+from vitpe_core.metrics import sanitize_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted(list_checkpoints(REPO / "checkpoints"))

@@ -2,7 +2,8 @@
 
 Usable without Streamlit. The main entry points:
     from vitpe_core import ViTConfig, build_model, available_encodings, preset_config
-    from vitpe_core.checkpoint import load_checkpoint, save_checkpoint, import_timm
+    from vitpe_core.checkpoint import load_checkpoint, save_checkpoint
+    from vitpe_core.importers import import_file   # timm / Hugging Face / RoPE-ViT weights
     from vitpe_core import analysis
 
 The names below are imported on first use (PEP 562), so that `import vitpe_core.viewstate`
@@ -25,7 +26,7 @@ _LAZY = {"PRESETS": "config", "ViTConfig": "config", "preset_config": "config",
 
 __all__ = ["PRESETS", "ViT", "ViTConfig", "available_encodings", "build_encoding", "build_model",
            "cope_bias", "preset_config", "sape2_bias"]   # = sorted(_LAZY) (tests/test_layout.py)
-__version__ = "0.1.0"
+__version__ = "0.3.0"   # the one place: pyproject.toml reads it
 
 
 def __getattr__(name: str) -> Any:

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 if typing.TYPE_CHECKING:
+    from .model import ViT
     from .train import TrainConfig
 
 
@@ -166,9 +167,10 @@ def _add_evaluate(sub) -> None:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from .checkpoint import load_checkpoint, sanitize_metrics, update_metrics
+    from .checkpoint import load_checkpoint, update_metrics
     from .data import load_cifar
     from .evaluate import evaluate, evaluate_resolutions, translation_test
+    from .metrics import sanitize_metrics
     ckpt = load_checkpoint(args.checkpoint, device=args.device)
     if args.sizes:  # checked before the first pass over the test set
         patch, largest = ckpt.config.patch_size, 2 * max(ckpt.config.img_size)
@@ -220,28 +222,37 @@ def _add_structure(sub) -> None:
 
 def _structure(args: argparse.Namespace) -> int:
     """Spearman of table similarity with -distance, plus same-row/column means (`summarize_table`)."""
-    from .checkpoint import CheckpointError, load_checkpoint
+    from .checkpoint import SUFFIX, NotVitpeCheckpointError, load_checkpoint
     from .evaluate import summarize_table
-    from .importers import import_file
     path = Path(args.checkpoint)
     if not path.is_file():
         raise ValueError(f"no file at {path}")
-    try:
-        model = load_checkpoint(path).model
-    except CheckpointError as vitpe_err:
-        if path.suffix == ".safetensors" and "is a safetensors file but not a vitpe" not in str(vitpe_err):
-            raise  # a damaged vitpe checkpoint: its own message says what is wrong
+    model = None
+    if path.suffix == SUFFIX:   # a vitpe checkpoint, or other weights in a safetensors file
         try:
-            model = import_file(path, grid=args.grid).model
-        except CheckpointError as timm_err:
-            why = str(timm_err).replace("--img-size H[xW] (the size the table was trained at)", "--grid HxW")
-            raise ValueError(f"{path.name} is neither a vitpe checkpoint nor ViT weights vitpe can import: {why}"
-                             ) from None
+            model = load_checkpoint(path).model
+        except NotVitpeCheckpointError:
+            pass                # other weights; a damaged vitpe checkpoint's own error says what is wrong
+    if model is None:
+        model = _imported_for_structure(path, args.grid)
     structure = summarize_table(model)
     if structure is None:
         raise ValueError(f"{args.checkpoint}: encoding {model.cfg.encoding!r} has no position table to score")
     print(json.dumps({"encoding": model.cfg.encoding, "grid": list(model.cfg.grid), **structure}))
     return 0
+
+
+def _imported_for_structure(path: Path, grid: tuple[int, int] | None) -> ViT:
+    """The model of ViT weights that are not a vitpe checkpoint, with `structure`'s own errors."""
+    from .checkpoint import CheckpointError
+    from .importers import GridUnknownError, import_file
+    neither = f"{path.name} is neither a vitpe checkpoint nor ViT weights vitpe can import"
+    try:
+        return import_file(path, grid=grid).model
+    except GridUnknownError as err:
+        raise ValueError(f"{neither}: {err.table}; pass --grid HxW (the grid of patches it covers)") from None
+    except CheckpointError as err:
+        raise ValueError(f"{neither}: {err}") from None
 
 
 # ----------------------------------------------------------------------------- import
@@ -261,6 +272,9 @@ def _add_import(sub) -> None:
     i.add_argument("--norm", choices=sorted(NORMS), help="input normalisation (default: the family's usual one)")
     i.add_argument("--crop-pct", type=float, help="centre-crop fraction of the eval transform (timm's crop_pct)")
     i.add_argument("--licence", default="", help="free text recorded in the checkpoint, e.g. 'Apache-2.0 (timm)'")
+    i.add_argument("--dtype", default="source", choices=("source", "float32", "float16", "bfloat16"),
+                   help="precision of the stored weights (default: the file's own, so the checkpoint is the model "
+                        "the file holds; float16 halves the size and rounds the weights)")
 
 
 def _import(args: argparse.Namespace) -> int:
@@ -268,12 +282,15 @@ def _import(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.suffix != ".safetensors":
         raise ValueError(f"--out must end in .safetensors, got {out.name}")
-    imp = import_checkpoint(args.source, out, licence=args.licence, family=args.family, img_size=args.img_size,
-                            heads=args.heads, pool=args.pool, norm=args.norm, crop_pct=args.crop_pct)
+    imp = import_checkpoint(args.source, out, licence=args.licence, dtype=args.dtype, family=args.family,
+                            img_size=args.img_size, heads=args.heads, pool=args.pool, norm=args.norm,
+                            crop_pct=args.crop_pct)
     cfg = imp.model.cfg
     print(json.dumps({"out": str(out), "family": imp.family, "encoding": cfg.encoding, "grid": list(cfg.grid),
                       "img_size": list(cfg.img_size), "prefix_tokens": imp.model.prefix_names(),
                       "classes": cfg.num_classes, "parameters": sum(p.numel() for p in imp.model.parameters()),
+                      "stored_dtype": args.dtype if args.dtype != "source" else
+                      str(imp.source_dtype).removeprefix("torch.").replace("float64", "float32"),
                       "notes": imp.notes}))
     return 0
 

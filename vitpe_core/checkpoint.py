@@ -13,7 +13,9 @@ rebuilds the model from its config and loads the weights with `strict=True`. Eve
 is a `CheckpointError` (a `ValueError`) naming the problem. `resolve_checkpoint` only opens
 files inside a given folder (no `..`, absolute paths or symlinks out of it).
 
-`import_timm` builds an `ape` model from a timm / DeiT `VisionTransformer` state dict.
+This module knows only its own format. Other tools' weights (timm, Hugging Face, RoPE-ViT;
+.npz, .pth, foreign .safetensors) are read by `foreign.read_state_dict` and turned into a
+vitpe checkpoint by `importers` (`python -m vitpe_core import FILE --out NAME.safetensors`).
 """
 from __future__ import annotations
 
@@ -25,14 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as st_save
 
 from .config import ViTConfig
 from .encodings.base import encoding_parts
-from .model import ViT, map_timm_pos_embed
+from .model import ViT
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,11 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used; the message says why and what to do."""
 
 
+class NotVitpeCheckpointError(CheckpointError):
+    """A readable safetensors file whose metadata does not mark it as a vitpe checkpoint: other
+    weights (timm, Hugging Face, ...), which `python -m vitpe_core import` can bring in."""
+
+
 @dataclass
 class Checkpoint:
     model: ViT
@@ -54,85 +60,6 @@ class Checkpoint:
     metrics: dict[str, Any] = field(default_factory=dict)
     history: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # epoch -> pos_enc params
     name: str = ""
-
-
-# ----------------------------------------------------------------------------- metrics shape
-def _number(v: Any) -> float | int | None:
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
-    return v if ok else None
-
-
-def _numbers(d: Mapping) -> dict[str, Any]:
-    """A flat result dict: numbers stay, integer lists (grid, shift_px) stay, anything else is None."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, list) and v and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-            out[str(k)] = v
-        else:
-            out[str(k)] = _number(v)
-    return out
-
-
-def _valid_preprocess(pre: Any) -> bool:
-    """An imported model's eval transform as `importers` writes it."""
-    if not isinstance(pre, dict):
-        return False
-    mean, std, crop = pre.get("mean"), pre.get("std"), _number(pre.get("crop_pct"))
-    three = lambda v: isinstance(v, list) and len(v) == 3 and all(_number(x) is not None for x in v)
-    return three(mean) and three(std) and min(std) > 0 and crop is not None and 0 < crop <= 1
-
-
-def sanitize_metrics(metrics: Any) -> tuple[dict[str, Any], list[str]]:
-    """Metrics with the shapes `vitpe_core.train` writes, and the keys that had to be dropped or
-    emptied. For readers (the app) that must survive metrics edited by hand or written by other
-    tools; the checkpoint file itself is left as it is."""
-    if not isinstance(metrics, dict):
-        return {}, [f"metrics is a {type(metrics).__name__}, not an object"]
-    out, problems = dict(metrics), []
-
-    def drop(key: str, why: str) -> None:
-        out.pop(key, None)
-        problems.append(f"{key}: {why}")
-
-    for key in ("test", "structure"):
-        if key in out:
-            if isinstance(out[key], dict):
-                out[key] = _numbers(out[key])
-            else:
-                drop(key, "not an object")
-    for key in ("resolution", "translation"):
-        if key in out:
-            if isinstance(out[key], dict):
-                rows = {str(k): _numbers(v) for k, v in out[key].items() if isinstance(v, dict)}
-                if len(rows) < len(out[key]):
-                    problems.append(f"{key}: {len(out[key]) - len(rows)} entries are not objects")
-                out[key] = rows
-            else:
-                drop(key, "not an object")
-    if "recipe" in out and not isinstance(out["recipe"], dict):
-        drop("recipe", "not an object")
-    for key in ("epochs", "steps", "wall_time_s", "images_per_s", "parameters"):
-        if key in out and _number(out[key]) is None:
-            drop(key, "not a number")
-    if "preprocess" in out and not _valid_preprocess(out["preprocess"]):
-        drop("preprocess", "not {mean: [3 numbers], std: [3 positive numbers], crop_pct: (0, 1]}")
-    for key in ("notes", "git_commit", "device", "torch"):
-        if key in out and not isinstance(out[key], str):
-            drop(key, "not a string")
-    if "curves" in out:
-        curves = out["curves"]
-        if not isinstance(curves, dict):
-            drop("curves", "not an object")
-        else:
-            series = {str(k): [_number(x) for x in v] for k, v in curves.items() if isinstance(v, list)}
-            n = len(series.get("epoch", []))
-            bad = [k for k, v in series.items() if (n and len(v) != n) or (v and all(x is None for x in v))]
-            series = {k: v for k, v in series.items() if k not in bad}
-            if bad or len(series) + len(bad) < len(curves):
-                problems.append("curves: series dropped (not numbers, or not one value per epoch): "
-                                + ", ".join(sorted(set(curves) - set(series))))
-            out["curves"] = series
-    return out, problems
 
 
 def clean_state_dict(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -216,9 +143,10 @@ def read_checkpoint_file(path: str | Path, *, tensors: bool = True
         raise CheckpointError(f"{path.name} is not a readable safetensors file "
                               f"(truncated or not a vitpe checkpoint): {e}") from None
     if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{path.name} is a safetensors file but not a vitpe checkpoint "
-                              f"(metadata 'format' is {meta.get('format')!r}). For timm weights use "
-                              "vitpe_core.checkpoint.import_timm.")
+        raise NotVitpeCheckpointError(f"{path.name} is a safetensors file but not a vitpe checkpoint (metadata "
+                                      f"'format' is {meta.get('format')!r}). To bring in timm / Hugging Face / "
+                                      f"RoPE-ViT weights, run `python -m vitpe_core import {path.name} --out "
+                                      f"NAME{SUFFIX}` (docs/importing.md).")
     if meta.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"{path.name} has checkpoint format version {meta.get('format_version')!r}; "
                               f"this vitpe reads version {FORMAT_VERSION}. Re-save it with a matching vitpe.")
@@ -301,9 +229,6 @@ def load_weights(model: torch.nn.Module, weights: Mapping[str, torch.Tensor], na
     """`load_state_dict(strict=True)` with one message naming every missing, unexpected and
     mis-shaped key."""
     own = model.state_dict()
-    weights = dict(weights)
-    if isinstance(model, ViT):
-        map_timm_pos_embed(model, weights)   # timm layout: before the key checks below
     missing = sorted(set(own) - set(weights))
     unexpected = sorted(set(weights) - set(own))
     shapes = [f"{k}: file {tuple(weights[k].shape)} vs model {tuple(own[k].shape)}"
@@ -334,7 +259,12 @@ def update_metrics(path: str | Path, updates: dict[str, Any]) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- safe paths
-GROUPS = ("long",)   # sub-folders listed after the main checkpoints as "GROUP/NAME" (long: the 50-epoch runs)
+# The study's groups: sub-folders of a checkpoint folder that the app lists after the main
+# checkpoints, as "GROUP/NAME". `long/` holds the 50-epoch reruns of main rows (scripts/train_study.sh),
+# models of their own worth comparing. Not every sub-folder is a group: `seeds/` holds reruns of
+# main rows with another seed, which would list every row twice; the README summarises them
+# instead (`report.seeds_line`). Hence a list, not every sub-folder that holds checkpoints.
+GROUPS = ("long",)
 
 
 def listed_checkpoints(root: str | Path) -> list[str]:
@@ -389,81 +319,3 @@ def resolve_checkpoint(name: str, root: str | Path) -> Path:
     if real.parent != root or not real.is_file():
         raise CheckpointError(f"checkpoint {name!r} points outside {root.name}/; refused")
     return real
-
-
-# ----------------------------------------------------------------------------- timm import
-TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
-
-
-NPZ_MAX_EXPANSION = 20   # a compressed .npz may hold up to this many times its size (weights compress ~1.1x)
-
-
-def _check_npz(path: Path) -> None:
-    """Refuse an .npz whose arrays claim more data than the archive can hold, before numpy
-    allocates them: each member's header (shape x dtype) must fit its stored size, and all
-    together at most NPZ_MAX_EXPANSION x the file."""
-    import zipfile
-
-    from numpy.lib import format as npformat
-    try:
-        with zipfile.ZipFile(path) as zf:
-            total = 0
-            for info in zf.infolist():
-                with zf.open(info) as f:
-                    version = npformat.read_magic(f)
-                    read = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
-                    shape, _, dtype = read(f, max_header_size=10_000)
-                need = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
-                if need > info.file_size:
-                    raise CheckpointError(f"{path.name}: array {info.filename!r} claims {need:,} bytes but holds "
-                                          f"{info.file_size:,}; the file is damaged or forged")
-                total += need
-    except CheckpointError:
-        raise
-    except Exception as e:   # not a zip, a member that is not .npy, a bad header
-        raise CheckpointError(f"cannot read {path.name} as a state dict of tensors: {str(e) or type(e).__name__}"
-                              ) from None
-    if total > NPZ_MAX_EXPANSION * max(1, path.stat().st_size):
-        raise CheckpointError(f"{path.name}: its arrays would take {total:,} bytes, more than "
-                              f"{NPZ_MAX_EXPANSION}x the file; refused")
-
-
-def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """A plain state dict from .npz, .safetensors or a weights-only torch file (no code runs)."""
-    path = Path(path)
-    try:
-        if path.suffix == ".npz":
-            _check_npz(path)
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in z.files}
-            return {k: torch.from_numpy(a.copy()) for k, a in arrays.items() if a.dtype.kind in "fiub"}
-        if path.suffix == SUFFIX:
-            with safe_open(str(path), framework="pt") as f:
-                return {k: f.get_tensor(k) for k in f.keys()}
-        if path.suffix not in TORCH_SUFFIXES:
-            raise CheckpointError(f"{path.name}: expected timm weights as .npz, {SUFFIX} or a torch file "
-                                  f"({', '.join(TORCH_SUFFIXES)})")
-        sd = torch.load(path, map_location="cpu", weights_only=True)
-    except CheckpointError:
-        raise
-    except Exception as e:  # any failure to parse is the file's problem, reported as such
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if "Weights only load failed" in first:  # torch's advice (weights_only=False) would run the file's code
-            first = "it is not a plain file of tensors, and pickled objects are refused because loading them runs code"
-        raise CheckpointError(f"cannot read {path.name} as a state dict of tensors: {first}") from None
-    for key in ("model", "state_dict", "model_state"):
-        if isinstance(sd, dict) and isinstance(sd.get(key), dict):
-            sd = sd[key]
-    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise CheckpointError(f"{path.name} does not hold a flat dict of tensors")
-    return sd
-
-
-def import_timm(state_dict: Mapping[str, torch.Tensor] | str | Path, *, heads: int | None = None,
-                grid: tuple[int, int] | None = None) -> ViT:
-    """The model of timm ViT weights (a state dict or a file): `importers.import_state_dict`
-    with `family="timm"`; kept for callers of the first release."""
-    from .importers import import_state_dict
-    if not isinstance(state_dict, Mapping):
-        state_dict = read_state_dict(state_dict)
-    return import_state_dict(state_dict, family="timm", heads=heads, grid=grid).model

@@ -16,7 +16,9 @@ Families (detected from the keys with `family="auto"`):
 Nothing is imported that would compute something else: an unknown layer (q/k norms, a
 pre-norm, attention pooling, SwiGLU, ...), an unknown or missing key, or a layout the keys
 cannot decide is refused with the keys that decided it. Reading never runs code from the
-file (`checkpoint.read_state_dict`). docs/importing.md lists what maps to what.
+file (`foreign.read_state_dict`). docs/importing.md lists what maps to what.
+
+Arrows: importers -> foreign -> checkpoint -> model; checkpoint knows only vitpe's own format.
 """
 from __future__ import annotations
 
@@ -29,9 +31,10 @@ from typing import Any, Mapping
 
 import torch
 
-from .checkpoint import CheckpointError, clean_state_dict, load_weights, read_state_dict, save_checkpoint
+from .checkpoint import CheckpointError, clean_state_dict, load_weights, save_checkpoint
 from .config import ViTConfig
 from .encodings.absolute import resample_abs_pos_embed
+from .foreign import read_state_dict
 from .model import ViT
 
 FAMILIES = ("timm", "hf", "rope-vit")
@@ -61,6 +64,17 @@ UNSUPPORTED = {
 }
 
 
+class GridUnknownError(CheckpointError):
+    """The position table's rows fit no grid the keys can decide: the caller must say which
+    (`img_size` in pixels, or `grid` in patches). `table` describes the table (rows, prefix
+    tokens) for callers that name their own option in their message."""
+
+    def __init__(self, table: str) -> None:
+        self.table = table
+        super().__init__(f"{table}; pass --img-size H[xW] (the size the table was trained at) to say which grid "
+                         "it covers")
+
+
 @dataclass
 class Imported:
     """An imported model and what the checkpoint records about it."""
@@ -70,12 +84,14 @@ class Imported:
     class_names: list[str] | None = None
     preprocess: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    source_dtype: torch.dtype = torch.float32   # the file's floating precision: what the checkpoint stores
 
     def metrics(self, source: str, licence: str = "") -> dict[str, Any]:
         n = self.model.cfg.num_classes
         return {"source": source, "family": self.family, "licence": licence, "imported": True,
                 "class_names": self.class_names or [f"class {i}" for i in range(n)],
                 "preprocess": self.preprocess, "notes": " ".join(self.notes),
+                "source_dtype": str(self.source_dtype).removeprefix("torch."),
                 "parameters": sum(p.numel() for p in self.model.parameters())}
 
 
@@ -120,6 +136,7 @@ def import_state_dict(state_dict: Mapping[str, torch.Tensor], *, family: str = "
     "token"/"avg", only where the keys cannot tell.
     `norm` ("imagenet"/"inception") and `crop_pct` override the family's eval transform."""
     sd = {k: v for k, v in clean_state_dict(state_dict).items()}
+    source_dtype = _source_dtype(sd)
     family = detect_family(sd) if family == "auto" else family
     if family not in FAMILIES:
         raise CheckpointError(f"unknown family {family!r}; valid: auto, {', '.join(FAMILIES)}")
@@ -161,7 +178,7 @@ def import_state_dict(state_dict: Mapping[str, torch.Tensor], *, family: str = "
             raise CheckpointError(f"crop_pct must lie in [0.1, 1], got {crop_pct}")
         pre["crop_pct"] = crop_pct
     names = _class_names(cfg.num_classes, hf_config)
-    return Imported(model.eval(), family, names, pre, notes)
+    return Imported(model.eval(), family, names, pre, notes, source_dtype)
 
 
 def _drop_foreign(sd: dict[str, torch.Tensor], notes: list[str]) -> dict[str, torch.Tensor]:
@@ -269,8 +286,7 @@ def _grid(pos: torch.Tensor | None, P: int, patch: int, img_size, patches_only: 
         side = _square(rows - pr) if rows > pr else None
         if side:
             return (side, side), pr == 0 and P > 0
-    raise CheckpointError(f"pos_embed has {rows} rows with {P} prefix token(s): not a square grid of patches; pass "
-                          "--img-size H[xW] (the size the table was trained at) to say which grid it covers")
+    raise GridUnknownError(f"pos_embed has {rows} rows with {P} prefix token(s): not a square grid of patches")
 
 
 def _encoding(family: str, sd: Mapping[str, torch.Tensor], has_table: bool) -> str:
@@ -451,8 +467,38 @@ def import_file(source: str | Path, *, family: str = "auto", img_size=None, **kw
     return import_state_dict(sd, family=family, img_size=size, hf_config=config, **kw)
 
 
-def import_checkpoint(source: str | Path, out: str | Path, *, licence: str = "", **kw) -> Imported:
-    """`import_file` and save it as a vitpe checkpoint (`out` + its JSON sidecar)."""
+STORED_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _source_dtype(sd: Mapping[str, torch.Tensor]) -> torch.dtype:
+    """The widest floating precision among the file's tensors (float32 if it has none)."""
+    found = {v.dtype for v in sd.values() if v.is_floating_point()}
+    for dtype in (torch.float64, torch.float32, torch.bfloat16, torch.float16):
+        if dtype in found:
+            return dtype
+    return torch.float32
+
+
+def import_checkpoint(source: str | Path, out: str | Path, *, licence: str = "", dtype: str = "source",
+                      **kw) -> Imported:
+    """`import_file` and save it as a vitpe checkpoint (`out` + its JSON sidecar). The weights
+    are stored in the file's own precision (`dtype="source"`, the default: the checkpoint is the
+    model the file holds, bit for bit), or in `dtype` ("float32"/"float16"/"bfloat16") when
+    asked; a float64 file is stored as float32, the precision the model runs in, with a note."""
     imp = import_file(source, **kw)
-    save_checkpoint(out, imp.model, metrics=imp.metrics(Path(str(source)).name, licence))
+    if dtype == "source":
+        stored = imp.source_dtype
+        if stored == torch.float64:
+            stored = torch.float32
+            imp.notes.append("The file holds float64 weights; the model runs and is stored in float32.")
+    elif dtype in STORED_DTYPES:
+        stored = STORED_DTYPES[dtype]
+        if stored != imp.source_dtype:
+            imp.notes.append(f"Stored as {dtype} on request; the file holds "
+                             f"{str(imp.source_dtype).removeprefix('torch.')} (the weights are rounded).")
+    else:
+        raise CheckpointError(f"unknown dtype {dtype!r}; valid: source, {', '.join(STORED_DTYPES)}")
+    metrics = imp.metrics(Path(str(source)).name, licence)
+    metrics["stored_dtype"] = str(stored).removeprefix("torch.")
+    save_checkpoint(out, imp.model, metrics=metrics, dtype=stored)
     return imp

@@ -16,7 +16,9 @@ and head. Per kind of encoding:
   standard deviation across images as the spread.
 
 `relative_score` is the share of a kernel's variance that the offset `(Δr, Δc)` alone
-explains: 1 for a purely relative kernel, near 0 for one that ignores offsets.
+explains: 1 for a purely relative kernel, near 0 for one that ignores offsets. `query_fit`
+reads one query's row of a kernel against the same offset fit plus a constant per query (the
+app's per-query view). Both come from `offset_fit`; the views only lay them out.
 """
 from __future__ import annotations
 
@@ -58,17 +60,46 @@ def offset_map(kernel: np.ndarray, grid: Grid) -> np.ndarray:
     return (sums / counts).reshape(*kernel.shape[:-2], 2 * H - 1, 2 * W - 1)
 
 
+def offset_fit(kernel: np.ndarray, grid: Grid, *, per_query: bool = False, iters: int = 100) -> np.ndarray:
+    """The least-squares fit of `(..., N, N)` kernels by a function of the offset alone,
+    `f[offset(i, n)]` (the offset means: `offset_map`), or with `per_query` by
+    `f[offset(i, n)] + c[i]`, a relative kernel plus a constant per query (which softmax
+    ignores), by alternating means (converges: two-way means on an unbalanced design); `(..., N, N)`."""
+    idx = relative_index(grid).numpy()                                           # (N, N)
+    flat = lambda k: offset_map(k, grid).reshape(*k.shape[:-2], -1)              # (..., offsets)
+    c = np.zeros((*kernel.shape[:-1], 1))                                        # (..., N, 1)
+    for _ in range(iters if per_query else 0):
+        c_new = (kernel - flat(kernel - c)[..., idx]).mean(-1, keepdims=True)
+        done = np.abs(c_new - c).max() < 1e-10
+        c = c_new
+        if done:
+            break
+    return flat(kernel - c)[..., idx] + c
+
+
+def _explained(values: np.ndarray, fitted: np.ndarray, axis: tuple[int, ...]) -> np.ndarray:
+    """`1 - Σ (values - fitted)² / Σ (values - mean)²` over `axis`; 1 where `values` is constant."""
+    resid = ((values - fitted) ** 2).sum(axis=axis)
+    total = ((values - values.mean(axis=axis, keepdims=True)) ** 2).sum(axis=axis)
+    return np.where(total > 1e-20, 1.0 - resid / np.maximum(total, 1e-30), 1.0)
+
+
 def relative_score(kernel: np.ndarray, grid: Grid) -> np.ndarray:
     """Share of the variance of `(..., N, N)` kernels explained by the offset alone, `(...)`:
     `1 - Σ (K - K̄[offset])² / Σ (K - K̄)²` over all patch pairs (1 = purely relative; a
-    constant kernel counts as relative)."""
-    H, W = grid
-    idx = relative_index(grid).numpy()                                           # (N, N)
-    by_offset = offset_map(kernel, grid).reshape(*kernel.shape[:-2], -1)         # (..., size)
-    fitted = by_offset[..., idx]                                                 # (..., N, N)
-    resid = ((kernel - fitted) ** 2).sum(axis=(-2, -1))
-    total = ((kernel - kernel.mean(axis=(-2, -1), keepdims=True)) ** 2).sum(axis=(-2, -1))
-    return np.where(total > 1e-20, 1.0 - resid / np.maximum(total, 1e-30), 1.0)
+    constant kernel counts as relative). The measure the analysis stores (`analyze`) and the
+    README table and docs/encodings.md report."""
+    return _explained(kernel, offset_fit(kernel, grid), (-2, -1))
+
+
+def query_fit(kernel: np.ndarray, grid: Grid, query: int) -> float:
+    """How stationary an `(N, N)` kernel is as query `query` sees it: the share of that row's
+    variance explained by the whole kernel's `offset_fit` with a constant per query. 1 = the
+    query sees what every other query sees, shifted (a relative kernel, even with a per-query
+    constant added, which softmax ignores: 1 at every query). `relative_score` scores the
+    whole kernel without that constant."""
+    row = kernel[query]
+    return float(_explained(row, offset_fit(kernel, grid, per_query=True)[query], (-1,)))
 
 
 # ----------------------------------------------------------------------------- kernels per kind

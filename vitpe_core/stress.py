@@ -38,8 +38,7 @@ import torch.nn.functional as F
 
 from . import analysis
 from .encodings.base import Grid
-
-FILLS = ("zero", "reflect")
+from .viewstate import FILLS   # defined there: the app reads it before importing torch
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from . import analysis
 from .checkpoint import group_and_stem
 from .config import ViTConfig
 from .encodings import PositionEncoding
+from .positional import query_fit
 
 PART_LABELS = {"sum": "x + y (the SaPE² bias)", "x": "x part (along the patch's row)",
                "y": "y part (along the patch's column)", "bias": "full bias", "row": "bias row"}
@@ -306,11 +307,9 @@ def query_kernel_view(arrays: dict[str, np.ndarray], layer: int, head: int | Non
                       grid: tuple[int, int]) -> tuple[np.ndarray, float] | None:
     """From `positional.analyze`'s arrays: the position-only logits of query `patch` to every key,
     `(H, W)` (a row of the `(N, N)` kernel), at `layer` (clamped; layer 0 for tables) and head
-    (None = mean of heads), with how well an offset kernel fits *this row*: the share of the
-    row's variance explained by `f(Δr, Δc) + c_query`, fitted by least squares to the whole
-    kernel (`offset_fit`; the constant per query because softmax ignores it). 1 = the query sees
-    exactly what every other query sees, shifted (a stationary kernel: 1 for every query);
-    None for models without position information."""
+    (None = mean of heads), with how well the offset fit explains *this row*
+    (`positional.query_fit`: 1 for a relative kernel at every query); None for models without
+    position information."""
     if str(arrays["kind"]) == "none":
         return None
     H, W = grid
@@ -318,30 +317,7 @@ def query_kernel_view(arrays: dict[str, np.ndarray], layer: int, head: int | Non
     assert kern.shape[-1] == H * W, (kern.shape, grid)
     lay, i = min(layer, kern.shape[0] - 1), patch[0] * W + patch[1]
     k = kern[lay].mean(0) if head is None else kern[lay, min(head, kern.shape[1] - 1)]   # (N, N)
-    row, resid = k[i], k[i] - offset_fit(k, grid)[i]                            # (N,) each
-    total = float(((row - row.mean()) ** 2).sum())
-    explained = 1.0 if total <= 1e-20 else 1.0 - float((resid ** 2).sum()) / total
-    return row.reshape(H, W), explained
-
-
-def offset_fit(kernel: np.ndarray, grid: tuple[int, int], iters: int = 100) -> np.ndarray:
-    """The least-squares fit `f[offset(i, n)] + c[i]` of a kernel `(N, N)` (a relative kernel
-    plus a constant per query), by alternating means (converges: two-way means on an unbalanced
-    design); `(N, N)`."""
-    from .encodings.grid import relative_index
-    from .positional import offset_map
-
-    H, W = grid
-    idx = relative_index(grid).numpy()                                           # (N, N)
-    c = np.zeros((kernel.shape[0], 1))
-    for _ in range(iters):
-        f = offset_map(kernel - c, grid).reshape(-1)[idx]                        # (N, N)
-        c_new = (kernel - f).mean(-1, keepdims=True)                             # (N, 1)
-        if np.abs(c_new - c).max() < 1e-10:
-            c = c_new
-            break
-        c = c_new
-    return offset_map(kernel - c, grid).reshape(-1)[idx] + c
+    return k[i].reshape(H, W), query_fit(k, grid, i)
 
 
 def film_grids(sims: dict[int, np.ndarray], grid: tuple[int, int]) -> dict[int, np.ndarray]:

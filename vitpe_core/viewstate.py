@@ -58,7 +58,7 @@ UPLOAD_PREFIX = "upload:"
 _UPLOAD_ID = re.compile(r"upload:[0-9a-f]{64}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
-FILLS: tuple[str, ...] = ("zero", "reflect")         # vitpe_core.stress.FILLS (tests check they agree)
+FILLS: tuple[str, ...] = ("zero", "reflect")         # stress test fills; vitpe_core.stress imports them
 FUSIONS: tuple[str, ...] = ("mean", "max")
 NATIVE_SIZE = "native"
 PATCH_SOURCE = "patch"

@@ -1,10 +1,15 @@
 """Fused C++ CPU kernels for the hot part of `sape2_attention` / `cope_attention`.
 
-Built once with `torch.utils.cpp_extension.load_inline` on first use (cached under torch's
-extension dir, `~/.cache/torch_extensions` by default; a lock the OS releases with its holder
-serialises concurrent loads and builds, see `_held_by_this_process`) and used for CPU
-float32/float64 tensors. What they fuse, per (batch, head) and with every `N x N` intermediate
-kept in cache instead of written to memory:
+The source is `csrc/attend.cpp` (package data). It is built once, on first use, with
+`torch.utils.cpp_extension.load` into `build_directory()`: `$TORCH_EXTENSIONS_DIR/<name>`, else
+`<torch's default build root, ~/.cache/torch_extensions>/py<X.Y>_torch<version>/<name>`. The
+name (`extension_name`) holds a hash of the source and the compiler flags and one of this torch
+install's folder, so an edited source never loads a stale build and each virtual environment
+keeps its own. A lock the OS releases with its holder serialises concurrent loads and builds
+(`_held_by_this_process`). The kernels are used for CPU float32/float64 tensors.
+
+What they fuse, per (batch, head) and with every `N x N` intermediate kept in cache instead of
+written to memory:
 * SaPE² forward: the logits on every row and column line gathered and turned into gates by a
   vectorised σ, their reverse cumulative sums, the read-out interpolation (the descriptors
   `s_x, s_y`; the steps between read-outs formed here from `z = src·[E_x, E_y]`), and the
@@ -29,368 +34,21 @@ thread count).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
-from pathlib import Path
-from typing import Iterator
+import re
+import sys
 import threading
 import time
 import warnings
+from pathlib import Path
+from typing import Iterator
 
-__all__ = ["kernels", "available", "build_seconds"]
+__all__ = ["kernels", "available", "build_seconds", "extension_name", "build_directory", "SOURCE"]
 
-_SOURCE = r"""
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
-#include <cmath>
-#include <vector>
-#include <algorithm>
-
-namespace {
-
-template <typename T> __attribute__((always_inline)) inline T sigm(T x) { return T(1) / (T(1) + std::exp(-x)); }
-
-#define HOT __attribute__((target_clones("avx2", "default")))
-#define INL __attribute__((always_inline)) inline
-
-// σ over a[0..n), in place. float: a Cephes-style exp (≈1 ulp) written so that the compiler
-// vectorises the loop (std::exp is a scalar libcall); double (tests, trace): std::exp.
-INL void sigmoid_(double* a, int64_t n) { for (int64_t i = 0; i < n; ++i) a[i] = sigm(a[i]); }
-INL void sigmoid_(float* a, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    float x = std::min(std::max(-a[i], -87.0f), 87.0f);         // exp(-a): no overflow, no denormals
-    float t = x * 1.44269504088896341f;
-    int k = (int)(t + (t >= 0.0f ? 0.5f : -0.5f));               // nearest integer
-    float kf = (float)k;
-    float r = (x - kf * 0.693359375f) + kf * 2.12194440e-4f;     // x − k ln 2, ln 2 split in two
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r + 1.0f;                                  // exp(r), |r| <= ln2 / 2
-    union { int i; float f; } s;
-    s.i = (k + 127) << 23;                                       // 2^k
-    a[i] = 1.0f / (1.0f + p * s.f);
-  }
-}
-
-// Steps of one row of read-outs: zs[t] = z[t+1] − z[t] for t < M, 0 at M.
-template <typename T>
-INL void steps(const T* z, int64_t M, T* zs) {
-  for (int64_t t = 0; t < M; ++t) zs[t] = z[t + 1] - z[t];
-  zs[M] = 0;
-}
-
-// Backward of steps: the steps' gradient gzs adds into the read-outs' gradient gz.
-template <typename T>
-INL void steps_bwd(const T* gzs, int64_t M, T* gz) {
-  for (int64_t t = 0; t < M; ++t) { gz[t + 1] += gzs[t]; gz[t] -= gzs[t]; }
-}
-
-// One line of gates g (already σ) -> descriptor desc[a] = z[lo] + f * zs[lo],
-// pos[a] = min(sum_{b >= a} g[b], M), lo = floor pos, f = pos - lo.
-template <typename T>
-INL void line_fwd(const T* g, int64_t A, const T* z, const T* zs, int64_t M, T* desc) {
-  T p = 0;
-  for (int64_t a = A - 1; a >= 0; --a) {
-    p += g[a];
-    T pos = std::min(p, T(M));
-    int64_t l = (int64_t)pos;                   // pos >= 0: truncation is floor (no libcall on SSE2)
-    desc[a] = z[l] + zs[l] * (pos - T(l));
-  }
-}
-
-// Backward of line_fwd: gd = d desc -> adds into gz / gzs (read-outs, steps), returns the
-// gate logits' gradient in gl.
-template <typename T>
-INL void line_bwd(const T* g, const T* gd, int64_t A, const T* zs, int64_t M, T* gz, T* gzs, T* gl) {
-  T p = 0;
-  for (int64_t a = A - 1; a >= 0; --a) {       // recompute lo, f exactly as the forward
-    p += g[a];
-    T pos = std::min(p, T(M));
-    int64_t l = (int64_t)pos;
-    gz[l] += gd[a];
-    gzs[l] += gd[a] * (pos - T(l));
-    gl[a] = gd[a] * zs[l];                      // d pos[a]
-  }
-  T c = 0;                                      // pos = reverse cumsum: its adjoint is a cumsum
-  for (int64_t a = 0; a < A; ++a) {
-    c += gl[a];
-    gl[a] = c * g[a] * (T(1) - g[a]);
-  }
-}
-
-// Distances in chunks of C = 8 (float) / 4 (double) columns with GCC vector types (32 bytes;
-// the compiler splits them in two on a CPU without AVX): a chunk's squared distance is summed
-// in a register over the m coordinates. Only chunks that reach above the diagonal are
-// computed (the matrix is symmetric). sT is m x Np (Np = N rounded up to C, zero-padded).
-template <typename T> struct Chunk { static constexpr int C = 32 / sizeof(T); typedef T V __attribute__((vector_size(32))); };
-
-template <typename V, typename T> INL V vload(const T* p) { V v; __builtin_memcpy(&v, p, sizeof(V)); return v; }
-template <typename V, typename T> INL void vstore(T* p, V v) { __builtin_memcpy(p, &v, sizeof(V)); }
-
-// d2[n] for n in [c0, Np): squared distances of s_i (si) to s_n.
-template <typename T>
-INL void sqdist_chunks(const T* sT, const T* si, int64_t c0, int64_t Np, int64_t m, T* d2) {
-  typedef typename Chunk<T>::V V;
-  constexpr int C = Chunk<T>::C;
-  for (int64_t c = c0; c < Np; c += C) {
-    V acc = {};
-    for (int64_t k = 0; k < m; ++k) {
-      V d = si[k] - vload<V>(sT + k * Np + c);
-      acc += d * d;
-    }
-    vstore(d2 + c, acc);
-  }
-}
-
-// gi[k] += sum_n w[n] (s_i − s_n)[k], gT[k][n] −= w[n] (s_i − s_n)[k], n in [c0, Np).
-template <typename T>
-INL void dist_grad_chunks(const T* sT, const T* si, const T* w, int64_t c0, int64_t Np, int64_t m, T* gi, T* gT) {
-  typedef typename Chunk<T>::V V;
-  constexpr int C = Chunk<T>::C;
-  for (int64_t k = 0; k < m; ++k) {
-    V acc = {};
-    for (int64_t c = c0; c < Np; c += C) {
-      V t = vload<V>(w + c) * (si[k] - vload<V>(sT + k * Np + c));
-      acc += t;
-      vstore(gT + k * Np + c, vload<V>(gT + k * Np + c) - t);
-    }
-    T sum = 0;
-    for (int l = 0; l < C; ++l) sum += acc[l];
-    gi[k] += sum;
-  }
-}
-
-template <typename T>
-INL void transpose_pad(const T* s, int64_t N, int64_t Np, int64_t m, T* sT) {
-  for (int64_t k = 0; k < m; ++k) {
-    for (int64_t n = 0; n < N; ++n) sT[k * Np + n] = s[n * m + k];
-    for (int64_t n = N; n < Np; ++n) sT[k * Np + n] = 0;
-  }
-}
-
-// Per (batch, head) b in [b0, b1): gates of every row and column line (σ of the logits on
-// them), descriptors, and the distances added into the logits. The distance matrix is
-// symmetric: each pair i < n is computed once and added at (i, n) and (n, i); (i, i) is 0.
-template <typename T>
-INL void sape2_fwd_range(T* logits, const T* z, T* sx, T* sy, T* gx, T* gy, int64_t BH, int64_t Tt, int64_t P, int64_t H, int64_t W, int64_t np, int64_t b0, int64_t b1) {
-  const int64_t N = H * W, M = np - 1, Z = 2 * np;
-  constexpr int C = Chunk<T>::C;
-  const int64_t Np = (N + C - 1) / C * C;
-  std::vector<T> sxT(Np * W), syT(Np * H), d2x(Np), d2y(Np), zs(Z);
-  for (int64_t b = b0; b < b1; ++b) {
-    T* L = logits + b * Tt * Tt + P * Tt + P;            // patch block, row stride Tt
-    const T* zb = z + (b * Tt + P) * Z;                  // the patches' read-outs
-    T* sxb = sx + b * N * W; T* syb = sy + b * N * H;
-    T* gxb = gx + b * N * W; T* gyb = gy + b * N * H;
-    for (int64_t y = 0; y < H; ++y)                      // the lines' logits, then σ in one pass
-      for (int64_t x = 0; x < W; ++x) {
-        const int64_t n = y * W + x;
-        const T* Ln = L + n * Tt;
-        for (int64_t u = 0; u < W; ++u) gxb[n * W + u] = Ln[y * W + u];
-        for (int64_t v = 0; v < H; ++v) gyb[n * H + v] = Ln[v * W + x];
-      }
-    sigmoid_(gxb, N * W);
-    sigmoid_(gyb, N * H);
-    for (int64_t n = 0; n < N; ++n) {
-      const T* zn = zb + n * Z;
-      steps(zn, M, zs.data()); steps(zn + np, M, zs.data() + np);
-      line_fwd(gxb + n * W, W, zn, zs.data(), M, sxb + n * W);
-      line_fwd(gyb + n * H, H, zn + np, zs.data() + np, M, syb + n * H);
-    }
-    transpose_pad(sxb, N, Np, W, sxT.data());
-    transpose_pad(syb, N, Np, H, syT.data());
-    for (int64_t i = 0; i < N; ++i) {
-      const int64_t c0 = (i + 1) / C * C;
-      sqdist_chunks(sxT.data(), sxb + i * W, c0, Np, W, d2x.data());
-      sqdist_chunks(syT.data(), syb + i * H, c0, Np, H, d2y.data());
-      for (int64_t n = c0; n < Np; ++n) d2x[n] = std::sqrt(d2x[n]) + std::sqrt(d2y[n]);
-      T* row = L + i * Tt;
-      for (int64_t n = i + 1; n < N; ++n) {
-        row[n] += d2x[n];
-        L[n * Tt + i] += d2x[n];
-      }
-    }
-  }
-}
-HOT void sape2_fwd_one(float* logits, const float* z, float* sx, float* sy, float* gx, float* gy, int64_t BH, int64_t Tt, int64_t P, int64_t H, int64_t W, int64_t np, int64_t b0, int64_t b1) { sape2_fwd_range<float>(logits, z, sx, sy, gx, gy, BH, Tt, P, H, W, np, b0, b1); }
-HOT void sape2_fwd_one(double* logits, const double* z, double* sx, double* sy, double* gx, double* gy, int64_t BH, int64_t Tt, int64_t P, int64_t H, int64_t W, int64_t np, int64_t b0, int64_t b1) { sape2_fwd_range<double>(logits, z, sx, sy, gx, gy, BH, Tt, P, H, W, np, b0, b1); }
-
-template <typename T>
-INL void sape2_bwd_range(T* gl, const T* z, const T* sx, const T* sy, const T* gx, const T* gy, T* gz, int64_t BH, int64_t Tt, int64_t P, int64_t H, int64_t W, int64_t np, int64_t b0, int64_t b1) {
-  const int64_t N = H * W, M = np - 1, Z = 2 * np;
-  constexpr int C = Chunk<T>::C;
-  const int64_t Np = (N + C - 1) / C * C;
-  std::vector<T> sxT(Np * W), syT(Np * H), gsx(N * W), gsy(N * H), gxT(Np * W), gyT(Np * H),
-      gsym(Np), d2(Np), gline(std::max(H, W)), zs(Z), gzs(Z);
-  for (int64_t b = b0; b < b1; ++b) {
-    T* G = gl + b * Tt * Tt + P * Tt + P;
-    const T* zb = z + (b * Tt + P) * Z;
-    T* gzb = gz + (b * Tt + P) * Z;
-    const T* sxb = sx + b * N * W; const T* syb = sy + b * N * H;
-    const T* gxb = gx + b * N * W; const T* gyb = gy + b * N * H;
-    transpose_pad(sxb, N, Np, W, sxT.data());
-    transpose_pad(syb, N, Np, H, syT.data());
-    std::fill(gxT.begin(), gxT.end(), T(0)); std::fill(gyT.begin(), gyT.end(), T(0));
-    std::fill(gsx.begin(), gsx.end(), T(0)); std::fill(gsy.begin(), gsy.end(), T(0));
-    for (int64_t i = 0; i < N; ++i) {                    // pairs i < n: the distance is symmetric
-      for (int64_t n = i + 1; n < N; ++n) gsym[n] = G[i * Tt + n] + G[n * Tt + i];
-      for (int64_t n = N; n < Np; ++n) gsym[n] = 0;
-      const int64_t c0 = (i + 1) / C * C;
-      for (int r = 0; r < 2; ++r) {                      // x, then y
-        const T* sT = r ? syT.data() : sxT.data();
-        const T* si = r ? syb + i * H : sxb + i * W;
-        const int64_t m = r ? H : W;
-        sqdist_chunks(sT, si, c0, Np, m, d2.data());
-        for (int64_t n = c0; n < Np; ++n) {             // weight gsym / distance; 0 at n <= i, 0 at 0
-          T d = std::sqrt(d2[n]);
-          d2[n] = (n > i && d > T(0)) ? gsym[n] / d : T(0);
-        }
-        dist_grad_chunks(sT, si, d2.data(), c0, Np, m, (r ? gsy.data() + i * H : gsx.data() + i * W),
-                         r ? gyT.data() : gxT.data());
-      }
-    }
-    for (int64_t n = 0; n < N; ++n) {
-      for (int64_t k = 0; k < W; ++k) gsx[n * W + k] += gxT[k * Np + n];
-      for (int64_t k = 0; k < H; ++k) gsy[n * H + k] += gyT[k * Np + n];
-    }
-    for (int64_t y = 0; y < H; ++y)                      // lines; gates' gradient into G
-      for (int64_t x = 0; x < W; ++x) {
-        const int64_t n = y * W + x;
-        const T* zn = zb + n * Z;
-        T* gzn = gzb + n * Z;
-        T* Gr = G + n * Tt;
-        steps(zn, M, zs.data()); steps(zn + np, M, zs.data() + np);
-        std::fill(gzs.begin(), gzs.end(), T(0));
-        line_bwd(gxb + n * W, gsx.data() + n * W, W, zs.data(), M, gzn, gzs.data(), gline.data());
-        for (int64_t u = 0; u < W; ++u) Gr[y * W + u] += gline[u];
-        line_bwd(gyb + n * H, gsy.data() + n * H, H, zs.data() + np, M, gzn + np, gzs.data() + np, gline.data());
-        for (int64_t v = 0; v < H; ++v) Gr[v * W + x] += gline[v];
-        steps_bwd(gzs.data(), M, gzn); steps_bwd(gzs.data() + np, M, gzn + np);
-      }
-  }
-}
-HOT void sape2_bwd_one(float* gl, const float* z, const float* sx, const float* sy, const float* gx, const float* gy, float* gz, int64_t BH, int64_t Tt, int64_t P, int64_t H, int64_t W, int64_t np, int64_t b0, int64_t b1) { sape2_bwd_range<float>(gl, z, sx, sy, gx, gy, gz, BH, Tt, P, H, W, np, b0, b1); }
-HOT void sape2_bwd_one(double* gl, const double* z, const double* sx, const double* sy, const double* gx, const double* gy, double* gz, int64_t BH, int64_t Tt, int64_t P, int64_t H, int64_t W, int64_t np, int64_t b0, int64_t b1) { sape2_bwd_range<double>(gl, z, sx, sy, gx, gy, gz, BH, Tt, P, H, W, np, b0, b1); }
-
-template <typename T>
-void sape2_fwd_impl(T* logits, const T* z, T* sx, T* sy, T* gx, T* gy, int64_t BH, int64_t Tt, int64_t P, int64_t H, int64_t W, int64_t np) {
-  at::parallel_for(0, BH, 1, [&](int64_t b0, int64_t b1) { sape2_fwd_one(logits, z, sx, sy, gx, gy, BH, Tt, P, H, W, np, b0, b1); });
-}
-template <typename T>
-void sape2_bwd_impl(T* gl, const T* z, const T* sx, const T* sy, const T* gx, const T* gy, T* gz, int64_t BH, int64_t Tt, int64_t P, int64_t H, int64_t W, int64_t np) {
-  at::parallel_for(0, BH, 1, [&](int64_t b0, int64_t b1) { sape2_bwd_one(gl, z, sx, sy, gx, gy, gz, BH, Tt, P, H, W, np, b0, b1); });
-}
-
-// CoPE, keys in their own order: each row of logits is one line of line_fwd (gates g = σ of
-// the logits, pos[j] = min(sum_{t >= j} g[t], M)), its descriptor added as the bias.
-template <typename T>
-INL void cope_fwd_range(T* logits, const T* z, const T* gates, int64_t BH, int64_t Tt, int64_t np, int64_t r0, int64_t r1) {
-  const int64_t M = np - 1;
-  std::vector<T> zs(np), desc(Tt);
-  for (int64_t r = r0; r < r1; ++r) {
-    T* l = logits + r * Tt;
-    steps(z + r * np, M, zs.data());
-    line_fwd(gates + r * Tt, Tt, z + r * np, zs.data(), M, desc.data());
-    for (int64_t j = 0; j < Tt; ++j) l[j] += desc[j];
-  }
-}
-HOT void cope_fwd_one(float* logits, const float* z, const float* gates, int64_t BH, int64_t Tt, int64_t np, int64_t r0, int64_t r1) { cope_fwd_range<float>(logits, z, gates, BH, Tt, np, r0, r1); }
-HOT void cope_fwd_one(double* logits, const double* z, const double* gates, int64_t BH, int64_t Tt, int64_t np, int64_t r0, int64_t r1) { cope_fwd_range<double>(logits, z, gates, BH, Tt, np, r0, r1); }
-template <typename T>
-void cope_fwd_impl(T* logits, const T* z, const T* gates, int64_t BH, int64_t Tt, int64_t np) {
-  at::parallel_for(0, BH * Tt, 16, [&](int64_t r0, int64_t r1) { cope_fwd_one(logits, z, gates, BH, Tt, np, r0, r1); });
-}
-
-// Backward: gl holds d logits; the gates are σ of the same logits, so their gradient adds into it.
-template <typename T>
-INL void cope_bwd_range(T* gl, const T* z, const T* gates, T* gz, int64_t BH, int64_t Tt, int64_t np, int64_t r0, int64_t r1) {
-  const int64_t M = np - 1;
-  std::vector<T> zs(np), gzs(np), dg(Tt);
-  for (int64_t r = r0; r < r1; ++r) {
-    T* G = gl + r * Tt;
-    steps(z + r * np, M, zs.data());
-    std::fill(gzs.begin(), gzs.end(), T(0));
-    line_bwd(gates + r * Tt, G, Tt, zs.data(), M, gz + r * np, gzs.data(), dg.data());
-    steps_bwd(gzs.data(), M, gz + r * np);
-    for (int64_t j = 0; j < Tt; ++j) G[j] += dg[j];
-  }
-}
-HOT void cope_bwd_one(float* gl, const float* z, const float* gates, float* gz, int64_t BH, int64_t Tt, int64_t np, int64_t r0, int64_t r1) { cope_bwd_range<float>(gl, z, gates, gz, BH, Tt, np, r0, r1); }
-HOT void cope_bwd_one(double* gl, const double* z, const double* gates, double* gz, int64_t BH, int64_t Tt, int64_t np, int64_t r0, int64_t r1) { cope_bwd_range<double>(gl, z, gates, gz, BH, Tt, np, r0, r1); }
-template <typename T>
-void cope_bwd_impl(T* gl, const T* z, const T* gates, T* gz, int64_t BH, int64_t Tt, int64_t np) {
-  at::parallel_for(0, BH * Tt, 16, [&](int64_t r0, int64_t r1) { cope_bwd_one(gl, z, gates, gz, BH, Tt, np, r0, r1); });
-}
-
-void check(const torch::Tensor& t, const char* name) {
-  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(), name, " must be a contiguous CPU tensor");
-}
-
-}  // namespace
-
-// logits (B, h, T, T) is changed in place; z (B, h, T, 2 np): every token's read-outs of E_x, then
-// E_y (the prefix tokens' rows are not read). Returns s_x (B,h,N,W), s_y (B,h,N,H), gates alike.
-std::vector<torch::Tensor> sape2_fwd(torch::Tensor logits, torch::Tensor z, int64_t P, int64_t H, int64_t W,
-                                     int64_t np) {
-  check(logits, "logits"); check(z, "z");
-  TORCH_CHECK(z.scalar_type() == logits.scalar_type(), "dtype mismatch");
-  const int64_t B = logits.size(0), h = logits.size(1), Tt = logits.size(2), N = H * W;
-  TORCH_CHECK(Tt == P + N && z.size(2) == Tt && z.size(3) == 2 * np, "shape mismatch");
-  auto o = logits.options();
-  auto sx = torch::empty({B, h, N, W}, o), sy = torch::empty({B, h, N, H}, o);
-  auto gx = torch::empty({B, h, N, W}, o), gy = torch::empty({B, h, N, H}, o);
-  AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "sape2_fwd", [&] {
-    sape2_fwd_impl<scalar_t>(logits.data_ptr<scalar_t>(), z.data_ptr<scalar_t>(), sx.data_ptr<scalar_t>(),
-                             sy.data_ptr<scalar_t>(), gx.data_ptr<scalar_t>(), gy.data_ptr<scalar_t>(),
-                             B * h, Tt, P, H, W, np);
-  });
-  return {sx, sy, gx, gy};
-}
-
-// grad_logits (B, h, T, T) gets the gates' gradient added in place; returns grad z (B, h, T, 2 np),
-// 0 in the prefix tokens' rows.
-torch::Tensor sape2_bwd(torch::Tensor gl, torch::Tensor z, torch::Tensor sx, torch::Tensor sy, torch::Tensor gx,
-                        torch::Tensor gy, int64_t P, int64_t H, int64_t W, int64_t np) {
-  check(gl, "grad_logits"); check(z, "z"); check(sx, "s_x"); check(sy, "s_y"); check(gx, "g_x"); check(gy, "g_y");
-  const int64_t B = gl.size(0), h = gl.size(1), Tt = gl.size(2);
-  auto gz = torch::zeros_like(z);
-  AT_DISPATCH_FLOATING_TYPES(gl.scalar_type(), "sape2_bwd", [&] {
-    sape2_bwd_impl<scalar_t>(gl.data_ptr<scalar_t>(), z.data_ptr<scalar_t>(), sx.data_ptr<scalar_t>(),
-                             sy.data_ptr<scalar_t>(), gx.data_ptr<scalar_t>(), gy.data_ptr<scalar_t>(),
-                             gz.data_ptr<scalar_t>(), B * h, Tt, P, H, W, np);
-  });
-  return gz;
-}
-
-// logits (B, h, T, T), keys in their own order, gets the CoPE bias added in place; gates = sigmoid(logits)
-// (computed by ATen's vectorised sigmoid: a scalar exp here costs more than that pass).
-void cope_fwd(torch::Tensor logits, torch::Tensor gates, torch::Tensor z, int64_t np) {
-  check(logits, "logits"); check(z, "z"); check(gates, "gates");
-  TORCH_CHECK(z.scalar_type() == logits.scalar_type() && gates.scalar_type() == logits.scalar_type()
-              && z.size(3) == np && gates.sizes() == logits.sizes(), "z / gates mismatch");
-  AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "cope_fwd", [&] {
-    cope_fwd_impl<scalar_t>(logits.data_ptr<scalar_t>(), z.data_ptr<scalar_t>(), gates.data_ptr<scalar_t>(),
-                            logits.size(0) * logits.size(1), logits.size(2), np);
-  });
-}
-
-// grad_logits gets the gates' gradient added in place; returns grad z (B, h, T, np).
-torch::Tensor cope_bwd(torch::Tensor gl, torch::Tensor z, torch::Tensor gates, int64_t np) {
-  check(gl, "grad_logits"); check(z, "z"); check(gates, "gates");
-  auto gz = torch::zeros_like(z);
-  AT_DISPATCH_FLOATING_TYPES(gl.scalar_type(), "cope_bwd", [&] {
-    cope_bwd_impl<scalar_t>(gl.data_ptr<scalar_t>(), z.data_ptr<scalar_t>(), gates.data_ptr<scalar_t>(),
-                            gz.data_ptr<scalar_t>(), gl.size(0) * gl.size(1), gl.size(2), np);
-  });
-  return gz;
-}
-"""
-
-_FUNCTIONS = ["sape2_fwd", "sape2_bwd", "cope_fwd", "cope_bwd"]
-_VERSION = "6"  # bump with any change of _SOURCE's interface (torch also rebuilds when the source changes)
+SOURCE = Path(__file__).with_name("csrc") / "attend.cpp"
+_CFLAGS = ["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
+_LDFLAGS = ["-fopenmp"]
 
 _lock = threading.Lock()
 _state: dict = {}
@@ -404,11 +62,7 @@ def _clear_stale_lock(name: str, max_age_s: float = STALE_LOCK_S) -> None:
     """torch's extension builder waits forever on the `lock` file of a build that was killed
     half-way: wait while a lock is younger than `max_age_s` (another process is building), and
     remove it once it is older (nobody is)."""
-    try:
-        from torch.utils.cpp_extension import _get_build_directory
-        lock = Path(_get_build_directory(name, False)) / "lock"
-    except Exception:   # a private helper of torch's: without it torch's own waiting applies
-        return
+    lock = Path(build_directory(name)) / "lock"
     while lock.exists():
         try:
             age = time.time() - lock.stat().st_mtime
@@ -428,15 +82,14 @@ def _held_by_this_process(name: str) -> Iterator[bool]:
     while torch loads it: the kernel releases it when its holder dies, however it dies. Under
     it no other vitpe process is inside torch's loader, so torch's own `lock` file, which a
     process killed in the second or two of every load (torch runs ninja each time) leaves
-    behind for good, is stale and removed. Yields False (nothing held) where `fcntl` or
-    torch's private `_get_build_directory` is missing; `_clear_stale_lock` then applies."""
+    behind for good, is stale and removed. Yields False (nothing held) where `fcntl` is missing
+    or the lock file cannot be opened; `_clear_stale_lock` then applies."""
     try:
         import fcntl
 
-        from torch.utils.cpp_extension import _get_build_directory
-        folder = Path(_get_build_directory(name, False))
+        folder = Path(build_directory(name))
         fd = os.open(folder / "vitpe.flock", os.O_RDWR | os.O_CREAT, 0o644)
-    except (ImportError, AttributeError, OSError):
+    except (ImportError, OSError):
         yield False
         return
     try:
@@ -448,26 +101,39 @@ def _held_by_this_process(name: str) -> Iterator[bool]:
 
 
 def extension_name() -> str:
-    """`vitpe_attend_v<_VERSION>_<8 hex digits of this torch's folder>`: each virtual
-    environment gets its own build in the shared extension cache. One name for all made two
-    environments rebuild it in turn, about 40 s each time: torch's build.ninja holds the torch
-    include paths, and a different one makes ninja rebuild."""
-    import hashlib
-
+    """`vitpe_attend_<8 hex digits of the source and flags>_<8 hex digits of this torch's
+    folder>`. A changed `SOURCE` (or flags) is a new name, hence a fresh build, never a stale
+    one loaded. Each virtual environment gets its own build in the shared extension cache: one
+    name for all made two environments rebuild it in turn, about 40 s each time (torch's
+    build.ninja holds the torch include paths, and a different one makes ninja rebuild)."""
     import torch
+    build = hashlib.sha256(SOURCE.read_bytes() + repr((_CFLAGS, _LDFLAGS)).encode()).hexdigest()[:8]
     tag = hashlib.sha256(str(Path(torch.__file__).resolve().parent).encode()).hexdigest()[:8]
-    return f"vitpe_attend_v{_VERSION}_{tag}"
+    return f"vitpe_attend_{build}_{tag}"
+
+
+def build_directory(name: str) -> str:
+    """The folder `name` is built in, created if missing: `$TORCH_EXTENSIONS_DIR/<name>` when
+    that is set (as torch does), else `<torch's default build root>/py<X.Y>_torch<version>/<name>`."""
+    import torch
+    from torch.utils.cpp_extension import get_default_build_root
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if not root:
+        tag = re.sub(r"[^\w.]", "_", f"py{sys.version_info.major}{sys.version_info.minor}_torch{torch.__version__}")
+        root = os.path.join(get_default_build_root(), tag)
+    folder = os.path.join(root, name)
+    os.makedirs(folder, exist_ok=True)
+    return folder
 
 
 def _build():
-    from torch.utils.cpp_extension import load_inline
+    from torch.utils.cpp_extension import load
     name = extension_name()
     with _held_by_this_process(name) as held:
         if not held:
             _clear_stale_lock(name)
-        return load_inline(name=name, cpp_sources=[_SOURCE], functions=_FUNCTIONS,
-                           extra_cflags=["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"],
-                           extra_ldflags=["-fopenmp"], verbose=False)
+        return load(name=name, sources=[str(SOURCE)], extra_cflags=_CFLAGS, extra_ldflags=_LDFLAGS,
+                    build_directory=build_directory(name), verbose=False)
 
 
 def kernels():

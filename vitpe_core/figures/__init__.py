@@ -1,0 +1,61 @@
+"""Figures for the app: numpy in, Plotly `Figure` (or a PIL image) out, no Streamlit.
+
+Every figure has a title saying what is shown and a labelled colourbar; maps are drawn on the
+patch grid with row 0 at the top (row-major patches, docs/encodings.md), and the query patch
+is outlined. Titles fit a phone and leave Plotly's modebar its band (`common`).
+
+Modules, by kind (each re-exported here: `figures.patch_map_fig`, `from vitpe_core.figures
+import overlay_fig`):
+* `common`: colour scales, sizes, `export_config`, `wrap_title`, `checkpoint_colors`,
+  `scale_stops`, `component_style`, and the layout helpers every builder uses.
+* `maps`: heatmaps on the patch grid — `similarity_matrix_fig`, `figure7_grid_fig`
+  (`figure7_canvas`), `patch_map_fig`, `overlay_fig` (`png_data_uri`, `grid_path`),
+  `layers_fig`, `pair_fig`, `shift_diff_fig`.
+* `kernels`: position-only kernels as small multiples — `kernels_fig`, `query_kernels_fig`.
+* `curves`: line and bar charts — `curves_fig`, `topk_fig`, `line_fig`, `runs_fig`,
+  `distance_by_depth_fig`, `encoding_scale_fig`.
+* `raster`: PIL images for clicking and the click mapped back — `display_image`, `grid_image`,
+  `pixel_to_patch`, `figure7_image`, `figure7_pixel_to_patch`.
+* `film`: Figure 7 over training — `figure7_film_fig` (Plotly animation), `figure7_gif`.
+* `picker`: the patch picker's figure, an image whose patches are chosen by clicking them —
+  `patch_centres`, `picker_spec`, `with_outline` (a Plotly spec as a dict).
+
+A new builder goes in the module of its kind (or a new one), takes its style from `common`,
+and is added to the imports and `__all__` below.
+"""
+from __future__ import annotations
+
+from .common import (ATTENTION_SCALE, BIAS_SCALE, CHAR_EM, CHECKPOINT_PALETTE, COMPONENT_STYLE, HIGHLIGHT,
+                     MIN_TILE_PX, MODEBAR_PX, MULTILINE_TITLE_LIFT_PX, NARROW_CHART_PX, SIMILARITY_SCALE,
+                     SUBPLOT_FONT_PX, SUBPLOT_TITLES_PX, TITLE_FONT_PX, TITLE_LINE_PX, TITLE_MAX_CHARS, Grid,
+                     checkpoint_colors, component_style, export_config, scale_stops, wrap_title)
+from .common import _fast as _fast   # named in RELIABILITY.md
+from .curves import curves_fig, distance_by_depth_fig, encoding_scale_fig, line_fig, runs_fig, topk_fig
+from .film import FILM_LABEL_PX, figure7_film_fig, figure7_gif
+from .kernels import KERNEL_SCALE, kernels_fig, query_kernels_fig
+from .maps import (DIFF_SCALE, LAYERS_MAX_COLS, figure7_canvas, figure7_grid_fig, grid_path, layers_fig, overlay_fig,
+                   pair_fig, patch_map_fig, png_data_uri, shift_diff_fig, similarity_matrix_fig)
+from .maps import _png_data_uri as _png_data_uri   # its cache is checked by tests/test_figures.py
+from .picker import MAX_HEIGHT_PX, patch_centres, picker_spec, with_outline
+from .raster import display_image, figure7_image, figure7_pixel_to_patch, grid_image, pixel_to_patch
+
+__all__ = [
+    # common
+    "Grid", "SIMILARITY_SCALE", "BIAS_SCALE", "ATTENTION_SCALE", "HIGHLIGHT", "COMPONENT_STYLE", "TITLE_FONT_PX",
+    "SUBPLOT_FONT_PX", "NARROW_CHART_PX", "CHAR_EM", "TITLE_MAX_CHARS", "TITLE_LINE_PX", "MODEBAR_PX",
+    "SUBPLOT_TITLES_PX", "MULTILINE_TITLE_LIFT_PX", "MIN_TILE_PX", "CHECKPOINT_PALETTE",
+    "component_style", "export_config", "wrap_title", "checkpoint_colors", "scale_stops",
+    # maps
+    "LAYERS_MAX_COLS", "DIFF_SCALE", "similarity_matrix_fig", "figure7_canvas", "figure7_grid_fig", "patch_map_fig",
+    "png_data_uri", "grid_path", "overlay_fig", "layers_fig", "pair_fig", "shift_diff_fig",
+    # kernels
+    "KERNEL_SCALE", "kernels_fig", "query_kernels_fig",
+    # curves
+    "curves_fig", "topk_fig", "line_fig", "runs_fig", "distance_by_depth_fig", "encoding_scale_fig",
+    # raster
+    "display_image", "grid_image", "pixel_to_patch", "figure7_image", "figure7_pixel_to_patch",
+    # film
+    "FILM_LABEL_PX", "figure7_film_fig", "figure7_gif",
+    # picker
+    "MAX_HEIGHT_PX", "patch_centres", "picker_spec", "with_outline",
+]
