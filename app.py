@@ -46,9 +46,9 @@ def main() -> None:
     st.title(HEADINGS.get(name, NAV[name][0]))
     warmup.wait()
     import pandas  # noqa: F401
-    from pages.common import cache, status, ui
+    from pages.common import cache, status, viewsync
 
-    ui.open_link_model()            # a link's imported model joins this session's list first
+    viewsync.open_link_model()      # a link's imported model joins this session's list first
     with st.sidebar:
         root = cache.checkpoint_root()
         st.caption(f"Checkpoints: `{root}` ({len(cache.checkpoint_names())} found). "

@@ -7,7 +7,8 @@ from __future__ import annotations
 import streamlit as st
 
 from vitpe_core import analysis, figures, views
-from pages.common import cache, stress, ui
+from pages.common import cache, explain, loading, messages, picker, stress_panel, uploads, viewsync, widgets
+from pages.common.output import chart, downloads
 from vitpe_core.gallery import gallery_label
 from vitpe_core.views import head_text
 
@@ -15,38 +16,38 @@ PAGE = "bias"
 
 
 def main() -> None:
-    ui.explain(PAGE)
+    explain.render(PAGE)
     names = cache.checkpoint_names()
-    view = ui.current_view(PAGE, names)
+    view = viewsync.current_view(PAGE, names)
     if not names:
-        ui.no_checkpoints_info()
-        ui.render_share(view)
+        messages.no_checkpoints_info()
+        viewsync.render_share(view)
         return
     with st.sidebar:
-        ui.checkpoint_select(PAGE, names)
-    ckpt = ui.load_checkpoint_or_error(view.ckpt)
+        widgets.checkpoint_select(PAGE, names)
+    ckpt = loading.load_checkpoint_or_error(view.ckpt)
     if ckpt is None:
         return
     cfg, grid = ckpt.config, ckpt.config.grid
     with st.sidebar:
-        img, key, caption, is_upload = ui.image_source(PAGE)
-        layer, head = ui.layer_head_controls(PAGE, cfg.depth, cfg.heads)
-    ui.render_share(view, upload_active=is_upload)
-    ui.controls_hint(PAGE, layer, head)
-    img, key, custom = ui.fit_image(PAGE, img, key, ckpt, is_upload)
+        img, key, caption, is_upload = uploads.image_source(PAGE)
+        layer, head = widgets.layer_head_controls(PAGE, cfg.depth, cfg.heads)
+    viewsync.render_share(view, upload_active=is_upload)
+    widgets.controls_hint(PAGE, layer, head)
+    img, key, custom = uploads.fit_image(PAGE, img, key, ckpt, is_upload)
 
     tr = cache.trace(view.ckpt, key, custom)
     left, right = st.columns([2, 3])
     with left:
-        display = ui.patch_picker(PAGE, img, ckpt, view.patch,
-                                  f"{caption} — click a patch (grid {grid[0]}×{grid[1]}, as the model sees the image)")
+        where = f"grid {grid[0]}×{grid[1]}, as the model sees the image"
+        display = picker.patch_picker(PAGE, img, ckpt, view.patch, f"{caption} — click a patch ({where})")
         show_prediction(ckpt, tr, key)
     maps = analysis.patch_maps(tr, view.patch)                      # name -> (L, h, H, W)
     with right:
         show_bias(ckpt, tr, maps, display, view, layer, head)
     show_attention(tr, maps, display, view, layer, head, grid)
-    stress.rollout_section(PAGE, ckpt, tr, view.ckpt, key, display, view.patch)
-    stress.stress_section(PAGE, ckpt, tr, view.ckpt, key, custom, view.patch, layer, head)
+    stress_panel.rollout_section(PAGE, ckpt, tr, view.ckpt, key, display, view.patch)
+    stress_panel.stress_section(PAGE, ckpt, tr, view.ckpt, key, custom, view.patch, layer, head)
 
 
 def show_prediction(ckpt, tr: analysis.Trace, key: str) -> None:
@@ -54,9 +55,9 @@ def show_prediction(ckpt, tr: analysis.Trace, key: str) -> None:
     top, p = views.top_class(tr)
     truth = gallery_label(key)
     st.markdown(f"Prediction: **{names[top]}** ({p * 100:.1f} %)" + (f" — true class: {truth}" if truth else ""))
-    ui.chart(figures.topk_fig(tr.probs, names), f"{ckpt.name}_top5", key=f"{PAGE}_top5")
-    ui.downloads(f"{ckpt.name}_probabilities", tr.probs[None], key=f"{PAGE}_probs_dl",
-                 shown_what="class probabilities")
+    chart(figures.topk_fig(tr.probs, names), f"{ckpt.name}_top5", key=f"{PAGE}_top5")
+    downloads(f"{ckpt.name}_probabilities", tr.probs[None], key=f"{PAGE}_probs_dl",
+              shown_what="class probabilities")
 
 
 def show_bias(ckpt, tr, maps, display, view, layer, head) -> None:
@@ -80,24 +81,24 @@ def show_bias(ckpt, tr, maps, display, view, layer, head) -> None:
     tabs = st.tabs(["On the image", "Heatmap", "All layers", "All heads"], key=f"{PAGE}_bias_tab", on_change="rerun")
     with tabs[0]:
         if tabs[0].open:
-            ui.chart(figures.overlay_fig(display, bv.shown, grid, patch=view.patch, title=title, colorbar_title=cbar),
-                     base + "_overlay", key=f"{PAGE}_bias_overlay")
+            chart(figures.overlay_fig(display, bv.shown, grid, patch=view.patch, title=title, colorbar_title=cbar),
+                  base + "_overlay", key=f"{PAGE}_bias_overlay")
     with tabs[1]:
         if tabs[1].open:
-            ui.chart(figures.patch_map_fig(bv.shown, title=title, colorbar_title=cbar, patch=view.patch, zmin=0,
-                                           zmax=1), base, key=f"{PAGE}_bias_map")
-            ui.downloads(base, bv.shown, key=f"{PAGE}_bias_dl", full=bv.full, shown_what="shown map, normalised 0–1",
-                         full_what="raw bias, all layers × heads")
+            chart(figures.patch_map_fig(bv.shown, title=title, colorbar_title=cbar, patch=view.patch, zmin=0,
+                                        zmax=1), base, key=f"{PAGE}_bias_map")
+            downloads(base, bv.shown, key=f"{PAGE}_bias_dl", full=bv.full, shown_what="shown map, normalised 0–1",
+                      full_what="raw bias, all layers × heads")
     with tabs[2]:
         if tabs[2].open:
-            ui.chart(figures.layers_fig(bv.per_layer, title=f"{short}, every layer, {head_text(head)}",
-                                        colorbar_title=cbar, patch=view.patch), base + "_layers",
-                     key=f"{PAGE}_bias_layers")
+            chart(figures.layers_fig(bv.per_layer, title=f"{short}, every layer, {head_text(head)}",
+                                     colorbar_title=cbar, patch=view.patch), base + "_layers",
+                  key=f"{PAGE}_bias_layers")
     with tabs[3]:
         if tabs[3].open:
-            ui.chart(figures.layers_fig(bv.per_head, title=f"{short}, layer {layer}, every head", colorbar_title=cbar,
-                                        patch=view.patch, labels=[f"head {i}" for i in range(bv.per_head.shape[0])]),
-                     base + "_heads", key=f"{PAGE}_bias_heads")
+            chart(figures.layers_fig(bv.per_head, title=f"{short}, layer {layer}, every head", colorbar_title=cbar,
+                                     patch=view.patch, labels=[f"head {i}" for i in range(bv.per_head.shape[0])]),
+                  base + "_heads", key=f"{PAGE}_bias_heads")
 
 
 def show_attention(tr, maps, display, view, layer, head, grid) -> None:
@@ -111,15 +112,15 @@ def show_attention(tr, maps, display, view, layer, head, grid) -> None:
     base = f"{view.ckpt}_attention_p{view.patch[0]}-{view.patch[1]}_l{layer}_{head_text(head)}"
     a, b = st.columns(2)
     with a:
-        ui.chart(figures.overlay_fig(display, attn, grid, patch=view.patch, title=title, colorbar_title="attention",
-                                     colorscale=figures.ATTENTION_SCALE, zmin=0, zmax=None),
-                 base + "_overlay", key=f"{PAGE}_attn_overlay")
+        chart(figures.overlay_fig(display, attn, grid, patch=view.patch, title=title, colorbar_title="attention",
+                                  colorscale=figures.ATTENTION_SCALE, zmin=0, zmax=None),
+              base + "_overlay", key=f"{PAGE}_attn_overlay")
     with b:
-        ui.chart(figures.patch_map_fig(attn, title=title, colorbar_title="attention", patch=view.patch,
-                                       colorscale=figures.ATTENTION_SCALE, zmin=0),
-                 base, key=f"{PAGE}_attn_map")
-        ui.downloads(base, attn, key=f"{PAGE}_attn_dl", full=maps["attn"], shown_what="shown attention row",
-                     full_what="attention rows, all layers × heads")
+        chart(figures.patch_map_fig(attn, title=title, colorbar_title="attention", patch=view.patch,
+                                    colorscale=figures.ATTENTION_SCALE, zmin=0),
+              base, key=f"{PAGE}_attn_map")
+        downloads(base, attn, key=f"{PAGE}_attn_dl", full=maps["attn"], shown_what="shown attention row",
+                  full_what="attention rows, all layers × heads")
 
 
 main()

@@ -8,21 +8,22 @@ import pandas as pd
 import streamlit as st
 
 from vitpe_core import figures, views
-from pages.common import cache, ui
+from pages.common import cache, explain, import_form, messages, viewsync, widgets
+from pages.common.output import chart
 
 PAGE = "checkpoints"
 
 
 def main() -> None:
-    ui.explain(PAGE)
-    imported = ui.model_import_form(PAGE)
+    explain.render(PAGE)
+    imported = import_form.model_import_form(PAGE)
     names = cache.checkpoint_names()
     if imported:
         st.session_state["ckpt"] = imported
-    view = ui.current_view(PAGE, names)
-    ui.render_share(view)
+    view = viewsync.current_view(PAGE, names)
+    viewsync.render_share(view)
     if not names:
-        ui.no_checkpoints_info()
+        messages.no_checkpoints_info()
         return
     st.caption(f"Folder: `{cache.checkpoint_root()}` ({len(names)} checkpoints)")
     rows, ckpts = [], {}
@@ -49,7 +50,7 @@ def main() -> None:
     if view.ckpt not in ckpts:
         return
     with st.sidebar:
-        ui.checkpoint_select(PAGE, names)
+        widgets.checkpoint_select(PAGE, names)
     details(view.ckpt, ckpts[view.ckpt])
 
 
@@ -68,15 +69,15 @@ def details(name: str, ckpt) -> None:
     cols[2].metric("parameters", f"{sum(p.numel() for p in ckpt.model.parameters()):,}")
     cols[3].metric("family" if m.get("imported") else "dataset", m.get("family") or cache.dataset_of(ckpt))
     if m.get("imported"):
-        st.markdown(f"Imported from `{ui.escape_md(str(m.get('source')))}` · licence: "
-                    f"{ui.escape_md(str(m.get('licence') or 'not stated'))} · eval transform: "
-                    f"{ui.escape_md(json.dumps(m.get('preprocess')))}")
+        st.markdown(f"Imported from `{messages.escape_md(str(m.get('source')))}` · licence: "
+                    f"{messages.escape_md(str(m.get('licence') or 'not stated'))} · eval transform: "
+                    f"{messages.escape_md(json.dumps(m.get('preprocess')))}")
         if m.get("notes"):
-            st.info("Import notes: " + ui.escape_md(str(m["notes"])))
+            st.info("Import notes: " + messages.escape_md(str(m["notes"])))
     curves = m.get("curves")
     if curves and any(curves.get(k) for k in curves if k != "epoch"):
-        ui.chart(figures.curves_fig(curves, title=f"Training curves of {name}"), f"{name}_curves",
-                 key=f"{PAGE}_curves")
+        chart(figures.curves_fig(curves, title=f"Training curves of {name}"), f"{name}_curves",
+              key=f"{PAGE}_curves")
         try:
             df = pd.DataFrame(curves)       # sanitize_metrics kept only series of one value per epoch
             st.download_button("Curves (CSV)", data=df.to_csv(index=False).encode(), file_name=f"{safe}_curves.csv",
@@ -121,8 +122,8 @@ def encoding_scale(name: str, ckpt, curves: dict) -> None:
                else "it was trained before training recorded it")
         st.caption(f"No encoding-scale record (bias against logits by layer): {why}.")
         return
-    ui.chart(figures.encoding_scale_fig(series, title=f"Encoding scale by layer, {name}"), f"{name}_encoding_scale",
-             key=f"{PAGE}_encoding_scale")
+    chart(figures.encoding_scale_fig(series, title=f"Encoding scale by layer, {name}"), f"{name}_encoding_scale",
+          key=f"{PAGE}_encoding_scale")
     st.caption(SCALE_CAPTION)
 
 

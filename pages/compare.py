@@ -1,45 +1,45 @@
 """Compare encodings: one image and patch through every checkpoint, one layer/head control for all;
-accuracy, attention statistics, how each encodes position (pages/common/position.py), training."""
+accuracy, attention statistics, how each encodes position (pages/common/position_panel.py), training."""
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
 from vitpe_core import figures, views
-from pages.common import cache, ui
-from pages.common.position import position_section
+from pages.common import cache, explain, loading, messages, picker, position_panel, uploads, viewsync, widgets
+from pages.common.output import chart, downloads
 
 PAGE, COLUMNS = "compare", 2
 
 
 def main() -> None:
-    ui.explain(PAGE)
+    explain.render(PAGE)
     names = cache.checkpoint_names()
     if not names:
-        view = ui.current_view(PAGE, names)
-        ui.no_checkpoints_info()
-        ui.render_share(view)
+        view = viewsync.current_view(PAGE, names)
+        messages.no_checkpoints_info()
+        viewsync.render_share(view)
         return
-    configs = ui.checkpoint_configs(names)             # headers only: the list, the controls' ranges
+    configs = loading.checkpoint_configs(names)        # headers only: the list, the controls' ranges
     if not configs:
         return
     depth, heads = (max(getattr(c, dim) for c in configs.values()) for dim in ("depth", "heads"))
-    view = ui.current_view(PAGE, list(configs), dims_for=lambda n: (configs[n].grid, depth, heads))
+    view = viewsync.current_view(PAGE, list(configs), dims_for=lambda n: (configs[n].grid, depth, heads))
     with st.sidebar:
-        shown = ui.checkpoints_pick(PAGE, list(configs))
-        img, key, caption, is_upload = ui.image_source(PAGE)
-        layer, head = ui.layer_head_controls(PAGE, depth, heads)
-    ui.render_share(view, upload_active=is_upload)
-    ckpts, shown, ref = ui.load_shown(view.ckpt, shown)
+        shown = widgets.checkpoints_pick(PAGE, list(configs))
+        img, key, caption, is_upload = uploads.image_source(PAGE)
+        layer, head = widgets.layer_head_controls(PAGE, depth, heads)
+    viewsync.render_share(view, upload_active=is_upload)
+    ckpts, shown, ref = loading.load_shown(view.ckpt, shown)
     if ref is None:
         return
-    ui.controls_hint(PAGE, layer, head)
+    widgets.controls_hint(PAGE, layer, head)
     if not shown:
         st.info("No checkpoint picked: choose some under **Checkpoints to show** in the sidebar.")
-    img, key, custom = ui.fit_image(PAGE, img, key, ref, is_upload)
+    img, key, custom = uploads.fit_image(PAGE, img, key, ref, is_upload)
     left, right = st.columns([1, 2])
     with left:
-        ui.patch_picker(PAGE, img, ref, view.patch, f"{caption} — click a patch", max_side=256)
+        picker.patch_picker(PAGE, img, ref, view.patch, f"{caption} — click a patch", max_side=256)
         st.caption(f"Layer {layer}, {views.head_text(head)} for every checkpoint (clamped to a checkpoint's own "
                    "depth / heads where it has fewer; on another grid, the patch under the same point of the image).")
     rows = views.without_same_encoding([summary_row(n, ckpts[n], key, custom, layer, head) for n in shown])
@@ -60,7 +60,7 @@ def main() -> None:
             with col:
                 panel(name, ckpts[name], key, custom, view.patch, layer, head, ref.config.grid)
     colors = figures.checkpoint_colors(list(configs))   # one per listed checkpoint, whatever is shown
-    position_section(PAGE, shown, ckpts, layer, head, colors, view.patch, ref.config.grid)
+    position_panel.position_section(PAGE, shown, ckpts, layer, head, colors, view.patch, ref.config.grid)
     training_curves(shown, ckpts, colors)
 
 
@@ -72,15 +72,15 @@ def training_curves(names, ckpts, colors) -> None:
     left, right = st.columns(2)
     with left:
         if accuracy:
-            ui.chart(figures.runs_fig(accuracy, title="Test top-1 % after each epoch", x_title="epoch",
-                                      y_title="top-1 %", colors=colors), "compare_test_top1", key=f"{PAGE}_curves")
+            chart(figures.runs_fig(accuracy, title="Test top-1 % after each epoch", x_title="epoch",
+                                   y_title="top-1 %", colors=colors), "compare_test_top1", key=f"{PAGE}_curves")
         else:
             st.caption("No accuracy curves recorded for these checkpoints.")
     with right:
         if structure:
-            ui.chart(figures.runs_fig(structure, title="Table's 2D structure by epoch", colors=colors,
-                                      x_title="epoch (0 = initialisation)", y_title="Spearman"),
-                     "compare_structure", key=f"{PAGE}_structure_curves")
+            chart(figures.runs_fig(structure, title="Table's 2D structure by epoch", colors=colors,
+                                   x_title="epoch (0 = initialisation)", y_title="Spearman"),
+                  "compare_structure", key=f"{PAGE}_structure_curves")
             st.caption("Learned tables only (a fixed sin-cos table does not change with training); the "
                        "similarity page shows the table of any recorded epoch.")
         else:
@@ -119,12 +119,12 @@ def panel(name, ckpt, key, img, patch, layer, head, ref_grid) -> None:
                            ranges=(rng, (0, None)), patch=patch,
                            title=f"{name}: layer {layer}, {views.head_text(head)}")
     base = f"{name}_compare_p{patch[0]}-{patch[1]}_l{layer}_{views.head_text(head)}"
-    ui.chart(fig, base, key=f"{PAGE}_fig_{name}")
+    chart(fig, base, key=f"{PAGE}_fig_{name}")
     if pv.label == "none":
         st.caption("`none`: no position information at all (the model is permutation-equivariant over patches).")
     what = "no positional part (zeros)" if pv.label == "none" else pv.label + (", normalised 0–1" * pv.normalised)
-    ui.downloads(base + "_positional", pv.positional, key=f"{PAGE}_dl_{name}", full=pv.stacked, shown_what=what,
-                 full_what=f"{pv.label} + attention row")
+    downloads(base + "_positional", pv.positional, key=f"{PAGE}_dl_{name}", full=pv.stacked, shown_what=what,
+              full_what=f"{pv.label} + attention row")
 
 
 main()

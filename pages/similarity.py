@@ -8,7 +8,8 @@ import pandas as pd
 import streamlit as st
 
 from vitpe_core import analysis, figures
-from pages.common import cache, film, ui
+from pages.common import cache, explain, film, loading, messages, picker, viewsync, widgets
+from pages.common.output import chart, downloads
 from vitpe_core.viewstate import ViewState
 
 PAGE = "similarity"
@@ -17,12 +18,12 @@ SCORE_HELP = ("Spearman rank correlation of similarity with minus the spatial di
 
 
 def main() -> None:
-    ui.explain(PAGE)
+    explain.render(PAGE)
     names = cache.checkpoint_names()
-    table_names = [n for n, c in ui.load_checkpoints(names).items() if "table" in c.model.pos_enc.hooks]
-    view = ui.current_view(PAGE, names)
+    table_names = [n for n, c in loading.load_checkpoints(names).items() if "table" in c.model.pos_enc.hooks]
+    view = viewsync.current_view(PAGE, names)
     if not names:
-        ui.no_checkpoints_info()
+        messages.no_checkpoints_info()
     elif not table_names:
         st.info("None of the checkpoints has an absolute position table (encodings `ape`, `ape2d`, `sincos2d`, "
                 "or a composite with one, e.g. `sape2+ape`). Import a pretrained ViT on the Checkpoints page.")
@@ -32,9 +33,9 @@ def main() -> None:
         view = with_ckpt(view, table_names[0])
     with st.sidebar:
         if table_names:
-            ui.checkpoint_select(PAGE, table_names)
-            view = ui.epoch_control(PAGE, view)
-    ui.render_share(view)
+            widgets.checkpoint_select(PAGE, table_names)
+            view = widgets.epoch_control(PAGE, view)
+    viewsync.render_share(view)
     if not table_names:
         return
     st.caption("Your own pretrained ViT (timm, DeiT, DINOv2, Hugging Face) can be imported on the Checkpoints page.")
@@ -46,7 +47,7 @@ def with_ckpt(view: ViewState, name: str) -> ViewState:
     grid = cache.get_checkpoint(name).config.grid
     patch = view.patch if view.patch[0] < grid[0] and view.patch[1] < grid[1] else (grid[0] // 2, grid[1] // 2)
     view = ViewState(**{**view.__dict__, "ckpt": name, "patch": patch})
-    ui.commit(view)
+    viewsync.commit(view)
     return view
 
 
@@ -66,27 +67,27 @@ def show(res: dict, label: str, source: str) -> None:
     left, right = st.columns(2)
     with left:
         st.caption(f"Figure 7 for {label}: tile (r, c) is patch (r, c)'s similarity to every patch — click a tile")
-        ui.clickable(figures.figure7_image(sim_grid, patch=patch), f"{PAGE}_click",
-                     lambda x, y, w, h: figures.figure7_pixel_to_patch(x, y, w, h, grid))
-        ui.downloads(f"{source}_figure7", figures.figure7_canvas(sim_grid), key=f"{PAGE}_figure7_dl", full=sim_grid,
-                     shown_what="Figure 7 as drawn (NaN gaps)", full_what="similarity, (H, W, H, W)")
+        picker.clickable(figures.figure7_image(sim_grid, patch=patch), f"{PAGE}_click",
+                         lambda x, y, w, h: figures.figure7_pixel_to_patch(x, y, w, h, grid))
+        downloads(f"{source}_figure7", figures.figure7_canvas(sim_grid), key=f"{PAGE}_figure7_dl", full=sim_grid,
+                  shown_what="Figure 7 as drawn (NaN gaps)", full_what="similarity, (H, W, H, W)")
     with right:
-        ui.patch_controls(PAGE, grid)
-        ui.patch_text(patch, grid)
+        widgets.patch_controls(PAGE, grid)
+        widgets.patch_text(patch, grid)
         m = sim_grid[patch]                                          # (H, W)
         base = f"{source}_similarity_p{patch[0]}-{patch[1]}"
         title = f"Patch ({patch[0]}, {patch[1]}) vs every position<br>{label}"
-        ui.chart(figures.patch_map_fig(m, title=title,
-                                       colorbar_title="cosine<br>similarity", patch=patch,
-                                       colorscale=figures.SIMILARITY_SCALE, zmin=-1, zmax=1),
-                 base, key=f"{PAGE}_patch_map")
-        ui.downloads(base, m, key=f"{PAGE}_patch_dl", shown_what="cosine similarity map")
+        chart(figures.patch_map_fig(m, title=title,
+                                    colorbar_title="cosine<br>similarity", patch=patch,
+                                    colorscale=figures.SIMILARITY_SCALE, zmin=-1, zmax=1),
+              base, key=f"{PAGE}_patch_map")
+        downloads(base, m, key=f"{PAGE}_patch_dl", shown_what="cosine similarity map")
     tabs = st.tabs(["N×N matrix", "Across checkpoints", "During training"])
     with tabs[0]:
-        ui.chart(figures.similarity_matrix_fig(sim, grid, patch=patch,
-                                               title=f"All {H * W} position embeddings, cosine<br>{label}"),
-                 f"{source}_similarity_matrix", key=f"{PAGE}_matrix")
-        ui.downloads(f"{source}_similarity_matrix", sim, key=f"{PAGE}_matrix_dl", shown_what="N×N cosine similarity")
+        chart(figures.similarity_matrix_fig(sim, grid, patch=patch,
+                                            title=f"All {H * W} position embeddings, cosine<br>{label}"),
+              f"{source}_similarity_matrix", key=f"{PAGE}_matrix")
+        downloads(f"{source}_similarity_matrix", sim, key=f"{PAGE}_matrix_dl", shown_what="N×N cosine similarity")
     with tabs[1]:
         across_checkpoints(source, res)
     with tabs[2]:
@@ -111,9 +112,9 @@ def during_training(source: str) -> None:
         return
     epochs = sorted(hist)
     series = {k: [hist[e][k] for e in epochs] for k in ("spearman", "same_row", "same_col", "other")}
-    ui.chart(figures.line_fig(epochs, series, title=f"Table's 2D structure in training<br>{source}",
-                              x_title="epoch", y_title="score / mean similarity"),
-             f"{source}_structure_history", key=f"{PAGE}_history")
+    chart(figures.line_fig(epochs, series, title=f"Table's 2D structure in training<br>{source}",
+                           x_title="epoch", y_title="score / mean similarity"),
+          f"{source}_structure_history", key=f"{PAGE}_history")
     st.caption("Move the epoch slider in the sidebar to see the table of any recorded epoch above.")
     film.emergence_film(PAGE, source)
 

@@ -231,16 +231,16 @@ def _png(size=(40, 30), color=(200, 30, 30)) -> bytes:
     return buf.getvalue()
 
 
-def test_decode_upload():
-    from pages.common import ui
+def test_decode_upload_notes():
+    from pages.common.uploads import decode_upload_notes
 
-    img, err = ui.decode_upload(_png())
-    assert err is None and img.mode == "RGB" and img.size == (40, 30)
-    img, err = ui.decode_upload(b"definitely not an image")
-    assert img is None and "not an image" in err
-    img, err = ui.decode_upload(_png()[:60])
+    img, err, notes = decode_upload_notes(_png())
+    assert err is None and img.mode == "RGB" and img.size == (40, 30) and notes == []
+    img, err, notes = decode_upload_notes(b"definitely not an image")
+    assert img is None and "not an image" in err and notes == []
+    img, err, _ = decode_upload_notes(_png()[:60])
     assert img is None and err
-    assert ui.decode_upload("text")[0] is None
+    assert decode_upload_notes("text")[0] is None
 
 
 def test_image_upload_in_the_app(with_ckpts, upload_dir):
@@ -373,6 +373,23 @@ def test_a_share_link_of_an_imported_model_opens_that_model_in_another_session(w
     assert any("Ignored ckpt='shared-upload'" in w.value for w in bad.warning), [w.value for w in bad.warning]
 
 
+def test_a_model_ref_names_a_file_or_an_imported_model_not_a_path_prefix(app_checkpoint_dir, tmp_path):
+    """The model cache's key says which kind of model it is: a folder file by path and mtime, an
+    imported one by content hash, looked up in the store (an evicted one is said, not a crash).
+    A file whose name looks like an upload id is still a file."""
+    from pages.common import cache
+    from vitpe_core.checkpoint import CheckpointError
+
+    path = app_checkpoint_dir / "ape.safetensors"
+    ref = cache.ModelRef("file", str(path), path.stat().st_mtime_ns)
+    assert ref.is_file and cache.load_model(ref).config.encoding == "ape"
+    odd = tmp_path / "upload:ape.safetensors"
+    odd.write_bytes(path.read_bytes())
+    assert cache.load_model(cache.ModelRef("file", str(odd), odd.stat().st_mtime_ns)).config.encoding == "ape"
+    with pytest.raises(CheckpointError, match="removed from the server"):
+        cache.load_model(cache.ModelRef("imported", "0" * 64))
+
+
 # ----------------------------------------------------------------------------- pure helpers
 def test_gallery():
     ids = gallery.gallery_ids()
@@ -396,6 +413,20 @@ def test_click_geometry():
     img = figures.figure7_image(sim, cell_px=2)
     w, h = img.size
     assert figures.figure7_pixel_to_patch((1 * 4 + 1) * 2, (2 * 5 + 3) * 2, w, h, (4, 3)) == (2, 1)
+
+
+def test_the_patch_picker_has_a_marker_per_patch_and_outlines_the_chosen_one(with_ckpts):
+    """The picker's figure (`vitpe_core.figures.picker`) as the bias page draws it: one marker
+    per patch, at that patch's centre and carrying its (r, c), and the chosen patch outlined."""
+    at = ok(run({"ckpt": "sape2+ape", "patch": "2,5"}))
+    spec = chart_spec(at, "bias_click")
+    w, h = spec["layout"]["xaxis"]["range"][1], spec["layout"]["yaxis"]["range"][0]
+    markers = spec["data"][1]
+    assert sorted(map(tuple, markers["customdata"])) == [(r, c) for r in range(8) for c in range(8)]
+    for x, y, rc in zip(markers["x"], markers["y"], markers["customdata"]):
+        assert figures.pixel_to_patch(x, y, w, h, (8, 8)) == tuple(rc)
+    [box] = spec["layout"]["shapes"]
+    assert figures.pixel_to_patch((box["x0"] + box["x1"]) / 2, (box["y0"] + box["y1"]) / 2, w, h, (8, 8)) == (2, 5)
 
 
 ODD_METRICS = [  # valid checkpoints whose metrics were hand-edited or written by another tool
@@ -447,7 +478,7 @@ def test_the_real_vit_tiny_on_every_page_at_14x14(shared_dir, tmp_path, monkeypa
 def test_a_stale_address_bar_neither_resets_the_view_nor_loses_the_next_action(with_ckpts, monkeypatch):
     """Every rerun carries the browser's address bar; after quick actions it can be one the app
     has already replaced. Only a session's first run and back/forward read it."""
-    from pages.common import ui
+    from pages.common import viewsync
 
     at = ok(run({"ckpt": "sape2+ape"}, HEATMAP))
     at.select_slider(key="bias_layer").set_value(1)
@@ -460,7 +491,7 @@ def test_a_stale_address_bar_neither_resets_the_view_nor_loses_the_next_action(w
     assert (at.query_params["layer"], at.query_params["head"]) == ("1", "1")
     assert "layer 1, head 1" in chart_spec(at, "bias_bias_map")["layout"]["title"]["text"]
     assert "layer=1&head=1" in at.code[0].value
-    monkeypatch.setattr(ui, "history_navigation", lambda: True)   # the back button: the URL is the view
+    monkeypatch.setattr(viewsync, "history_navigation", lambda: True)   # the back button: the URL is the view
     at.query_params["layer"], at.query_params["head"] = "0", "mean"
     ok(at.run())
     assert (at.select_slider(key="bias_layer").value, at.selectbox(key="bias_head").value) == (0, "mean")
@@ -545,7 +576,7 @@ def test_a_wide_image_says_what_the_crop_leaves_out_and_can_be_padded(with_ckpts
 
 
 def test_the_image_uploader_states_its_limit(with_ckpts):
-    from pages.common.ui import MAX_IMAGE_UPLOAD_MB
+    from pages.common.uploads import MAX_IMAGE_UPLOAD_MB
     at = ok(run({"ckpt": "sape2+ape"}))
     [cap] = [c.value for c in at.caption if f"Images up to {MAX_IMAGE_UPLOAD_MB} MB" in c.value]
     assert "refused by the browser" in cap and "shrink the image" in cap

@@ -62,7 +62,7 @@ def chart(at: AppTest, key: str):
 
 
 def formats(at: AppTest) -> list[str]:
-    """The camera button's format of every chart drawn through `ui.chart` (the patch picker, a
+    """The camera button's format of every chart drawn through `output.chart` (the patch picker, a
     Plotly chart to click, has no camera button)."""
     configs = [json.loads(c.proto.config) for c in at.get("plotly_chart")]
     return [c["toImageButtonOptions"]["format"] for c in configs if "toImageButtonOptions" in c]

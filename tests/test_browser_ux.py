@@ -148,7 +148,7 @@ def test_image_over_the_uploaders_limit_is_refused_and_the_limit_is_stated(page,
     the limit and what to do in a caption beside the uploader, and goes on with the sample."""
     from PIL import Image
 
-    from pages.common.ui import MAX_IMAGE_UPLOAD_MB
+    from pages.common.uploads import MAX_IMAGE_UPLOAD_MB
 
     big = tmp_path / "too_big.bmp"
     Image.new("RGB", (2900, 2900), (200, 30, 30)).save(big)

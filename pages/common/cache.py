@@ -1,14 +1,16 @@
 """Cached computations for the Streamlit app (Streamlit's caches around `vitpe_core`).
 
-* Models: `st.cache_resource(max_entries=16)`, keyed by the checkpoint file's resolved path
-  and modification time (a retrained checkpoint is reloaded), loaded through
-  `checkpoint.resolve_checkpoint` (only files inside the folder) and `load_checkpoint`.
-* Arrays: `st.cache_data`, bounded, keyed by (checkpoint name, file mtime, image id or upload
-  sha256, ...). A trace of one image (one forward pass) is cached per (checkpoint, image);
-  selecting another patch only slices its arrays (`analysis.patch_maps`). The trace caches are
-  bounded by bytes as well as entries (`TRACE_CACHE_BYTES`): a compact model's trace is about
-  1 MiB, an imported ViT-B/16's 21–85 MiB (BENCHMARKS.md section 6), so 64 entries alone could
-  hold gigabytes.
+* Models: a checkpoint name stands for a `ModelRef` (`model_ref`): a file of the folder (its
+  resolved path and modification time: a retrained checkpoint is reloaded) or a model this
+  server imported (the uploaded file's sha256). Files load through
+  `checkpoint.resolve_checkpoint` (only files inside the folder) and `load_checkpoint` into
+  `st.cache_resource(max_entries=16)`; imported models live in `model_store`.
+* Arrays: `st.cache_data`, bounded, keyed by (`ModelRef`, image id or upload sha256, ...). A
+  trace of one image (one forward pass) is cached per (checkpoint, image); selecting another
+  patch only slices its arrays (`analysis.patch_maps`). The trace caches are bounded by bytes
+  as well as entries (`TRACE_CACHE_BYTES`): a compact model's trace is about 1 MiB, an
+  imported ViT-B/16's 21–85 MiB (BENCHMARKS.md section 6), so 64 entries alone could hold
+  gigabytes.
 
 The checkpoint folder is `$VITPE_CHECKPOINTS`, default `checkpoints/` in the repository root
 (next to app.py).
@@ -21,7 +23,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import streamlit as st
@@ -29,11 +31,11 @@ from PIL import Image
 
 from vitpe_core import analysis
 from vitpe_core.checkpoint import (Checkpoint, CheckpointError, group_and_stem, list_checkpoints,
-                                   listed_checkpoints, load_checkpoint, read_config, resolve_checkpoint,
-                                   sanitize_metrics)
+                                   listed_checkpoints, load_checkpoint, read_config, resolve_checkpoint)
 from vitpe_core.config import ViTConfig
 from vitpe_core.gallery import gallery_image
 from vitpe_core.inputs import checkpoint_input, class_names, dataset_of, image_key, model_crop  # noqa: F401
+from vitpe_core.metrics import sanitize_metrics
 from vitpe_core.model import ViT
 from vitpe_core.store import ImageStore, LRUStore, default_upload_dir, png_bytes
 from vitpe_core.viewstate import UPLOAD_PREFIX, is_upload_id
@@ -72,29 +74,45 @@ def _load_file(path: str, mtime_ns: int) -> Checkpoint:
     return ckpt
 
 
-def _load(path: str, mtime_ns: int) -> Checkpoint:
-    """A checkpoint file of the folder, or (path `upload:<sha256>`) an imported model of the store."""
-    if path.startswith(UPLOAD_KEY):
-        ckpt = model_store().get(path[len(UPLOAD_KEY):])
-        if ckpt is None:
-            raise CheckpointError("this uploaded model was removed from the server to make room for newer ones; "
-                                  "upload it again on the Checkpoints page")
-        return ckpt
-    return _load_file(path, mtime_ns)
+class ModelRef(NamedTuple):
+    """The model a checkpoint name stands for, as the caches' key (a tuple of plain values: the
+    caches hash it by value): a file of the folder (`key` its resolved path, `mtime_ns` its
+    modification time) or a model imported on this server (`key` the uploaded file's sha256)."""
+    kind: Literal["file", "imported"]
+    key: str
+    mtime_ns: int = 0
+
+    @property
+    def is_file(self) -> bool:
+        return self.kind == "file"
 
 
-def _file(name: str) -> tuple[str, int]:
+def model_ref(name: str) -> ModelRef:
+    """The model checkpoint `name` stands for: this session's imported model of that name, else
+    the folder's file; raises `CheckpointError` (a ValueError) or OSError for a missing file."""
     uploads = uploaded_models()
     if name in uploads:
-        return UPLOAD_KEY + uploads[name], 0
+        return ModelRef("imported", uploads[name])
     path = resolve_checkpoint(*reversed(_folder_of(name)))
-    return str(path), path.stat().st_mtime_ns
+    return ModelRef("file", str(path), path.stat().st_mtime_ns)
+
+
+def load_model(ref: ModelRef) -> Checkpoint:
+    """The checkpoint `ref` refers to: a file through the model cache, an imported model from
+    the store; raises `CheckpointError` (a ValueError) once the store has evicted it."""
+    if ref.is_file:
+        return _load_file(ref.key, ref.mtime_ns)
+    ckpt = model_store().get(ref.key)
+    if ckpt is None:
+        raise CheckpointError("this uploaded model was removed from the server to make room for newer ones; "
+                              "upload it again on the Checkpoints page")
+    return ckpt
 
 
 def get_checkpoint(name: str) -> Checkpoint:
     """The checkpoint `name` of the folder or of this session's uploads; raises
     `CheckpointError` (a ValueError)."""
-    return _load(*_file(name))
+    return load_model(model_ref(name))
 
 
 @st.cache_data(max_entries=256, show_spinner=False)
@@ -105,16 +123,16 @@ def _config_file(path: str, mtime_ns: int) -> ViTConfig:
 def checkpoint_config(name: str) -> ViTConfig:
     """The model config of checkpoint `name` without loading it (a folder file's header only;
     an imported model is in memory already); raises `CheckpointError` (a ValueError)."""
-    path, mtime_ns = _file(name)
-    return _load(path, mtime_ns).config if path.startswith(UPLOAD_KEY) else _config_file(path, mtime_ns)
+    ref = model_ref(name)
+    return _config_file(ref.key, ref.mtime_ns) if ref.is_file else load_model(ref).config
 
 
 # ----------------------------------------------------------------------------- uploaded models
-UPLOAD_KEY = "upload:"
 MAX_MODEL_UPLOAD_MB = 200          # per file (the uploader says so; .streamlit/config.toml allows it)
 MAX_SESSION_MODELS = 2             # imported models one browser session lists
 MAX_SERVER_MODELS = 4              # held in memory for all sessions together, least recently used out
 MAX_SERVER_MODEL_BYTES = 1_500 * 2**20
+MODELS_GONE = "_vitpe_models_gone"   # the session's imported models the store evicted (the import form says so)
 
 
 @st.cache_resource
@@ -132,7 +150,7 @@ def uploaded_models() -> dict[str, str]:
     for n in gone:
         del mine[n]
     if gone:
-        st.session_state["_vitpe_models_gone"] = gone
+        st.session_state[MODELS_GONE] = gone
     return mine
 
 
@@ -261,8 +279,8 @@ TRACE_CACHE_BYTES = 256 * 2**20   # per trace cache (pickled bytes): ~12 ViT-B/1
 
 
 @st.cache_data(max_entries=64, max_size=TRACE_CACHE_BYTES, show_spinner=False)
-def _trace(path: str, mtime_ns: int, key: str, _img: Image.Image | None) -> analysis.Trace:
-    ckpt = _load(path, mtime_ns)
+def _trace(ref: ModelRef, key: str, _img: Image.Image | None) -> analysis.Trace:
+    ckpt = load_model(ref)
     img = _img if _img is not None else gallery_image(key)
     x = checkpoint_input(img, ckpt)
     return analysis.trace_image(ckpt.model, x)
@@ -270,29 +288,28 @@ def _trace(path: str, mtime_ns: int, key: str, _img: Image.Image | None) -> anal
 
 def trace(name: str, key: str, img: Image.Image | None = None) -> analysis.Trace:
     """The trace of image `key` (a gallery id, or `image_key(img)` with `img` for uploads)."""
-    return _trace(*_file(name), key, img)
+    return _trace(model_ref(name), key, img)
 
 
 @st.cache_data(max_entries=256, show_spinner=False)
-def _positional(path: str, mtime_ns: int, key: str, patch: tuple[int, int],
+def _positional(ref: ModelRef, key: str, patch: tuple[int, int],
                 _img: Image.Image | None) -> tuple[str, np.ndarray] | None:
-    ckpt = _load(path, mtime_ns)
-    return analysis.positional_component(ckpt.model, _trace(path, mtime_ns, key, _img), patch)
+    return analysis.positional_component(load_model(ref).model, _trace(ref, key, _img), patch)
 
 
 def positional(name: str, key: str, patch: tuple[int, int], img: Image.Image | None = None
                ) -> tuple[str, np.ndarray] | None:
     """`analysis.positional_component`: (label, `(L, h, H, W)`) or None for `none`."""
-    return _positional(*_file(name), key, tuple(patch), img)
+    return _positional(model_ref(name), key, tuple(patch), img)
 
 
 @st.cache_data(max_entries=256, show_spinner=False)
-def _stats(path: str, mtime_ns: int, key: str, _img: Image.Image | None) -> dict[str, np.ndarray]:
-    return analysis.attention_stats(_trace(path, mtime_ns, key, _img))
+def _stats(ref: ModelRef, key: str, _img: Image.Image | None) -> dict[str, np.ndarray]:
+    return analysis.attention_stats(_trace(ref, key, _img))
 
 
 def attention_stats(name: str, key: str, img: Image.Image | None = None) -> dict[str, np.ndarray]:
-    return _stats(*_file(name), key, img)
+    return _stats(model_ref(name), key, img)
 
 
 # ----------------------------------------------------------------------------- tables
@@ -310,8 +327,8 @@ def _similarity_of(model: ViT, params: dict | None = None) -> dict[str, Any] | N
 
 
 @st.cache_data(max_entries=256, show_spinner=False)
-def _similarity(path: str, mtime_ns: int, epoch: int | None) -> dict[str, Any] | None:
-    ckpt = _load(path, mtime_ns)
+def _similarity(ref: ModelRef, epoch: int | None) -> dict[str, Any] | None:
+    ckpt = load_model(ref)
     params = None if epoch is None else ckpt.history[epoch]
     return _similarity_of(ckpt.model, params)
 
@@ -319,7 +336,7 @@ def _similarity(path: str, mtime_ns: int, epoch: int | None) -> dict[str, Any] |
 def similarity(name: str, epoch: int | None = None) -> dict[str, Any] | None:
     """`{"sim": (N, N), "grid": (H, W), "score": structure_score}` of the table (at `epoch`
     from the training history, or the final one); None without a table."""
-    return _similarity(*_file(name), epoch)
+    return _similarity(model_ref(name), epoch)
 
 
 def structure_scores() -> dict[str, dict[str, float]]:
@@ -336,11 +353,11 @@ def structure_scores() -> dict[str, dict[str, float]]:
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
-def _structure_history(path: str, mtime_ns: int) -> dict[int, dict[str, float]]:
-    ckpt = _load(path, mtime_ns)
+def _structure_history(ref: ModelRef) -> dict[int, dict[str, float]]:
+    ckpt = load_model(ref)
     out = {}
     for epoch in ckpt.history:
-        res = _similarity(path, mtime_ns, epoch)
+        res = _similarity(ref, epoch)
         if res is not None:
             out[epoch] = res["score"]
     return out
@@ -348,7 +365,7 @@ def _structure_history(path: str, mtime_ns: int) -> dict[int, dict[str, float]]:
 
 def structure_history(name: str) -> dict[int, dict[str, float]]:
     """epoch -> structure score of the table recorded at that epoch."""
-    return _structure_history(*_file(name))
+    return _structure_history(model_ref(name))
 
 
 def structure_runs(names: list[str]) -> dict[str, tuple[list[int], list[float]]]:
@@ -364,16 +381,16 @@ def structure_runs(names: list[str]) -> dict[str, tuple[list[int], list[float]]]
 
 # ----------------------------------------------------------------------------- how position is encoded
 @st.cache_data(max_entries=64, show_spinner=False)
-def _position(path: str, mtime_ns: int) -> dict[str, np.ndarray]:
+def _position(ref: ModelRef) -> dict[str, np.ndarray]:
     from vitpe_core import positional
-    if not path.startswith(UPLOAD_KEY):
-        cached = positional.read_cache(path)
+    if ref.is_file:
+        cached = positional.read_cache(ref.key)
         if cached is not None:
             return cached
-    _, arrays = positional.analyze(_load(path, mtime_ns))
-    if not path.startswith(UPLOAD_KEY):
+    _, arrays = positional.analyze(load_model(ref))
+    if ref.is_file:
         try:
-            positional.write_cache(path, arrays)     # `python -m vitpe_core analyze` writes the same file
+            positional.write_cache(ref.key, arrays)     # `python -m vitpe_core analyze` writes the same file
         except OSError:
             pass                                     # a read-only folder: the in-memory cache still serves
     return arrays
@@ -383,4 +400,4 @@ def position_analysis(name: str) -> dict[str, np.ndarray]:
     """`positional.analyze`'s arrays for a checkpoint (kind, kernel, offset_kernel, spread,
     relative_score, mean_distance, entropy): from the cache file beside it when it is current,
     else computed on the gallery image set (seconds for the shipped models) and cached."""
-    return _position(*_file(name))
+    return _position(model_ref(name))

@@ -7,7 +7,9 @@ import streamlit as st
 
 from vitpe_core import figures, views
 
-from . import cache, ui
+from . import cache
+from .output import chart
+from .viewsync import epochs_of
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
@@ -17,14 +19,14 @@ def _gif(grids: dict) -> bytes:
 
 def emergence_film(page: str, source: str) -> None:
     """The film of checkpoint `source`'s table (a note when it recorded fewer than two epochs)."""
-    epochs = tuple(ui.epochs_of(source))
+    epochs = tuple(epochs_of(source))
     if len(epochs) < 2:
         st.caption("A film needs at least two recorded epochs.")
         return
     grids = views.film_grids({e: cache.similarity(source, e)["sim"] for e in epochs},
                              cache.get_checkpoint(source).config.grid)
-    ui.chart(figures.figure7_film_fig(grids, title=f"Figure 7 epoch by epoch<br>{source}"),
-             f"{source}_figure7_film", key=f"{page}_film")
+    chart(figures.figure7_film_fig(grids, title=f"Figure 7 epoch by epoch<br>{source}"),
+          f"{source}_figure7_film", key=f"{page}_film")
     init = " (epoch 0: at initialisation)" if epochs[0] == 0 else ""
     st.caption(f"Press ▶ play, or drag the slider: the table at each of the {len(epochs)} recorded epochs{init}, "
                "on the fixed −1…1 scale of the figure above.")

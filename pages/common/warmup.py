@@ -32,9 +32,12 @@ log = get_logger(__name__)
 # In the order a page's first run imports them (app.py, then the pages through pages.common). Kept by hand;
 # tests/test_app.py checks that it covers every module the pages import at module level.
 MODULES = ("pandas", "torch", "plotly.graph_objects", "vitpe_core.model", "vitpe_core.analysis",
-           "vitpe_core.figures", "vitpe_core.views", "vitpe_core.positional", "vitpe_core.stress",
-           "pages.common.cache", "pages.common.ui", "pages.common.status", "pages.common.position",
-           "pages.common.stress", "pages.common.film")
+           "vitpe_core.figures", "vitpe_core.figures.picker", "vitpe_core.views", "vitpe_core.positional",
+           "vitpe_core.stress",
+           "pages.common.cache", "pages.common.messages", "pages.common.viewsync", "pages.common.status",
+           "pages.common.widgets", "pages.common.explain", "pages.common.loading", "pages.common.output",
+           "pages.common.picker", "pages.common.uploads", "pages.common.import_form",
+           "pages.common.position_panel", "pages.common.stress_panel", "pages.common.film")
 THREAD = "vitpe-warmup"
 WAIT_S = 120.0                  # a visitor waits at most this long; the imports then run in its own script
 

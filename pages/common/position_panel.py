@@ -8,7 +8,8 @@ import streamlit as st
 
 from vitpe_core import figures, views
 
-from . import cache, ui
+from . import cache
+from .output import chart
 
 EXPLAIN = ("**Position-only kernel**: the part of the attention logit between a query and a key that depends on their "
            "positions alone, drawn over the offset (Δr, Δc) from the query (centre = the query itself; blue = attends "
@@ -49,16 +50,16 @@ def position_section(page: str, names: list[str], ckpts: dict, layer: int, head:
             kernels[name], scores[name] = pv
     if kernels:
         head_txt = "mean of heads" if head is None else f"head {head}"
-        ui.chart(figures.kernels_fig(kernels, scores, title=f"Position-only kernels, layer {layer} (tables: layer 0), "
-                                                           f"{head_txt}"), "position_kernels", key=f"{page}_kernels")
+        chart(figures.kernels_fig(kernels, scores, title=f"Position-only kernels, layer {layer} (tables: layer 0), "
+                                                        f"{head_txt}"), "position_kernels", key=f"{page}_kernels")
     if patch is not None:
         query_kernels(page, results, ckpts, layer, head, patch, ref_grid)
     table = pd.DataFrame({n: views.relative_scores_by_layer(a) for n, a in results.items()}).T
     st.markdown("**Relative score per layer** (mean over heads; tables are defined at layer 0 only)")
     st.dataframe(table.round(3), key=f"{page}_relative", placeholder="—")
     dist = {n: a["mean_distance"] for n, a in results.items()}
-    ui.chart(figures.distance_by_depth_fig(dist, title="Mean attention distance by depth (dots: heads, line: mean)",
-                                           colors=colors), "attention_distance", key=f"{page}_distance")
+    chart(figures.distance_by_depth_fig(dist, title="Mean attention distance by depth (dots: heads, line: mean)",
+                                        colors=colors), "attention_distance", key=f"{page}_distance")
     st.caption("As in the ViT paper's Figure 7 (right): how far, in patches, each head looks on average, on the same "
                "17 images. Heads that stay local in early layers and widen with depth are the usual pattern.")
 
@@ -77,7 +78,7 @@ def query_kernels(page: str, results: dict, ckpts: dict, layer: int, head: int |
     if not maps:
         return
     head_txt = "mean of heads" if head is None else f"head {head}"
-    ui.chart(figures.query_kernels_fig(maps, patches, fits, title=f"Per query: patch ({patch[0]}, {patch[1]}) to "
-                                       f"every key, layer {layer} (tables: layer 0), {head_txt}"),
-             f"position_kernels_query_p{patch[0]}-{patch[1]}", key=f"{page}_query_kernels")
+    chart(figures.query_kernels_fig(maps, patches, fits, title=f"Per query: patch ({patch[0]}, {patch[1]}) to "
+                                    f"every key, layer {layer} (tables: layer 0), {head_txt}"),
+          f"position_kernels_query_p{patch[0]}-{patch[1]}", key=f"{page}_query_kernels")
     st.markdown(QUERY_EXPLAIN)

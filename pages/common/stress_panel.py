@@ -9,7 +9,7 @@ and `vitpe_core.stress`, which compute everything shown.
 * The controls' keys carry the model's input geometry, so a checkpoint with another patch or
   input size starts from its own "no change" instead of an option it does not have.
 * The controls are bound to the view (`shift`, `size`, `fill`, `rollout`, `fusion` in
-  session_state and the share link, see `ui` and `viewstate`): a link reopens the same stress
+  session_state and the share link, see `viewsync` and `viewstate`): a link reopens the same stress
   view and rollout.
 """
 from __future__ import annotations
@@ -21,7 +21,9 @@ from vitpe_core import analysis, figures, positional, stress, views
 from vitpe_core.gallery import gallery_image
 from vitpe_core.inputs import checkpoint_input
 
-from . import cache, ui
+from . import cache
+from .output import chart
+from .widgets import bound, show_in_widget
 
 FUSIONS = ("mean", "max")
 
@@ -42,14 +44,14 @@ ERROR_HELP = ("The README's *bias shift err*: Σ over layers of mean |b′ − b
 
 # ----------------------------------------------------------------------------- rollout
 @st.cache_data(max_entries=16, show_spinner=False)
-def _rollout(path: str, mtime_ns: int, key: str, fusion: str, _tr: analysis.Trace):
+def _rollout(ref: cache.ModelRef, key: str, fusion: str, _tr: analysis.Trace):
     return positional.rollout(_tr.attn, fusion)                                   # (T, T)
 
 
 def rollout(name: str, key: str, fusion: str, tr: analysis.Trace):
     """`positional.rollout` `(T, T)` of the page's trace of image `key`, cached (a 224-px ViT's
     takes a tenth of a second)."""
-    return _rollout(*cache._file(name), key, fusion, tr)
+    return _rollout(cache.model_ref(name), key, fusion, tr)
 
 
 def rollout_section(page: str, ckpt, tr: analysis.Trace, name: str, key: str, display, patch: tuple[int, int]
@@ -60,28 +62,28 @@ def rollout_section(page: str, ckpt, tr: analysis.Trace, name: str, key: str, di
     sources = positional.rollout_sources(tr.num_prefix, tr.prefix)
     a, b = st.columns(2)
     with a:
-        src = ui.bound(st.radio, f"{page}_rollout_of_{tr.num_prefix}", "rollout", label="Rollout of", options=sources,
-                       horizontal=True,
-                       format_func=lambda s: f"the query patch ({patch[0]}, {patch[1]})" if s == "patch" else s)
+        src = bound(st.radio, f"{page}_rollout_of_{tr.num_prefix}", "rollout", label="Rollout of", options=sources,
+                    horizontal=True,
+                    format_func=lambda s: f"the query patch ({patch[0]}, {patch[1]})" if s == "patch" else s)
     with b:
-        fusion = ui.bound(st.radio, f"{page}_rollout_fusion", "fusion", label="Head fusion", options=FUSIONS,
-                          horizontal=True)
+        fusion = bound(st.radio, f"{page}_rollout_fusion", "fusion", label="Head fusion", options=FUSIONS,
+                       horizontal=True)
     token = tr.num_prefix + analysis.patch_index(patch, grid) if src == "patch" else sources.index(src) - 1
     m, prefix_share = positional.rollout_row(rollout(name, key, fusion, tr), grid, tr.num_prefix, token)
     what = f"patch ({patch[0]}, {patch[1]})" if src == "patch" else src
     st.caption(f"How much of {what}'s output comes from each input patch" +
                (f"; {100 * prefix_share:.1f} % comes from the prefix tokens, not drawn." if tr.num_prefix else "."))
     title = f"Rollout of {what}, heads fused by {fusion}, {len(tr.attn)} layers"
-    ui.chart(figures.overlay_fig(display, m, grid, patch=patch if src == "patch" else None, title=title,
-                                 colorbar_title="rollout", colorscale=figures.ATTENTION_SCALE, zmin=0, zmax=None),
-             f"{ckpt.name}_rollout_{src.replace(' ', '')}_{fusion}", key=f"{page}_rollout")
+    chart(figures.overlay_fig(display, m, grid, patch=patch if src == "patch" else None, title=title,
+                              colorbar_title="rollout", colorscale=figures.ATTENTION_SCALE, zmin=0, zmax=None),
+          f"{ckpt.name}_rollout_{src.replace(' ', '')}_{fusion}", key=f"{page}_rollout")
 
 
 # ----------------------------------------------------------------------------- stress test
 @st.cache_data(max_entries=8, max_size=cache.TRACE_CACHE_BYTES, show_spinner="Running the model on the changed input…")
-def _transformed(path: str, mtime_ns: int, key: str, size: tuple[int, int], shift: tuple[int, int], fill: str,
+def _transformed(ref: cache.ModelRef, key: str, size: tuple[int, int], shift: tuple[int, int], fill: str,
                  _img: Image.Image | None) -> tuple[analysis.Trace, object]:
-    ckpt = cache._load(path, mtime_ns)
+    ckpt = cache.load_model(ref)
     x = checkpoint_input(_img if _img is not None else gallery_image(key), ckpt)
     x = stress.transform_input(x, stress.Transform(size, shift, fill))
     return analysis.trace_image(ckpt.model, x), stress.input_rgb(x, *stress.input_norm(ckpt))
@@ -89,7 +91,7 @@ def _transformed(path: str, mtime_ns: int, key: str, size: tuple[int, int], shif
 
 def transformed(name: str, key: str, tf: stress.Transform, img: Image.Image | None = None):
     """(trace, `(H, W, 3)` uint8 input as the model sees it) of image `key` changed by `tf`."""
-    return _transformed(*cache._file(name), key, tuple(tf.size), tuple(tf.shift), tf.fill, img)
+    return _transformed(cache.model_ref(name), key, tuple(tf.size), tuple(tf.shift), tf.fill, img)
 
 
 def transform_controls(page: str, cfg) -> stress.Transform:
@@ -107,19 +109,19 @@ def transform_controls(page: str, cfg) -> stress.Transform:
     cols = st.columns([3, 3, 3, 2])
     for axis, col, label in ((1, cols[0], "Shift right (−: left)"), (0, cols[1], "Shift down (−: up)")):
         key = f"{page}_shift_{'yx'[axis]}_{geo}"
-        ui.show_in_widget(key, ss["shift"][axis])
+        show_in_widget(key, ss["shift"][axis])
         with col:
             st.select_slider(label, shifts, format_func=shift_text, key=key, on_change=shifted, args=(axis, key))
     by_height = {s[0]: s for s in sizes}              # one size per height (a select_slider reads a tuple as a range)
     with cols[2]:
-        height = ui.bound(st.select_slider, f"{page}_size_{geo}", "size", label="Input size", options=list(by_height),
-                          to_widget=lambda h: native[0] if h is None else h,
-                          from_widget=lambda h: None if h == native[0] else int(h),
-                          format_func=lambda h: f"{by_height[h][1]}×{h} px" + (" (native)" * (h == native[0])))
+        height = bound(st.select_slider, f"{page}_size_{geo}", "size", label="Input size", options=list(by_height),
+                       to_widget=lambda h: native[0] if h is None else h,
+                       from_widget=lambda h: None if h == native[0] else int(h),
+                       format_func=lambda h: f"{by_height[h][1]}×{h} px" + (" (native)" * (h == native[0])))
     with cols[3]:
-        fill = ui.bound(st.radio, f"{page}_fill", "fill", label="Fill", options=stress.FILLS, horizontal=True,
-                        help="What enters at the edge: zero (the mean colour after normalisation, as the "
-                             "README's shift test) or a mirror image of the edge.")
+        fill = bound(st.radio, f"{page}_fill", "fill", label="Fill", options=stress.FILLS, horizontal=True,
+                     help="What enters at the edge: zero (the mean colour after normalisation, as the "
+                          "README's shift test) or a mirror image of the edge.")
     return stress.Transform(by_height[height], tuple(ss["shift"]), fill)
 
 
@@ -158,13 +160,13 @@ def stress_section(page: str, ckpt, tr: analysis.Trace, name: str, key: str, cus
     a, b = st.columns(2)
     if sv.bias is not None:
         with a:
-            ui.chart(figures.overlay_fig(display, sv.bias_shown, sv.grid, patch=sv.patch, title=f"Bias after the "
-                                         f"change, {where}", colorbar_title="bias<br>(0-1)"),
-                     base + "_bias", key=f"{page}_stress_bias")
+            chart(figures.overlay_fig(display, sv.bias_shown, sv.grid, patch=sv.patch, title=f"Bias after the "
+                                      f"change, {where}", colorbar_title="bias<br>(0-1)"),
+                  base + "_bias", key=f"{page}_stress_bias")
     with b:
-        ui.chart(figures.overlay_fig(display, sv.attention.new, sv.grid, patch=sv.patch, colorbar_title="attention",
-                                     title=f"Attention after the change, {where}", colorscale=figures.ATTENTION_SCALE,
-                                     zmin=0, zmax=None), base + "_attn", key=f"{page}_stress_attn")
+        chart(figures.overlay_fig(display, sv.attention.new, sv.grid, patch=sv.patch, colorbar_title="attention",
+                                  title=f"Attention after the change, {where}", colorscale=figures.ATTENTION_SCALE,
+                                  zmin=0, zmax=None), base + "_attn", key=f"{page}_stress_attn")
     st.caption("Below, raw values on the new grid: the original map moved with the content, the map after the "
                "change, and their difference (white: moved exactly; grey: content that came from outside the image, "
                "not compared).")
@@ -172,7 +174,7 @@ def stress_section(page: str, ckpt, tr: analysis.Trace, name: str, key: str, cus
              ("attn", "Attention row", sv.attention, figures.ATTENTION_SCALE, "attention")]
     for short, label, ms, scale, unit in shown:
         if ms is not None:
-            ui.chart(figures.shift_diff_fig(ms.expected, ms.new, ms.diff, patch=sv.patch, colorscale=scale,
-                                            colorbar_title=unit, title=f"{label}, {where}: did it move with the "
-                                            f"content? (error {ms.error:.3f})"),
-                     f"{base}_{short}_diff", key=f"{page}_stress_{short}_diff")
+            chart(figures.shift_diff_fig(ms.expected, ms.new, ms.diff, patch=sv.patch, colorscale=scale,
+                                         colorbar_title=unit, title=f"{label}, {where}: did it move with the "
+                                         f"content? (error {ms.error:.3f})"),
+                  f"{base}_{short}_diff", key=f"{page}_stress_{short}_diff")

@@ -1,0 +1,168 @@
+"""The image a page shows: a sample of the gallery or the visitor's upload, and how it is fitted
+to a checkpoint's input.
+
+An accepted image upload (decoded, at most `MAX_UPLOAD_SIDE` px a side) is put, as PNG, in the
+server's upload store (`cache.image_store`) and becomes the view's image `upload:<sha256>`: it
+follows the visitor from page to page until another is uploaded, a sample image is chosen or it
+is cleared, and a share link carrying it opens the same image for anyone on this server (an
+evicted one falls back to the first sample image with a warning, see `viewsync.current_view`).
+A refused file is said on the page while it stays in its uploader.
+
+An image that the model's centre crop would cut leaves the choice to pad it instead (letterbox,
+`FIT`, one choice for every page of the session).
+"""
+from __future__ import annotations
+
+import logging
+
+import streamlit as st
+from PIL import Image
+
+from vitpe_core import views
+from vitpe_core.gallery import gallery_caption, gallery_ids, gallery_image
+from vitpe_core.images import ALLOWED_FORMATS, ImageError, load_image_info
+from vitpe_core.inputs import preprocess_of
+from vitpe_core.viewstate import is_upload_id
+
+from . import cache
+from .messages import escape_md
+from .viewsync import short_id
+from .widgets import bound
+
+log = logging.getLogger(__name__)
+
+UPLOAD = "_vitpe_upload"           # this session's uploaded image: {"name", "id" (upload:<sha256>), "notes"}
+UPLOAD_GEN = "_vitpe_upload_gen"   # bumped when the upload is set aside: the uploaders start empty
+UPLOAD_ERROR = "_vitpe_upload_error"   # (uploader key, why its file was refused), shown while the file is there
+FIT = "_vitpe_fit"                 # "crop" (the model's centre crop) or "pad" (letterbox): for every page
+UPLOAD_TYPES = ["png", "jpg", "jpeg", "webp", "gif", "bmp", "tif", "tiff"]
+MAX_IMAGE_UPLOAD_MB = 20   # the image uploader's own limit (the server allows more, for models)
+MAX_UPLOAD_SIDE = 1024   # uploads are shrunk to this after decoding (the model sees 32 px)
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def _decode(data: bytes) -> tuple[Image.Image, list[str]] | str:
+    try:
+        img, info = load_image_info(data)
+    except ImageError as e:
+        return str(e)
+    img.thumbnail((MAX_UPLOAD_SIDE, MAX_UPLOAD_SIDE), Image.LANCZOS)
+    return img, info.notes()
+
+
+def decode_upload_notes(data: bytes) -> tuple[Image.Image | None, str | None, list[str]]:
+    """Uploaded bytes -> (RGB image, None, notes on what was done to the file: an animation's
+    first frame) or (None, the reason it was refused, []). Decoding is `images.load_image_info`;
+    large images are shrunk to `MAX_UPLOAD_SIDE` px on the long side."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        return None, f"Expected the file's bytes, got {type(data).__name__}.", []
+    out = _decode(bytes(data))
+    return (None, out, []) if isinstance(out, str) else (out[0], None, out[1])
+
+
+def clear_upload() -> None:
+    """Set this session's uploaded image aside (the first sample image is shown again, unless a
+    sample was just chosen); the uploaders start empty. The store keeps the file for links."""
+    ss = st.session_state
+    if ss.pop(UPLOAD, None) is not None:
+        ss[UPLOAD_GEN] = ss.get(UPLOAD_GEN, 0) + 1
+    if is_upload_id(ss.get("image")):
+        ids = gallery_ids()
+        ss["image"] = ids[0] if ids else ""
+
+
+def _uploader_key(prefix: str) -> str:
+    gen = st.session_state.get(UPLOAD_GEN, 0)
+    return f"{prefix}_upload" + (f"_{gen}" if gen else "")
+
+
+def _upload_changed(key: str) -> None:
+    """The uploader's callback: a new file replaces the session's upload (or is refused, the
+    reason shown while the file stays in that uploader); removing the file clears the upload."""
+    ss = st.session_state
+    up = ss.get(key)
+    ss.pop(UPLOAD_ERROR, None)
+    if up is None:
+        clear_upload()
+        return
+    img, err, notes = decode_upload_notes(up.getvalue())
+    if err is not None:
+        ss[UPLOAD_ERROR] = (key, f"{up.name}: {err}")
+        ss.pop(UPLOAD, None)
+        return
+    try:
+        image_id = cache.store_upload(img)
+    except OSError as e:
+        log.warning("upload store not writable: %s", e)
+        ss[UPLOAD_ERROR] = (key, f"{up.name} could not be kept on the server ({type(e).__name__}); try again later.")
+        return
+    ss[UPLOAD] = {"name": up.name, "id": image_id, "notes": notes}
+    ss["image"] = image_id
+
+
+def image_source(prefix: str) -> tuple[Image.Image, str, str, bool]:
+    """Gallery choice (bound to the view's `image`) or this session's upload (kept across
+    pages until another file is uploaded, a sample is chosen or it is cleared).
+    Returns (image, cache key, caption, is_upload)."""
+    ss = st.session_state
+    ids = gallery_ids()
+    current = ss.get("image", "")
+    held = ss.get(UPLOAD) if (ss.get(UPLOAD) or {}).get("id") == current else None
+    img = cache.stored_image(current) if is_upload_id(current) else None
+    if img is None and is_upload_id(current):          # evicted since the view was checked
+        clear_upload()
+        current, held = ss.get("image", ""), None
+    name = held["name"] if held else (f"shared upload {short_id(current)}…" if img is not None else "")
+
+    def label(i: str) -> str:
+        return f"your upload: {name}" if is_upload_id(i) else gallery_caption(i)
+
+    bound(st.selectbox, f"{prefix}_image", "image", label="Sample image", options=ids + ([current] if img else []),
+          format_func=label, then=clear_upload)
+    key = _uploader_key(prefix)
+    st.file_uploader(f"…or upload an image ({', '.join(sorted(ALLOWED_FORMATS))})", type=UPLOAD_TYPES,
+                     key=key, max_upload_size=MAX_IMAGE_UPLOAD_MB, on_change=_upload_changed, args=(key,),
+                     help="Kept on this server (the oldest uploads make room for new ones): the share link "
+                          "opens it for anyone who can reach this server.")
+    st.caption(f"Images up to {MAX_IMAGE_UPLOAD_MB} MB. A larger file is refused by the browser before it is "
+               "sent (its name turns red, nothing else happens): shrink the image or save it as JPEG, and "
+               "upload it again.")
+    error = ss.get(UPLOAD_ERROR)
+    if error and error[0] == key and ss.get(key) is not None:
+        st.error(error[1])
+    if img is None:
+        return gallery_image(current), current, gallery_caption(current), False
+    st.caption(f"Showing {'your upload' if held else 'the shared upload'} **{escape_md(name)}** "
+               f"(`{short_id(current)}`) on every page of this session.")
+    st.button("Clear the upload (back to the sample image)", key=f"{prefix}_clear_upload", on_click=clear_upload)
+    return img, current, f"uploaded: {name}", True
+
+
+def fit_image(prefix: str, img: Image.Image, key: str, ckpt, is_upload: bool
+              ) -> tuple[Image.Image, str, Image.Image | None]:
+    """Notes on how `ckpt`'s model takes `img` (an animation's first frame, a tiny image
+    enlarged, a crop that leaves part of it out) and, when the crop leaves part out, the choice
+    to pad instead (letterbox, session-wide). Returns (the image, its cache key, the image to
+    pass to the caches: None for an unchanged sample image)."""
+    if is_upload:
+        for note in (st.session_state.get(UPLOAD) or {}).get("notes", []):
+            st.info(note)
+    fit = views.fit_of(img.size, cache.model_crop(img, ckpt).size, ckpt.config.img_size)
+    if fit.upscale_note():
+        (st.info if is_upload else st.caption)(fit.upscale_note())
+    plain = (img, key, img if is_upload else None)
+    if fit.crop_note() is None:
+        return plain
+    st.session_state.setdefault(FIT, "crop")
+    bound(st.radio, f"{prefix}_fit", FIT, label="This image does not fit the model's input:", options=["crop", "pad"],
+          horizontal=True, format_func={"crop": "crop (as the model's eval transform does)",
+                                        "pad": "pad instead of crop (whole image, grey bars)"}.__getitem__)
+    if st.session_state[FIT] == "crop":
+        st.info(fit.crop_note(), icon="✂️")
+        return plain
+    pre = preprocess_of(ckpt)
+    crop_pct = float(pre["crop_pct"]) if pre else 1.0
+    padded = views.letterbox(img, ckpt.config.img_size, crop_pct)
+    H, W = ckpt.config.img_size
+    st.caption(f"Padded: the whole {img.width}×{img.height} px image on grey bars, to the model's {W}×{H} shape.")
+    return padded, f"{key}|pad{H}x{W}@{crop_pct:g}", padded
