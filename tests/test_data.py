@@ -20,14 +20,13 @@ import pytest
 import torch
 
 from vitpe_core import data
+from vitpe_core.augment import mixup_cutmix, random_crop_flip
 from vitpe_core.data import (
     ImageDataset,
     batches,
     load_cifar,
-    mixup_cutmix,
     normalize,
     num_batches,
-    random_crop_flip,
     subset,
 )
 

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from . import augment as A
 from . import data as D
 from .checkpoint import atomic_write_bytes, clean_state_dict, history_params, save_checkpoint
 from .config import PRESETS, ViTConfig, preset_config
@@ -344,13 +345,13 @@ def _batch(run: _Run, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, t
     cfg, device = run.cfg, run.device
     x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)  # uint8 to the device
     if cfg.augment != "none":
-        x = D.random_crop_flip(x, padding=4, generator=run.aug_gen)              # (B, 3, 32, 32) uint8
+        x = A.random_crop_flip(x, padding=4, generator=run.aug_gen)              # (B, 3, 32, 32) uint8
     if cfg.augment in ("randaug", "deit"):
         x = rand_augment(x, generator=run.aug_gen)                                # rand-m9-mstd0.5-inc1
     x = D.normalize(x, cfg.dataset)                                               # (B, 3, 32, 32) float
     target = y
     if cfg.augment in ("mixup", "deit"):
-        x, target = D.mixup_cutmix(x, y, run.num_classes, label_smoothing=cfg.label_smoothing,
+        x, target = A.mixup_cutmix(x, y, run.num_classes, label_smoothing=cfg.label_smoothing,
                                    generator=run.aug_gen)                         # target (B, classes)
     if run.world > 1:  # this process's shard of the global batch
         x, y, target = (t.chunk(run.world)[run.rank] for t in (x, y, target))
