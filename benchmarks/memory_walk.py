@@ -139,7 +139,7 @@ class Limit:
 
 # ----------------------------------------------------------------------------- the walk
 async def walk(base: str, names: list[str], pid: int, limit: Limit, timeout: float) -> list[dict]:
-    from benchmarks.load_test import MODEL_NAME, tiny_model_npz, upload_png
+    from benchmarks.load_ws import MODEL_NAME, tiny_model_npz, upload_png
     from benchmarks.st_client import open_session
 
     steps = []

@@ -1,8 +1,8 @@
 """The benchmark (`python -m benchmarks.bench`): its report rendered from a small synthetic
-results dict (sections, targets, PASS / MISS / NOT MEASURED, the **Why** lines a rerun keeps),
-its click compute on the pages' `vitpe_core.views` calls, its checkpoint set, and one tiny
-end-to-end run (slow). Nothing here times anything or asserts on speed (benchmarks are not
-timed tests: STYLE.md)."""
+results dict and from the committed benchmarks.json (sections, targets, PASS / MISS / NOT
+MEASURED, the **Why** lines a rerun keeps), its click compute on the pages' `vitpe_core.views`
+calls, its checkpoint set, and one tiny end-to-end run (slow). Nothing here times anything or
+asserts on speed (benchmarks are not timed tests: STYLE.md)."""
 from __future__ import annotations
 
 import json
@@ -16,8 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import bench
-from benchmarks.bench import QUICK, WHY_TODO, Plan, Target, render_markdown, targets, written_whys
+from benchmarks import bench, timing
+from benchmarks.attention import BATCHES, FUNCTIONAL_BASE, WIDTHS
+from benchmarks.checkpoints import SHIPPED, checkpoint_set
+from benchmarks.clicks import bias_page_compute, click_patches, compare_cold, compare_page_compute
+from benchmarks.layer_profile import PROFILE_BEFORE
+from benchmarks.report import NOISY_NOTE, WHY_TODO, render_markdown, written_whys
+from benchmarks.targets import Target, targets
+from benchmarks.timing import FULL, QUICK, Plan
 
 REPO = Path(__file__).resolve().parents[1]
 SECTIONS_MD = ("# Benchmarks", "## Machine and run", "## Targets", "## 1. Attention layer", "## 2. Training throughput",
@@ -45,8 +51,8 @@ def fake_results(*, mode: str = "full", skip_app: bool = False) -> dict:
     HTTP 2 s (PASS), first element 4.9 s (PASS, borderline), first run 7 s (MISS), memory 500 /
     400 MiB (PASS)."""
     attention = []
-    for width, (dim, heads) in bench.WIDTHS.items():
-        for batch in bench.BATCHES:
+    for width, (dim, heads) in WIDTHS.items():
+        for batch in BATCHES:
             for enc, vs_none, vs_rpb in (("none", 1.0, 0.8), ("rpb", 1.25, 1.0), ("sape2", 2.2, 1.8)):
                 noisy = (width, batch, enc) == ("vit-s", 1, "rpb")
                 attention.append({"width": width, "dim": dim, "heads": heads, "tokens": 65, "batch": batch,
@@ -60,9 +66,9 @@ def fake_results(*, mode: str = "full", skip_app: bool = False) -> dict:
                  "samples_ms": [128 / t_ape]}
                 for name, t_none, t_ape in (("none", 1.0, 1.05), ("ape", 0.95, 1.0), ("sape2", 0.85, 0.9),
                                             ("cope+ape", 0.6, 0.6), ("torch.nn ViT (reference)", 1.1, 1.15))]
-    names = list(bench.SHIPPED)
+    names = list(SHIPPED)
     res = {
-        "schema": 1, "mode": mode, "plan": asdict(QUICK if mode == "quick" else bench.FULL),
+        "schema": 1, "mode": mode, "plan": asdict(QUICK if mode == "quick" else FULL),
         "environment": {"date": "2025-01-01T00:00:00+00:00", "command": "python -m benchmarks.bench", "cpu": "test CPU",
                         "cores": 2, "usable_cores": 2, "torch_threads": 2, "platform": "Linux", "python": "3.11",
                         "torch": "2.13", "numpy": "2.0", "streamlit": "1.0", "playwright": "1.0",
@@ -147,10 +153,10 @@ def test_report_has_every_section_target_and_verdict():
     attention = md_section(md, "## 1. Attention layer")
     assert attention.count("**compact**") == 2 and attention.count("**vit-s**") == 2
     assert "| `sape2` | 2.20 | 1.80 | 2.20 / 1.25 |" in attention
-    assert "1.25 †" in attention and bench.NOISY_NOTE in attention                 # the noisy row is flagged
+    assert "1.25 †" in attention and NOISY_NOTE in attention                 # the noisy row is flagged
     training = md_section(md, "## 2. Training throughput")
     assert "| torch.nn ViT (reference) |" in training and "timm is not installed" in training
-    assert bench.NOISY_NOTE not in training
+    assert NOISY_NOTE not in training
     clicks = md_section(md, "## 3. Click compute")
     assert "vitpe_core.views" in clicks and "(freshly built compact model, random weights)" in clicks
     assert "| compare | all 10 | new image (cold traces) | 8 | 200.0 | 400.0 |" in clicks
@@ -178,6 +184,19 @@ def test_report_of_a_quick_run_without_the_app():
     assert table.count("**Why:**") == table.count("**MISS**") == 4
     assert "Not measured in this run (`--skip-app`)." in md_section(md, "## 4. App cold start")
     assert "App memory not measured in this run (`--skip-app`)." in md_section(md, "## 5. Peak memory")
+
+
+def test_report_of_the_committed_results_has_every_section_in_order():
+    """The repository's benchmarks.json (a full run) renders with sections 6-9 too, in the
+    report's order; section 6 starts with the heading that `--only vit-b` replaces."""
+    from benchmarks.report_vit_b import VIT_B_HEADING, md_vit_b
+    res = json.loads((REPO / "benchmarks.json").read_text())
+    md = render_markdown(res, targets(res))
+    check_tables(md)
+    headings = [*SECTIONS_MD[1:], VIT_B_HEADING, "## 7. ", "## 8. ", "## 9. "]
+    positions = [md.index("\n" + h) for h in headings]
+    assert md.startswith(SECTIONS_MD[0]) and positions == sorted(positions)
+    assert md_vit_b(res)[0].startswith(VIT_B_HEADING)
 
 
 def test_report_without_a_browser_says_why():
@@ -235,22 +254,22 @@ def test_target_verdicts_and_miss_amounts():
 
 def test_paired_and_best_of_n_ratios():
     samples = {"a": [2.0, 4.0, 2.2], "b": [1.0, 1.0, 1.1]}      # round 2 disturbed a (load)
-    assert bench.paired_ratio(samples, "a", "b") == pytest.approx(2.0)
-    assert bench.best_ratio(samples, "a", "b") == pytest.approx(2.0)
-    r = bench.ratios(samples, "a", "b", "x", invert=True)
+    assert timing.paired_ratio(samples, "a", "b") == pytest.approx(2.0)
+    assert timing.best_ratio(samples, "a", "b") == pytest.approx(2.0)
+    r = timing.ratios(samples, "a", "b", "x", invert=True)
     assert r["x"] == pytest.approx(0.5) and not r["x_noisy"]
-    assert bench.ratios({"a": [3.0, 3.0], "b": [1.0, 2.0]}, "a", "b", "x")["x_noisy"]   # median 2.25 vs best 3
+    assert timing.ratios({"a": [3.0, 3.0], "b": [1.0, 2.0]}, "a", "b", "x")["x_noisy"]   # median 2.25 vs best 3
     calls = {"a": 0, "b": 0}
-    out = bench.interleaved({k: (lambda k=k: calls.__setitem__(k, calls[k] + 1)) for k in calls}, rounds=3, warmup=1)
+    out = timing.interleaved({k: (lambda k=k: calls.__setitem__(k, calls[k] + 1)) for k in calls}, rounds=3, warmup=1)
     assert {k: len(v) for k, v in out.items()} == {"a": 3, "b": 3} and calls == {"a": 4, "b": 4}
     calls = {"a": 0, "b": 0}                                          # a sample: the mean of 3 calls
-    out = bench.interleaved({k: (lambda k=k: calls.__setitem__(k, calls[k] + 1)) for k in calls}, rounds=2, warmup=1,
-                            calls_per_sample=3)
+    out = timing.interleaved({k: (lambda k=k: calls.__setitem__(k, calls[k] + 1)) for k in calls}, rounds=2, warmup=1,
+                             calls_per_sample=3)
     assert {k: len(v) for k, v in out.items()} == {"a": 2, "b": 2} and calls == {"a": 7, "b": 7}
 
 
 def test_click_patches_change_every_click():
-    patches = bench.click_patches((8, 8), 50)
+    patches = click_patches((8, 8), 50)
     assert len(patches) == 50 and all(p != q for p, q in zip(patches, patches[1:]))
     assert all(0 <= r < 8 and 0 <= c < 8 for r, c in patches)
 
@@ -271,20 +290,20 @@ def test_click_compute_calls_the_pages_views(app_checkpoint_dir, monkeypatch):
             called.setdefault(_name, []).append(a), _real(*a, **k))[1])
     names = list_checkpoints(app_checkpoint_dir)
     ckpts = {n: load_checkpoint(resolve_checkpoint(n, app_checkpoint_dir)) for n in names}
-    traces, stats = bench.compare_cold(ckpts, gallery_ids()[0], (3, 4))
+    traces, stats = compare_cold(ckpts, gallery_ids()[0], (3, 4))
     assert set(traces) == set(stats) == set(ckpts)
     assert len(called["panel_view"]) == len(ckpts) and len(called["pick_stat"]) == 2 * len(ckpts)
 
     called.clear()
-    bench.compare_page_compute(ckpts, traces, stats, (9, 9), layer=5, head=7)   # beyond every model: clamped
+    compare_page_compute(ckpts, traces, stats, (9, 9), layer=5, head=7)   # beyond every model: clamped
     assert [a[2:] for a in called["panel_view"]] == [((7, 7), 1, 1)] * len(ckpts)
     called.clear()
-    bench.compare_page_compute(ckpts, traces, stats, (1, 2), ref_grid=(4, 4))    # chosen on a coarser grid
+    compare_page_compute(ckpts, traces, stats, (1, 2), ref_grid=(4, 4))    # chosen on a coarser grid
     assert [a[2] for a in called["panel_view"]] == [(3, 5)] * len(ckpts)        # the same point of the image
 
     called.clear()
     for ckpt in ckpts.values():
-        bench.bias_page_compute(ckpt, traces[ckpt.name], (2, 5), layer=1, head=None)
+        bias_page_compute(ckpt, traces[ckpt.name], (2, 5), layer=1, head=None)
     assert [a[2] for a in called["bias_view"]] == ["rpb", "sape2+ape"]             # the encodings with a bias
     assert [a[5] for a in called["bias_view"]] == ["row", "sum"]                   # the page's default part
     assert len(called["attention_view"]) == len(called["prefix_share"]) == len(called["top_class"]) == len(ckpts)
@@ -296,19 +315,19 @@ def test_checkpoint_set_fills_the_shipped_set_with_random_compact_models(app_che
     from vitpe_core.checkpoint import list_checkpoints, load_checkpoint, resolve_checkpoint
     from vitpe_core.report import ORDER
 
-    assert bench.SHIPPED == tuple(ORDER)                                            # one source
+    assert SHIPPED == tuple(ORDER)                                            # one source
     for name in ("ape", "rpb"):
         shutil.copy2(app_checkpoint_dir / f"{name}.safetensors", tmp_path)
-    monkeypatch.setattr(bench, "SHIPPED", ("ape", "rpb", "sape2+ape"))
-    with bench.checkpoint_set(tmp_path) as cs:
+    monkeypatch.setattr("benchmarks.checkpoints.SHIPPED", ("ape", "rpb", "sape2+ape"))
+    with checkpoint_set(tmp_path) as cs:
         assert cs.root != tmp_path and sorted(cs.names) == ["ape", "rpb", "sape2+ape"] and cs.fresh == ["sape2+ape"]
         assert cs.single == "ape"                                                   # sape2+ape is not trained
         fresh = load_checkpoint(resolve_checkpoint("sape2+ape", cs.root))
         assert fresh.config.dim == 128 and fresh.metrics["random_weights"] and sorted(fresh.history) == list(range(16))
         assert load_checkpoint(resolve_checkpoint("ape", cs.root)).config.dim == 32   # copied as it is
     assert not cs.root.exists() and list_checkpoints(tmp_path) == ["ape", "rpb"]
-    monkeypatch.setattr(bench, "SHIPPED", ("ape", "rpb"))
-    with bench.checkpoint_set(tmp_path) as cs:
+    monkeypatch.setattr("benchmarks.checkpoints.SHIPPED", ("ape", "rpb"))
+    with checkpoint_set(tmp_path) as cs:
         assert cs.root == tmp_path and cs.fresh == []
 
 
@@ -322,11 +341,11 @@ def test_the_library_imports_neither_the_benchmarks_nor_the_app_stack():
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
-def test_the_old_command_forwards_to_the_benchmark():
-    out = subprocess.run([sys.executable, "-m", "vitpe_core.bench", "--help"], cwd=REPO, capture_output=True,
+def test_the_command_prints_its_usage():
+    out = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--help"], cwd=REPO, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "benchmarks.bench" in out.stderr and "usage: python -m benchmarks.bench" in out.stdout
+    assert "usage: python -m benchmarks.bench" in out.stdout and "--only {vit-b}" in out.stdout
 
 
 # ----------------------------------------------------------------------------- one tiny real run
@@ -349,10 +368,10 @@ def numbers(x):
 def test_a_tiny_run_writes_the_report_and_sane_numbers(app_checkpoint_dir, tmp_path, monkeypatch):
     """`bench.run` end to end on a tiny subset: the compact width at batch 128, four encodings,
     the test checkpoints, no app. Checks the files, not the speed."""
-    monkeypatch.setattr(bench, "WIDTHS", {"compact": bench.WIDTHS["compact"]})
-    monkeypatch.setattr(bench, "BATCHES", (128,))
-    monkeypatch.setattr(bench, "EXTRA_TRAIN", ())
-    monkeypatch.setattr(bench, "SHIPPED", ("ape", "sape2+ape", "rpb"))
+    monkeypatch.setattr("benchmarks.attention.WIDTHS", {"compact": WIDTHS["compact"]})
+    monkeypatch.setattr("benchmarks.attention.BATCHES", (128,))
+    monkeypatch.setattr("benchmarks.training.EXTRA_TRAIN", ())
+    monkeypatch.setattr("benchmarks.checkpoints.SHIPPED", ("ape", "sape2+ape", "rpb"))
     monkeypatch.setattr(bench, "available_encodings", lambda: ["none", "ape", "rpb", "sape2"])
     res = bench.run(TINY_PLAN, out=tmp_path, skip_app=True, argv=["--quick", "--skip-app"],
                     checkpoints=app_checkpoint_dir, mode="quick")
@@ -378,10 +397,10 @@ def test_functional_profile_and_analysis_sections_and_the_analysis_target():
     res = fake_results()
     res["functional"] = [{"variant": name, "median_ms": 10.0 * x, "min_ms": 9.0 * x,
                           **_ratio_cols("vs_base", x), "samples_ms": [10.0 * x]}
-                         for name, x in (("SDPA (no bias)", 0.9), (bench.FUNCTIONAL_BASE, 1.0),
+                         for name, x in (("SDPA (no bias)", 0.9), (FUNCTIONAL_BASE, 1.0),
                                          ("`sape2_attention`", 1.2), ("`cope_attention`", 1.4))]
     phase = {"wall_ms": 12.0, "ops": {f"aten::op{i}": {"self_ms": float(i), "calls": 2.0} for i in range(20)}}
-    res["profile"] = {"steps": 2, "threads": 2, "before_commit": bench.PROFILE_BEFORE,
+    res["profile"] = {"steps": 2, "threads": 2, "before_commit": PROFILE_BEFORE,
                       "after": {"forward": phase, "backward": phase}, "before": {"forward": phase, "backward": phase}}
     res["analysis"] = {"checkpoint": "sape2+ape", "wall_s": 12.5, "cpu_s": 20.0, "images": 17}
     tgts = targets(res)
@@ -405,15 +424,18 @@ def test_functional_profile_and_analysis_sections_and_the_analysis_target():
 @pytest.mark.skipif(os.environ.get("VITPE_NO_CPP", "") not in ("", "0") or shutil.which("c++") is None,
                     reason="C++ kernel disabled or no compiler")
 def test_kernel_ab_prints_one_line_per_variant():
-    from benchmarks.bench import kernel_ab
+    from benchmarks.kernel_ab import kernel_ab
     lines = kernel_ab("layer", 1, batch=2)
     assert [ln.split()[3:5] for ln in lines] == [["rpb", "median"], ["sape2", "cpp"], ["sape2", "eager"]]
     assert os.environ.get("VITPE_NO_CPP") is None
 
 
 def test_trace_caches_are_bounded_by_bytes():
-    """Both trace caches (bias page, stress test) carry the byte bound the report reads: a 224-px
-    model's traces are tens of MiB each, so entries alone do not bound memory."""
-    from pages.common import cache, stress
-    for fn in (cache._trace, stress._transformed):
-        assert fn._info.max_size_bytes == cache.TRACE_CACHE_BYTES == 256 * 2**20
+    """Both trace caches (bias page, stress test) carry the byte bound the report's section 6
+    quotes (`report_vit_b.APP_TRACE_CACHE_*`, which the benchmark keeps so as not to import the
+    app): a 224-px model's traces are tens of MiB each, so entries alone do not bound memory."""
+    from benchmarks.report_vit_b import APP_TRACE_CACHE_BYTES, APP_TRACE_CACHE_ENTRIES
+    from pages.common import cache, stress_panel
+    assert cache._trace._info.max_entries == APP_TRACE_CACHE_ENTRIES
+    for fn in (cache._trace, stress_panel._transformed):
+        assert fn._info.max_size_bytes == cache.TRACE_CACHE_BYTES == APP_TRACE_CACHE_BYTES == 256 * 2**20
