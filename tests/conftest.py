@@ -1,11 +1,18 @@
 """Shared fixtures. `shared_dir` is ../shared (data for CI and developers); tests that need it
-skip with a reason on a user's fresh clone, where it does not exist."""
+skip with a reason on a user's fresh clone, where it does not exist. `cifar10_dir`: ../shared's
+CIFAR-10 exported once per session. `release` tests run only with --release (or VITPE_RELEASE=1).
+Hypothesis profiles: `ci` where Hypothesis detects CI (the CI variable set), else `quick`."""
 from __future__ import annotations
 
+import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import settings
 
 from benchmarks.harness import APP_ENCODINGS, write_random_checkpoints
 
@@ -18,6 +25,79 @@ def shared_dir() -> Path:
     if not (SHARED / "data").is_dir():
         pytest.skip(f"../shared not found at {SHARED}: it exists only in this project's dev checkout and CI")
     return SHARED
+
+
+@pytest.fixture(scope="session")
+def cifar10_dir(shared_dir, tmp_path_factory) -> Path:
+    """A folder holding `cifar-10-batches-py`: ../shared/data/cifar10_webp.npz written out by
+    ../shared's own export tool (the command load_cifar's error message gives users; byte-identical
+    to the official files). Once per session: test_data and test_shipped_checkpoints share it."""
+    npz = shared_dir / "data" / "cifar10_webp.npz"
+    if not npz.is_file():
+        pytest.skip(f"{npz} does not exist (only in this project's dev checkout and CI)")
+    if importlib.util.find_spec("PIL") is None:
+        pytest.skip("Pillow is needed to export ../shared/data/cifar10_webp.npz")
+    root = tmp_path_factory.mktemp("cifar10")
+    proc = subprocess.run([sys.executable, str(shared_dir / "tools" / "cifar_export.py"), str(npz),
+                           "--pickle-dir", str(root / "cifar-10-batches-py")], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return root
+
+
+# ----------------------------------------------------------------------------- release tests
+RELEASE_ENV = "VITPE_RELEASE"
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption("--release", action="store_true",
+                     help=f"also run the tests marked `release` (the full test-set reproduction of every shipped "
+                          f"checkpoint, minutes); {RELEASE_ENV}=1 does the same")
+
+
+def _release_requested(config) -> bool:
+    return config.getoption("--release") or os.environ.get(RELEASE_ENV, "") not in ("", "0")
+
+
+# ----------------------------------------------------------------------------- hypothesis profiles
+# `ci`: Hypothesis's own (derandomized, no deadline, failing examples printed as blobs), loaded by
+# Hypothesis itself wherever the CI variable (or a vendor's) is set; each test runs the
+# `max_examples` its @settings gives. `quick` (the default elsewhere): at most a tenth of them
+# (at least QUICK_MIN). `--hypothesis-profile NAME` or HYPOTHESIS_PROFILE=NAME choose one
+# (HYPOTHESIS_PROFILE=ci runs the full counts locally). An explicit @settings(max_examples=N)
+# outranks any profile, so `quick` lowers N on the test itself, through the attribute Hypothesis
+# reads its settings from at every call (private; were it renamed, tests would run all N).
+QUICK_MIN = 10
+settings.register_profile("quick", deadline=None)
+_profile = os.environ.get("HYPOTHESIS_PROFILE") or (None if settings.get_current_profile_name() == "ci" else "quick")
+if _profile:
+    settings.load_profile(_profile)
+
+
+def _quick_examples(n: int) -> int:
+    return min(n, max(QUICK_MIN, n // 10))
+
+
+def pytest_report_header(config) -> list[str]:
+    profile = settings.get_current_profile_name()
+    note = " (a tenth of each test's examples; HYPOTHESIS_PROFILE=ci runs them all)" if profile == "quick" else ""
+    release = "run" if _release_requested(config) else f"skipped (--release or {RELEASE_ENV}=1 runs them)"
+    return [f"hypothesis profile: {profile}{note}", f"release tests: {release}"]
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    release = _release_requested(config)
+    skip_release = pytest.mark.skip(reason=f"release check (full CIFAR-10 test set, minutes): run with --release "
+                                           f"or {RELEASE_ENV}=1")
+    quick = settings.get_current_profile_name() == "quick"
+    for item in items:
+        if not release and item.get_closest_marker("release") is not None:
+            item.add_marker(skip_release)
+        fn = getattr(item, "obj", None)
+        current = getattr(fn, "_hypothesis_internal_use_settings", None)   # what @settings gave the test
+        if quick and current is not None and not getattr(fn, "_quick_examples", None):   # once per function
+            fn._quick_examples = _quick_examples(current.max_examples)
+            fn._hypothesis_internal_use_settings = settings(current, max_examples=fn._quick_examples)
 
 
 @pytest.fixture(autouse=True)
@@ -45,6 +125,18 @@ def pytest_runtest_setup(item) -> None:
         from playwright.sync_api import expect
 
         expect.set_options(timeout=BROWSER_EXPECT_TIMEOUT_MS)
+
+
+@pytest.fixture(scope="session")
+def app_url(app_checkpoint_dir, tmp_path_factory):
+    """`python -m streamlit run app.py` on `app_checkpoint_dir`, on a free loopback port with
+    VITPE_CHECKPOINTS set; healthy within 60 s; its process group is always terminated. One for
+    the session: browser modules on these checkpoints share it (a module with other checkpoints or
+    settings defines its own `app_url`)."""
+    from benchmarks import harness
+    log = tmp_path_factory.mktemp("streamlit") / "server.log"
+    with harness.streamlit_server(app_checkpoint_dir, log=log, timeout=60) as server:
+        yield server.url
 
 
 @pytest.fixture(scope="module")

@@ -34,15 +34,7 @@ lt.skip_module_without_browser(pytest)
 from playwright.sync_api import expect  # noqa: E402
 
 
-@pytest.fixture(scope="session")
-def app_url(app_checkpoint_dir, tmp_path_factory):
-    """`python -m streamlit run app.py` on a free loopback port with VITPE_CHECKPOINTS set;
-    healthy within 60 s; its process group is always terminated."""
-    log = tmp_path_factory.mktemp("streamlit") / "server.log"
-    with lt.streamlit_server(app_checkpoint_dir, log=log, timeout=60) as server:
-        yield server.url
-
-
+# `app_url`: conftest's session-wide server on `app_checkpoint_dir`.
 
 
 @pytest.fixture

@@ -3,13 +3,10 @@ batching. Tiny datasets are written here in the official format; nothing is down
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import io
 import logging
 import os
 import pickle
-import subprocess
-import sys
 import tarfile
 import urllib.error
 from dataclasses import replace
@@ -29,8 +26,6 @@ from vitpe_core.data import (
     num_batches,
     subset,
 )
-
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
 
 @pytest.fixture(autouse=True)
@@ -296,26 +291,11 @@ def test_subset_is_seeded_and_ordered(tmp_path):
 # --------------------------------------------------------------------------- real CIFAR-10
 
 
-@pytest.fixture(scope="session")
-def shared_cifar10(tmp_path_factory) -> Path:
-    npz = SHARED / "data" / "cifar10_webp.npz"
-    if not npz.exists():
-        pytest.skip(f"../shared not found: {npz} does not exist (only in this project's dev checkout)")
-    if importlib.util.find_spec("PIL") is None:
-        pytest.skip("Pillow is needed to export ../shared/data/cifar10_webp.npz")
-    root = tmp_path_factory.mktemp("cifar_shared")
-    proc = subprocess.run(
-        [sys.executable, str(SHARED / "tools" / "cifar_export.py"), str(npz),
-         "--pickle-dir", str(root / "cifar-10-batches-py")],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return root
-
-
+@pytest.mark.slow      # the export of all 60,000 images: about 5 s on 2 cores
 @pytest.mark.shared
-def test_real_cifar10_test_split(shared_cifar10):
-    ds = load_cifar("cifar10", shared_cifar10, "test", verify="strict")
+def test_real_cifar10_test_split(cifar10_dir):
+    """../shared's export (conftest's `cifar10_dir`, once per session) passes the official md5 checks."""
+    ds = load_cifar("cifar10", cifar10_dir, "test", verify="strict")
     assert len(ds) == 10000 and ds.images.shape == (10000, 3, 32, 32)
     assert ds.labels.bincount(minlength=10).tolist() == [1000] * 10
     assert ds.label_names[0] == "airplane" and ds.label_names[9] == "truck"

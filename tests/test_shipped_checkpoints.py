@@ -1,8 +1,12 @@
 """The models in checkpoints/ are what the README's results table reports: every one carries
-the metrics issue #3 lists, all share one recipe, and (slow, needs ../shared for CIFAR-10)
-`evaluate` reproduces each recorded top-1 within 0.2 points from the fp16 weights."""
+the metrics issue #3 lists, all share one recipe, and (slow, needs ../shared for CIFAR-10) each
+classifies exactly the recorded number of a fixed 1,000-image subset of the test set right, in one
+process (checkpoints/subset_accuracy.json, written by scripts/record_subset_accuracy.py). Before a
+release (`--release` or VITPE_RELEASE=1): `python -m vitpe_core evaluate` reproduces each recorded
+top-1 on the whole 10,000-image test set within 0.2 points from the fp16 weights."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -48,25 +52,79 @@ def test_all_checkpoints_share_one_recipe():
         assert r == first, f"{n} was trained with another recipe: {set(r.items()) ^ set(first.items())}"
 
 
-@pytest.fixture(scope="module")
-def cifar10_dir(shared_dir, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("cifar") / "cifar-10-batches-py"
-    subprocess.run([sys.executable, str(shared_dir / "tools" / "cifar_export.py"),
-                    str(shared_dir / "data" / "cifar10_webp.npz"), "--pickle-dir", str(out)],
-                   check=True, capture_output=True)
-    return out.parent
-
-
 # The shipped rows, then the study's reruns: second seeds (checkpoints/seeds) and 50-epoch runs (checkpoints/long).
 STUDY = sorted((REPO / "checkpoints" / "seeds").glob("*.safetensors")) + sorted(
     (REPO / "checkpoints" / "long").glob("*.safetensors"))
 EVALUATED = [REPO / "checkpoints" / f"{n}.safetensors" for n in SHIPPED] + STUDY
+EVALUATED_IDS = [p.relative_to(REPO / "checkpoints").with_suffix("").as_posix() for p in EVALUATED]
+SUBSET_RECORD = REPO / "checkpoints" / "subset_accuracy.json"
+RECORD_SCRIPT = "python scripts/record_subset_accuracy.py"
+
+
+def _record_script():
+    spec = importlib.util.spec_from_file_location("record_subset_accuracy", REPO / "scripts" /
+                                                  "record_subset_accuracy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def subset_record() -> dict:
+    return json.loads(SUBSET_RECORD.read_text())
+
+
+def test_the_subset_record_is_of_these_checkpoints(subset_record):
+    """checkpoints/subset_accuracy.json covers exactly the evaluated checkpoints, measured on
+    their current weights, and agrees with each one's recorded top-1 on the whole test set
+    within 5 points (a 1,000-image subset's standard error is about 1.4)."""
+    script = _record_script()
+    assert sorted(script.key_of(p) for p in script.evaluated_checkpoints()) == sorted(EVALUATED_IDS)
+    rec = subset_record["checkpoints"]
+    assert sorted(rec) == sorted(EVALUATED_IDS), f"the record lists other checkpoints: rerun `{RECORD_SCRIPT}`"
+    assert subset_record["subset"] == "first" and subset_record["split"] == "test"
+    for key, path in zip(EVALUATED_IDS, EVALUATED):
+        r = rec[key]
+        assert r["weights_sha256"] == script.weights_sha256(path), \
+            f"{key}: its weights changed since the record was written: rerun `{RECORD_SCRIPT}`"
+        assert r["top1"] == round(100.0 * r["correct"] / subset_record["count"], 2)
+        full = json.loads(path.with_suffix(".json").read_text())["metrics"]["test"]["top1"]
+        assert abs(r["top1"] - full) <= 5.0, (key, r["top1"], full)
+
+
+@pytest.fixture(scope="module")
+def cifar10_subset(cifar10_dir, subset_record):
+    """The recorded subset (the first `count` test images), checked to be the recorded pixels."""
+    from vitpe_core.data import load_cifar
+    from vitpe_core.evaluate import first_images
+    sub = first_images(load_cifar("cifar10", cifar10_dir, "test", verify="strict"), subset_record["count"])
+    digests = _record_script().subset_sha256(sub)
+    assert digests == {k: subset_record[k] for k in digests}, "not the recorded subset's images or labels"
+    return sub
 
 
 @pytest.mark.slow
 @pytest.mark.shared
-@pytest.mark.parametrize("path", EVALUATED, ids=[str(p.relative_to(REPO / "checkpoints")) for p in EVALUATED])
+@pytest.mark.parametrize("path", EVALUATED, ids=EVALUATED_IDS)
+def test_each_checkpoint_classifies_the_recorded_subset_exactly(path, cifar10_subset, subset_record):
+    """Same top-1 count as recorded on the subset: float32 on the CPU, `vitpe_core evaluate`'s batch size."""
+    from vitpe_core.evaluate import top1_correct
+    key = path.relative_to(REPO / "checkpoints").with_suffix("").as_posix()
+    rec = subset_record["checkpoints"][key]
+    correct, gap = top1_correct(load_checkpoint(path).model, cifar10_subset, "cifar10",
+                                batch_size=subset_record["batch_size"], device="cpu")
+    assert correct == rec["correct"], (
+        f"{key}: {correct} of {len(cifar10_subset)} right, {rec['correct']} recorded (closest call when recorded: a "
+        f"logit gap of {rec['min_logit_gap']:.1e}; now {gap:.1e}): the forward pass computes something else than "
+        f"when `{RECORD_SCRIPT}` wrote the record (rerun it if that change is intended)")
+
+
+@pytest.mark.release
+@pytest.mark.slow
+@pytest.mark.shared
+@pytest.mark.parametrize("path", EVALUATED, ids=EVALUATED_IDS)
 def test_evaluate_reproduces_the_recorded_top1(path, cifar10_dir):
+    """The whole test set through the command line, as a user would check a checkpoint."""
     out = subprocess.run([sys.executable, "-m", "vitpe_core", "evaluate", str(path),
                           "--data-dir", str(cifar10_dir)], cwd=REPO, check=True, capture_output=True, text=True)
     measured = json.loads(out.stdout.strip().splitlines()[-1])
