@@ -82,3 +82,14 @@ def test_the_router_can_draw_before_torch_is_imported():
     assert vitpe_core.__all__ == sorted(vitpe_core._LAZY)
     for name in vitpe_core.__all__:
         assert getattr(vitpe_core, name) is not None
+
+
+def test_the_readme_does_not_promise_a_browser_the_config_does_not_open():
+    """`.streamlit/config.toml` runs Streamlit headless: the README's first command must not say
+    it opens a browser."""
+    import tomllib
+    config = tomllib.loads((REPO / ".streamlit" / "config.toml").read_text())
+    readme = (REPO / "README.md").read_text()
+    if config.get("server", {}).get("headless"):
+        assert "opens http://localhost" not in readme
+        assert "open http://localhost:8501 in a browser" in readme

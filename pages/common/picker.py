@@ -2,7 +2,8 @@
 
 `clickable` draws the figure of `vitpe_core.figures.picker` (the image, one invisible marker per
 patch centre; a click anywhere in a patch selects it) as a Plotly chart with a selection event,
-no iframe, and sets the view's `patch` to the clicked one. `patch_picker` shows an image as a
+no iframe, and sets the view's `patch` to the clicked one (`TOUCH_HOVER` makes a tap on a touch
+screen select the tapped patch, not the one tapped before it). `patch_picker` shows an image as a
 checkpoint's model sees it, with its patch grid, the selected patch outlined, and the row /
 column inputs below (the keyboard's way).
 """
@@ -20,6 +21,35 @@ from vitpe_core.figures.picker import ToPatch, patch_centres, picker_spec, with_
 
 from . import cache
 from .widgets import patch_controls, patch_text
+
+
+# Plotly selects "the clicked point" from its last hover (`gd._hoverdata`): on a touch screen
+# nothing hovers before a tap, so a tap selected the point of the tap before it (the first tap:
+# none; its click event, which computes the hover afresh, came after the selection). This
+# script, run once per browser page, hovers the plot at the touch point when a touch starts on a
+# Plotly chart's plot area (a mouse-move there, as a mouse would have made), before Plotly's own
+# touch handler: the tap then selects the tapped point. The container it is drawn in is hidden
+# (no gap in the layout).
+TOUCH_HOVER = """<style>.st-key-{key} {{ display: none; }}</style>
+<script>
+(() => {{
+  if (window.vitpeTouchHover) return;
+  window.vitpeTouchHover = true;
+  document.addEventListener("touchstart", (e) => {{
+    const el = e.target, t = e.touches.length === 1 ? e.touches[0] : null;
+    if (!t || !(el instanceof Element) || !el.matches(".stPlotlyChart .nsewdrag")) return;
+    el.dispatchEvent(new MouseEvent("mousemove", {{bubbles: true, cancelable: true, view: window,
+                                                  clientX: t.clientX, clientY: t.clientY}}));
+  }}, {{capture: true, passive: true}});
+}})();
+</script>"""
+
+
+def touch_hover(key: str) -> None:
+    """`TOUCH_HOVER` in a hidden container with key `key` (the script installs its listener once
+    per browser page, however many pickers draw it)."""
+    with st.container(key=key):
+        st.html(TOUCH_HOVER.format(key=key), unsafe_allow_javascript=True)
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
@@ -62,6 +92,7 @@ def clickable(img: Image.Image, key: str, to_patch: ToPatch, *,
             if isinstance(rc, (list, tuple)) and len(rc) == 2 and tuple(rc) in valid:
                 st.session_state["patch"] = (int(rc[0]), int(rc[1]))
 
+    touch_hover(f"{key}_touch")
     st.plotly_chart(go.Figure(spec, _validate=False), key=key, on_select=clicked, selection_mode="points",
                     config={"displayModeBar": False, "scrollZoom": False, "doubleClick": False})
 

@@ -5,15 +5,22 @@ On a cold start the first script run used to import pandas, torch, Plotly and vi
 the browser had connected, while the server had sat idle for the second or so the browser
 spends loading Streamlit's JavaScript. `streamlit run app.py` finds the `st.App` in app.py
 (made only when the file is imported as a module, not in a visitor's run), whose lifespan
-calls `start`: one daemon thread does those imports, one forward pass of a tiny model, and
-puts the default view's checkpoint and trace in the app's caches (`pages.common.cache`). A
-visitor's first run calls `wait` before its own imports, so the two never import the same
-modules at once (a half-imported module seen from another thread broke Plotly once;
-RELIABILITY.md).
+calls `start`: one daemon thread does those imports, loads (or first compiles) the fused C++
+kernel, runs one forward pass of a tiny model, and puts the default view's checkpoint and trace
+in the app's caches (`pages.common.cache`). A visitor's first run calls `wait` before its own
+imports, so the two never import the same modules at once (a half-imported module seen from
+another thread broke Plotly once; RELIABILITY.md).
+
+A visitor who arrives before it is done sees what it waits for (`wait_visibly`: "Preparing the
+app: compiling the fused SaPE²/CoPE attention kernel (once per install, about a minute)… 12 s"
+under the title, replaced by the page when ready), not a blank page: on a fresh install (an
+empty torch extension cache, or a cached build torch finds out of date) the warm-up compiles the
+fused C++ kernel, about a minute on 2 cores. The server log says when that build starts and ends
+("warm-up: compiling the fused SaPE²/CoPE kernel …", "… built in 41.2 s"), and how long the whole
+warm-up took ("warm-up done in 2.9 s").
 
 Where nothing calls `start` (AppTest; `VITPE_WARMUP=0` turns it off), `wait` returns at once.
-Nothing heavy is imported here: app.py imports this module on every run. The server log says
-how long it took ("warm-up done in 2.9 s").
+Nothing heavy is imported here: app.py imports this module on every run.
 """
 from __future__ import annotations
 
@@ -23,7 +30,8 @@ import logging
 import os
 import threading
 import time
-from typing import Any, AsyncIterator
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable
 
 from streamlit.logger import get_logger   # the server's log format and level
 
@@ -40,20 +48,40 @@ MODULES = ("pandas", "torch", "plotly.graph_objects", "vitpe_core.model", "vitpe
            "pages.common.position_panel", "pages.common.stress_panel", "pages.common.film")
 THREAD = "vitpe-warmup"
 WAIT_S = 120.0                  # a visitor waits at most this long; the imports then run in its own script
+BUILD_WAIT_S = 900.0            # ... or this long while the kernel compiles (its own run would wait for it too)
+SHOW_EVERY_S = 0.5              # how often the waiting page's message is brought up to date
+
+# What the warm-up is doing, as the waiting page says it ("Preparing the app: <stage>… 12 s").
+IMPORTING = "loading PyTorch, Plotly and the app's modules"
+KERNEL = "loading the fused SaPE²/CoPE attention kernel"
+COMPILING = "compiling the fused SaPE²/CoPE attention kernel (once per install, about a minute)"
+FORWARD = "running a first forward pass"
+DEFAULT_VIEW = "loading the default checkpoint and tracing its image"
 
 _done = threading.Event()
 _started = False
 _lock = threading.Lock()
+_stage: tuple[str, float] = (IMPORTING, time.monotonic())   # (what it does now, since when: time.monotonic())
 seconds: float | None = None    # how long the warm-up took (None until done)
+
+
+def _set_stage(text: str) -> None:
+    global _stage
+    _stage = (text, time.monotonic())
 
 
 def _run() -> None:
     global seconds
     t0 = time.perf_counter()
+    log.info("warm-up: started (imports, the fused kernel, a first forward pass, the default view)")
     try:
+        _set_stage(IMPORTING)
         for name in MODULES:
             importlib.import_module(name)
+        _load_kernel()
+        _set_stage(FORWARD)
         _first_forward()
+        _set_stage(DEFAULT_VIEW)
         _default_view()
     except Exception:  # noqa: BLE001 — the visitor's own run then meets it where the page shows it
         log.exception("warm-up failed; the first page run does that work instead")
@@ -64,9 +92,96 @@ def _run() -> None:
         _done.set()
 
 
+def kernel_needs_build() -> bool:
+    """Whether the fused C++ kernel (`vitpe_core.encodings._kernels`) will be compiled, not only
+    loaded, by its first use: its build folder holds no built library (a fresh install, an empty
+    `TORCH_EXTENSIONS_DIR`, an edited source). False with `VITPE_NO_CPP=1`. (torch's ninja may
+    still rebuild a cached one it finds out of date: `_load_kernel` notices that as it happens.)"""
+    from vitpe_core.encodings import _kernels
+
+    if os.environ.get("VITPE_NO_CPP", "") not in ("", "0"):
+        return False
+    name = _kernels.extension_name()
+    folder = Path(_kernels.build_directory(name))
+    return not any((folder / f"{name}{ext}").exists() for ext in (".so", ".pyd"))
+
+
+def _compiler_running() -> bool:
+    """Whether torch's build tool (`ninja`, which runs the compiler) is a child of this process
+    now (Linux's /proc; False elsewhere)."""
+    me = str(os.getpid())
+    try:
+        entries = [d for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:
+        return False
+    for pid in entries:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                comm, _, rest = f.read().rpartition(")")
+        except OSError:
+            continue
+        fields = rest.split()
+        if len(fields) > 1 and fields[1] == me and comm.endswith("(ninja"):
+            return True
+    return False
+
+
+class _Build:
+    """Says, once, in the log and on the waiting page, that the kernel is being compiled, and
+    then how long that took."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder, self.t0 = folder, None
+
+    def started(self, why: str) -> None:
+        if self.t0 is not None:
+            return
+        self.t0 = time.perf_counter()
+        _set_stage(COMPILING)
+        log.info("warm-up: compiling the fused SaPE²/CoPE kernel (%s; about a minute) in %s …", why, self.folder)
+
+    def ended(self, built: bool) -> None:
+        if self.t0 is None:
+            return
+        if built:
+            log.info("warm-up: … fused SaPE²/CoPE kernel built in %.1f s", time.perf_counter() - self.t0)
+        else:
+            log.warning("warm-up: … the fused SaPE²/CoPE kernel could not be built (%.1f s); the slower eager "
+                        "PyTorch path is used", time.perf_counter() - self.t0)
+
+
+def _load_kernel() -> None:
+    """Load the fused kernel, compiling it where no build of it is cached (about a minute on 2
+    cores: the longest part of a first start), or where torch finds the cached build out of date
+    (a compiler then runs under this process): the log and the waiting page say so."""
+    from vitpe_core.encodings import _kernels
+
+    if os.environ.get("VITPE_NO_CPP", "") not in ("", "0"):
+        return
+    build = _Build(_kernels.build_directory(_kernels.extension_name()))
+    loaded = threading.Event()
+    if kernel_needs_build():
+        build.started("first start after an install")
+    else:
+        _set_stage(KERNEL)
+
+        def watch() -> None:    # a load is a second or two; a rebuild runs ninja under this process
+            while not loaded.wait(0.5):
+                if _compiler_running():
+                    build.started("its cached build is out of date")
+                    return
+
+        threading.Thread(target=watch, name=f"{THREAD}-build-watch", daemon=True).start()
+    try:
+        built = _kernels.kernels() is not None
+    finally:
+        loaded.set()
+    build.ended(built)
+
+
 def _first_forward() -> None:
-    """One forward pass of a tiny SaPE² + APE model: torch's first call of each operator (and
-    the C++ SaPE² kernel's loading) happen here instead of in the first visitor's trace."""
+    """One forward pass of a tiny SaPE² + APE model: torch's first call of each operator (and of
+    the C++ SaPE² kernel, `_load_kernel` loaded it) happens here instead of in the first visitor's trace."""
     import torch
 
     from vitpe_core.config import preset_config
@@ -108,10 +223,44 @@ def start() -> None:
     threading.Thread(target=_run, name=THREAD, daemon=True).start()
 
 
-def wait(timeout: float = WAIT_S) -> None:
-    """Block until the warm-up is done (at once if none was started)."""
-    if _started:
-        _done.wait(timeout)
+def message() -> str | None:
+    """What a waiting visitor is told ("Preparing the app: <stage>… 12 s"), None when nothing is
+    to wait for."""
+    if not _started or _done.is_set():
+        return None
+    text, since = _stage
+    return f"Preparing the app: {text}… {time.monotonic() - since:.0f} s"
+
+
+def wait(timeout: float = WAIT_S, show: Callable[[str], Any] | None = None) -> None:
+    """Block until the warm-up is done (at once if none was started), at most `timeout` s (at
+    least `BUILD_WAIT_S` while the kernel compiles). `show(text)`, if given, is called at once
+    and then whenever `message()` changes (every `SHOW_EVERY_S` s at most) while it waits."""
+    if not _started:
+        return
+    t0, shown = time.monotonic(), None
+    while not _done.is_set():
+        waited = time.monotonic() - t0
+        limit = max(timeout, BUILD_WAIT_S) if _stage[0] == COMPILING else timeout
+        if waited >= limit:
+            return
+        text = message()
+        if show is not None and text is not None and text != shown:
+            show(text)
+            shown = text
+        _done.wait(min(SHOW_EVERY_S, limit - waited))
+
+
+def wait_visibly() -> None:
+    """`wait`, with its message on the page (an info box under the title; the page replaces it
+    when the warm-up is done). A visitor's run calls it; nothing is drawn when nothing is to wait for."""
+    if not _started or _done.is_set():
+        return
+    import streamlit as st
+
+    note = st.empty()
+    wait(show=lambda text: note.info(text, icon=":material/hourglass_top:"))
+    note.empty()
 
 
 @contextlib.asynccontextmanager

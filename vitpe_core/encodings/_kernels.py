@@ -102,13 +102,15 @@ def _held_by_this_process(name: str) -> Iterator[bool]:
 
 def extension_name() -> str:
     """`vitpe_attend_<8 hex digits of the source and flags>_<8 hex digits of this torch's
-    folder>`. A changed `SOURCE` (or flags) is a new name, hence a fresh build, never a stale
-    one loaded. Each virtual environment gets its own build in the shared extension cache: one
-    name for all made two environments rebuild it in turn, about 40 s each time (torch's
-    build.ninja holds the torch include paths, and a different one makes ninja rebuild)."""
+    folder and of the source file's path>`. A changed `SOURCE` (or flags) is a new name, hence
+    a fresh build, never a stale one loaded. Each virtual environment and each checkout gets its
+    own build in the shared extension cache: one name for all made two environments (or two
+    clones) rebuild it in turn, about 40 s each time (torch's build.ninja holds the torch
+    include paths and the source's path, and a different one makes ninja rebuild)."""
     import torch
     build = hashlib.sha256(SOURCE.read_bytes() + repr((_CFLAGS, _LDFLAGS)).encode()).hexdigest()[:8]
-    tag = hashlib.sha256(str(Path(torch.__file__).resolve().parent).encode()).hexdigest()[:8]
+    where = f"{Path(torch.__file__).resolve().parent}|{SOURCE.resolve()}"   # build.ninja names both paths
+    tag = hashlib.sha256(where.encode()).hexdigest()[:8]
     return f"vitpe_attend_{build}_{tag}"
 
 

@@ -1,0 +1,77 @@
+"""The patch picker on a touch screen, in a real browser: a 390 x 844 phone with touch emulation
+(`has_touch`, `is_mobile`) taps patch after patch, and each tap selects the tapped patch.
+
+Plotly selects "the clicked point" from its last hover, and a touch screen has no hover before a
+tap: every tap selected the patch tapped before it (the first one: none), while a mouse click at
+the same point worked (tests/test_browser.py). `pages.common.picker.TOUCH_HOVER` hovers the plot
+where a touch starts.
+
+Same set-up as tests/test_browser.py: `python -m streamlit run app.py` on loopback driven by
+Debian's chromium through playwright, skipping with a reason where either is missing; conftest's
+tiny random-weight checkpoints (8 x 8 grid).
+"""
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import harness as lt
+from benchmarks.click_cost import picker_point
+
+TIMEOUT_MS = 60_000
+FIRST_LOAD_MS = 300_000      # the server's warm-up may (re)build the fused kernel first: a minute or two
+GRID = (8, 8)
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+lt.skip_module_without_browser(pytest)
+from playwright.sync_api import expect  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def app_url(app_checkpoint_dir, tmp_path_factory):
+    log = tmp_path_factory.mktemp("touch_streamlit") / "server.log"
+    with lt.streamlit_server(app_checkpoint_dir, log=log, timeout=60) as server:
+        yield server.url
+
+
+@pytest.fixture
+def phone(browser):
+    ctx = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True,
+                              device_scale_factor=2)
+    pg = ctx.new_page()
+    pg.set_default_timeout(TIMEOUT_MS)
+    yield pg
+    ctx.close()
+
+
+def tap_patch(page, key: str, patch: tuple[int, int]) -> None:
+    """Tap the centre of `patch` on the picker `key` (a touch, no mouse event before it)."""
+    lt.picker_area(page, key).scroll_into_view_if_needed()
+    pt = picker_point(page, key, patch, GRID)
+    page.touchscreen.tap(pt["x"], pt["y"])
+
+
+def selected(page, patch: tuple[int, int], timeout_ms: float = TIMEOUT_MS) -> None:
+    """The page shows `patch` as the query patch, in its text and the address bar, once the run is over."""
+    expect(page.get_by_text(lt.patch_label(patch), exact=True)).to_be_visible(timeout=timeout_ms)
+    page.wait_for_function("(p) => new URL(location.href).searchParams.get('patch') === p",
+                           arg=f"{patch[0]},{patch[1]}", timeout=timeout_ms)
+    lt.wait_script_run(page, timeout_ms / 1000)
+    expect(page.get_by_text(lt.patch_label(patch), exact=True)).to_be_visible()
+    assert lt.url_params(page.url)["patch"] == f"{patch[0]},{patch[1]}"
+    assert page.locator("[data-testid='stException']").count() == 0
+
+
+@pytest.mark.parametrize("page_name, key, ckpt", [("bias", "bias_click", "sape2+ape"),
+                                                  ("compare", "compare_click", "sape2+ape"),
+                                                  ("similarity", "similarity_click", "ape")])   # Figure 7's tiles
+def test_each_tap_selects_the_tapped_patch(phone, app_url, page_name, key, ckpt):
+    """Four taps in a row (the first one on a freshly drawn picker), each checked before the next:
+    the selected patch is the tapped one, never the one tapped before."""
+    phone.goto(lt.share_url(app_url, page=page_name, ckpt=ckpt, image="cifar10-test-0000", patch=(4, 4)))
+    selected(phone, (4, 4), FIRST_LOAD_MS)
+    expect(phone.locator(f".st-key-{key}_touch")).to_have_count(1)    # the script is on the page,
+    expect(phone.locator(f".st-key-{key}_touch")).to_be_hidden()      # in a container that takes no space
+    for patch in [(6, 2), (1, 1), (1, 6), (7, 7)]:
+        tap_patch(phone, key, patch)
+        selected(phone, patch)
