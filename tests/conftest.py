@@ -85,7 +85,11 @@ def pytest_report_header(config) -> list[str]:
     return [f"hypothesis profile: {profile}{note}", f"release tests: {release}"]
 
 
+FIRST_MODULES = ("test_browser_coldstart.py",)   # on a fresh machine its server compiles the kernel for all
+
+
 def pytest_collection_modifyitems(config, items) -> None:
+    items.sort(key=lambda item: item.path.name not in FIRST_MODULES)   # stable: the rest keep their order
     release = _release_requested(config)
     skip_release = pytest.mark.skip(reason=f"release check (full CIFAR-10 test set, minutes): run with --release "
                                            f"or {RELEASE_ENV}=1")
