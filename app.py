@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import streamlit as st   # `streamlit run app.py` puts this folder on sys.path: pages/ and vitpe_core import
 
-from pages.common import warmup                                      # light: imports in a thread
+from pages.common import definitions, warmup                         # light: imports in a thread
 from vitpe_core.viewstate import DEFAULT_PAGE, PAGES as PAGE_NAMES   # torch-free (vitpe_core imports lazily)
 
 NAV = {  # page name (vitpe_core.viewstate.PAGES, the one list) -> (menu title, icon); file pages/NAME.py
@@ -19,6 +19,7 @@ NAV = {  # page name (vitpe_core.viewstate.PAGES, the one list) -> (menu title, 
     "similarity": ("Embedding similarity", ":material/grid_view:"),
     "compare": ("Compare encodings", ":material/compare:"),
     "checkpoints": ("Checkpoints", ":material/inventory_2:"),
+    definitions.URL_PATH: (definitions.TITLE, definitions.ICON),   # text, not a view (not in PAGES); not in the menu
 }
 HEADINGS = {"similarity": "Position-embedding similarity"}   # the page's h1 where it differs from the menu
 
@@ -29,6 +30,7 @@ def main() -> None:
 
     pages = {name: st.Page(f"pages/{name}.py", title=NAV[name][0], icon=NAV[name][1], url_path=name,
                            default=name == DEFAULT_PAGE) for name in sorted(PAGE_NAMES, key=list(NAV).index)}
+    pages[definitions.URL_PATH] = definitions.page()                  # docs/encodings.md, rendered
     nav = st.navigation(list(pages.values()))
 
     # `?page=NAME` on any URL opens that page once per session, keeping the other parameters.
@@ -39,19 +41,21 @@ def main() -> None:
             st.switch_page(pages[requested], query_params=st.query_params.to_dict())
 
     # The page's title first: on a cold start what follows imports torch (about 2 s, unless the
-    # server's warm-up did) before anything else can be drawn. Then pandas before any page script:
+    # server's warm-up did) before anything else can be drawn. Then, while the server's warm-up
+    # is still at work, what it waits for ("Preparing the app: compiling ...… 12 s" on a fresh
+    # install), replaced by the page when it is done. Then pandas before any page script:
     # Plotly uses a half-imported pandas that another session's page script is still importing
     # (partially initialized module; load test).
     name = next(n for n, p in pages.items() if p.url_path == nav.url_path)
     st.title(HEADINGS.get(name, NAV[name][0]))
-    warmup.wait()
+    warmup.wait_visibly()
     import pandas  # noqa: F401
     from pages.common import cache, status, viewsync
 
     viewsync.open_link_model()      # a link's imported model joins this session's list first
     with st.sidebar:
         root = cache.checkpoint_root()
-        st.caption(f"Checkpoints: `{root}` ({len(cache.checkpoint_names())} found). "
+        st.caption(f"Checkpoints: `{root}` ({cache.count_text()}). "
                    f"Set `{cache.ENV_VAR}` to use another folder.")
 
     nav.run()

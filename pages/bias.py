@@ -8,8 +8,9 @@ import streamlit as st
 
 from vitpe_core import analysis, figures, views
 from pages.common import cache, explain, loading, messages, picker, stress_panel, uploads, viewsync, widgets
-from pages.common.output import chart, downloads
+from pages.common.output import chart, class_axes, downloads
 from vitpe_core.gallery import gallery_label
+from vitpe_core.inputs import prediction_text
 from vitpe_core.views import head_text
 
 PAGE = "bias"
@@ -43,9 +44,11 @@ def main() -> None:
         display = picker.patch_picker(PAGE, img, ckpt, view.patch, f"{caption} — click a patch ({where})")
         show_prediction(ckpt, tr, key)
     maps = analysis.patch_maps(tr, view.patch)                      # name -> (L, h, H, W)
-    with right:
-        show_bias(ckpt, tr, maps, display, view, layer, head)
-    show_attention(tr, maps, display, view, layer, head, grid)
+    with right:            # a model without a bias shows its attention row here, not empty space
+        if not (has_bias := show_bias(ckpt, tr, maps, display, view, layer, head)):
+            show_attention(tr, maps, display, view, layer, head, grid, stacked=True)
+    if has_bias:
+        show_attention(tr, maps, display, view, layer, head, grid)
     stress_panel.rollout_section(PAGE, ckpt, tr, view.ckpt, key, display, view.patch)
     stress_panel.stress_section(PAGE, ckpt, tr, view.ckpt, key, custom, view.patch, layer, head)
 
@@ -53,21 +56,21 @@ def main() -> None:
 def show_prediction(ckpt, tr: analysis.Trace, key: str) -> None:
     names = cache.class_names(ckpt)
     top, p = views.top_class(tr)
-    truth = gallery_label(key)
-    st.markdown(f"Prediction: **{names[top]}** ({p * 100:.1f} %)" + (f" — true class: {truth}" if truth else ""))
+    st.markdown(prediction_text(names, top, p, gallery_label(key), imported=bool(ckpt.metrics.get("imported")),
+                                escape=messages.escape_md))
     chart(figures.topk_fig(tr.probs, names), f"{ckpt.name}_top5", key=f"{PAGE}_top5")
     downloads(f"{ckpt.name}_probabilities", tr.probs[None], key=f"{PAGE}_probs_dl",
-              shown_what="class probabilities")
+              shown_what="class probabilities", axes=class_axes(names))
 
 
-def show_bias(ckpt, tr, maps, display, view, layer, head) -> None:
+def show_bias(ckpt, tr, maps, display, view, layer, head) -> bool:
     cfg, grid = ckpt.config, ckpt.config.grid
     parts = views.bias_parts(tr, ckpt.model.pos_enc)
     if not parts:
-        st.info(f"`{cfg.encoding}` adds no attention bias (it {views.hooks_text(ckpt.model.pos_enc.hooks)}). "
-                "Its positional component is on the Compare page (table similarity or RoPE kernel); "
-                "the attention row is below.")
-        return
+        st.info(f"`{cfg.encoding}` adds no attention bias (it {views.hooks_text(ckpt.model.pos_enc.hooks)}): "
+                "there is no bias row to show. Its positional component is on the Compare page (table similarity "
+                "or RoPE kernel); here is the full model's attention row from the chosen patch instead.")
+        return False
     if parts != ["row"]:
         st.markdown(views.readout_text(cfg.encoding_options))
     part = parts[0] if len(parts) == 1 else st.radio("Bias component", parts, key=f"{PAGE}_part", horizontal=True,
@@ -99,9 +102,10 @@ def show_bias(ckpt, tr, maps, display, view, layer, head) -> None:
             chart(figures.layers_fig(bv.per_head, title=f"{short}, layer {layer}, every head", colorbar_title=cbar,
                                      patch=view.patch, labels=[f"head {i}" for i in range(bv.per_head.shape[0])]),
                   base + "_heads", key=f"{PAGE}_bias_heads")
+    return True
 
 
-def show_attention(tr, maps, display, view, layer, head, grid) -> None:
+def show_attention(tr, maps, display, view, layer, head, grid, stacked: bool = False) -> None:
     st.subheader("Attention row of the full model")
     attn = views.attention_view(maps, layer, head)                           # (H, W)
     title = f"Attention, layer {layer}, {head_text(head)}"
@@ -110,7 +114,7 @@ def show_attention(tr, maps, display, view, layer, head, grid) -> None:
     st.caption(f"Softmax weights from the query patch (r={view.patch[0]}, c={view.patch[1]}) to every patch; the "
                f"prefix tokens are left out of the map" + (f" (attention to them: {prefix})." if prefix else "."))
     base = f"{view.ckpt}_attention_p{view.patch[0]}-{view.patch[1]}_l{layer}_{head_text(head)}"
-    a, b = st.columns(2)
+    a, b = (st.container(), st.container()) if stacked else st.columns(2)
     with a:
         chart(figures.overlay_fig(display, attn, grid, patch=view.patch, title=title, colorbar_title="attention",
                                   colorscale=figures.ATTENTION_SCALE, zmin=0, zmax=None),

@@ -25,7 +25,7 @@ def main() -> None:
     if not names:
         messages.no_checkpoints_info()
         return
-    st.caption(f"Folder: `{cache.checkpoint_root()}` ({len(names)} checkpoints)")
+    st.caption(f"Checkpoints: `{cache.checkpoint_root()}` ({cache.count_text()})")
     rows, ckpts = [], {}
     for name in names:
         try:

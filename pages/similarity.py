@@ -9,7 +9,7 @@ import streamlit as st
 
 from vitpe_core import analysis, figures
 from pages.common import cache, explain, film, loading, messages, picker, viewsync, widgets
-from pages.common.output import chart, downloads
+from pages.common.output import chart, downloads, figure7_axes, token_axes
 from vitpe_core.viewstate import ViewState
 
 PAGE = "similarity"
@@ -70,7 +70,8 @@ def show(res: dict, label: str, source: str) -> None:
         picker.clickable(figures.figure7_image(sim_grid, patch=patch), f"{PAGE}_click",
                          lambda x, y, w, h: figures.figure7_pixel_to_patch(x, y, w, h, grid))
         downloads(f"{source}_figure7", figures.figure7_canvas(sim_grid), key=f"{PAGE}_figure7_dl", full=sim_grid,
-                  shown_what="Figure 7 as drawn (NaN gaps)", full_what="similarity, (H, W, H, W)")
+                  shown_what="Figure 7 as drawn (NaN gaps)", full_what="similarity, (H, W, H, W)",
+                  axes=figure7_axes(grid))
     with right:
         widgets.patch_controls(PAGE, grid)
         widgets.patch_text(patch, grid)
@@ -87,7 +88,8 @@ def show(res: dict, label: str, source: str) -> None:
         chart(figures.similarity_matrix_fig(sim, grid, patch=patch,
                                             title=f"All {H * W} position embeddings, cosine<br>{label}"),
               f"{source}_similarity_matrix", key=f"{PAGE}_matrix")
-        downloads(f"{source}_similarity_matrix", sim, key=f"{PAGE}_matrix_dl", shown_what="N×N cosine similarity")
+        downloads(f"{source}_similarity_matrix", sim, key=f"{PAGE}_matrix_dl", shown_what="N×N cosine similarity",
+                  axes=token_axes(grid))
     with tabs[1]:
         across_checkpoints(source, res)
     with tabs[2]:

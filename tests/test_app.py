@@ -694,6 +694,44 @@ def test_warmup_wait_returns_at_once_where_nothing_started_it_and_after_it_ran(m
     assert [t for t in warmup.threading.enumerate() if t.name == "vitpe-warmup"] == []
 
 
+def test_a_waiting_visitor_is_told_what_the_warm_up_does_until_it_is_done(monkeypatch):
+    """The blank page of a fresh install (issue: 25 s of a title alone while the kernel compiled):
+    `wait` shows the stage at once and again as it changes, and stops when the warm-up is done."""
+    import threading
+    import time
+
+    from pages.common import warmup
+
+    done = threading.Event()
+    monkeypatch.setattr(warmup, "_started", True)
+    monkeypatch.setattr(warmup, "_done", done)
+    monkeypatch.setattr(warmup, "SHOW_EVERY_S", 0.02)
+    monkeypatch.setattr(warmup, "_stage", (warmup.COMPILING, time.monotonic()))
+    seen: list[str] = []
+    waiter = threading.Thread(target=warmup.wait, kwargs={"timeout": 5.0, "show": seen.append})
+    waiter.start()
+    time.sleep(0.3)
+    assert waiter.is_alive() and seen
+    assert seen[0].startswith("Preparing the app: compiling the fused SaPE²/CoPE attention kernel")
+    warmup._set_stage(warmup.FORWARD)
+    deadline = time.monotonic() + 4
+    while not any("first forward pass" in t for t in seen) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert any("first forward pass" in t for t in seen), seen     # the message follows the stage
+    done.set()
+    waiter.join(30)
+    assert not waiter.is_alive()
+    monkeypatch.setattr(warmup, "_done", threading.Event())         # a compile outlasts the usual limit
+    monkeypatch.setattr(warmup, "_stage", (warmup.COMPILING, time.monotonic()))
+    waiter = threading.Thread(target=warmup.wait, kwargs={"timeout": 0.01})
+    waiter.start()
+    time.sleep(0.3)
+    assert waiter.is_alive()
+    warmup._done.set()
+    waiter.join(30)
+    assert warmup.message() is None
+
+
 _PAGE_IMPORTS_CHECK = r'''
 import ast, importlib, importlib.util, sys
 from pathlib import Path
@@ -747,6 +785,7 @@ def test_the_warmup_imports_every_module_the_pages_import_first():
     ("/media/abc.png", "", "", None),
     ("/app/static/x.png", "", "", None),
     ("/app/compare", "", "", "/compare"),
+    ("/pages/definitions", "", "", "/definitions"),                # the text page is a page too
     ("/vitpe/compare", "", "vitpe", None),                         # below server.baseUrlPath: a page
     ("/vitpe/pages/bias", "", "/vitpe/", "/vitpe/bias"),
     ("/other/compare", "", "vitpe", None),                         # outside the base: not ours
@@ -755,3 +794,242 @@ def test_deep_paths_redirect_to_the_page_they_name(path, query, base, target):
     from pages.common.paths import redirect_target
 
     assert redirect_target(path, query, base) == target
+
+
+# ----------------------------------------------------------------------------- definitions (issue 31, item 4)
+def test_the_definitions_open_as_a_page_of_the_app_with_the_document_rendered(with_ckpts):
+    """The compare page's "Definitions" pointed at docs/encodings.md, a repository file that a
+    served app does not have (a new tab on the bias explorer). The document is a page now,
+    reached from `?page=definitions` as any page, its links into the repository kept as text."""
+    from pages.common import definitions
+
+    at = ok(run({"page": "definitions"}))
+    assert at.title[0].value == "Definitions"
+    text = "\n".join(m.value for m in at.markdown)
+    assert "## Position encodings in vitpe" in text and "## Position-only kernels and the relative score" in text
+    assert "](../" not in text and "README.md#" not in text                  # no link to a repository file
+    assert not at.warning and not at.get("plotly_chart")
+    assert definitions.URL_PATH not in PAGES                                 # not a view: share links unchanged
+
+
+def test_every_link_to_the_definitions_points_at_the_app_page(with_ckpts):
+    """The compare page links the page itself (st.page_link); the "What am I looking at?" texts
+    link it relatively (`definitions`, beside the page's own address); none links into docs/."""
+    from pages.common import explain
+
+    at = ok(run({"page": "compare"}))
+    [link] = [p for p in at.get("page_link") if "Definitions" in p.proto.label]
+    assert link.proto.page == "definitions"
+    for page in PAGES:
+        text = explain.text(page)
+        assert "](docs/" not in text and "[Definitions](definitions)" in text, page
+    assert not any("](docs/" in m.value for m in at.markdown)
+
+
+# ----------------------------------------------------------------------------- issue 31, items 6-8 and 10-14
+def _import_upload(at: AppTest, name: str, data: bytes, labels: tuple[str, bytes] | None = None) -> AppTest:
+    """Upload `data` as `name` (and a labels file) in the Checkpoints page's import form and press Import."""
+    at.file_uploader(key="checkpoints_model_upload").set_value((name, data, "application/octet-stream"))
+    if labels is not None:
+        at.file_uploader(key="checkpoints_model_labels").set_value((labels[0], labels[1], "text/plain"))
+    ok(at.run())
+    at.button(key="checkpoints_model_import").click()
+    return ok(at.run())
+
+
+def _small_vit(num_classes: int = 3, img_size: int = 32):
+    from vitpe_core import ViTConfig, build_model
+    return build_model(ViTConfig(img_size=(img_size, img_size), patch_size=4, dim=32, depth=1, heads=1, mlp_dim=32,
+                                 num_classes=num_classes))
+
+
+@pytest.mark.parametrize("name, data", [
+    ("vit.safetensors", bytes(range(256)) * 64),                       # random bytes
+    ("notes.safetensors", b"These are my notes, not weights.\n" * 40),  # a text file renamed
+    ("vit.npz", bytes(range(256)) * 64),
+    ("vit.pth", bytes(range(256)) * 64),
+])
+def test_a_junk_weights_file_is_refused_by_its_own_name_in_plain_words(without_ckpts, name, data):
+    """Issue 31 (6): "cannot read vitpe-import-fsw_l77w.safetensors as a state dict of tensors: Error
+    while deserializing header: header too large" named a server temp file and quoted the parser."""
+    at = _import_upload(ok(run({"page": "checkpoints"})), name, data)
+    [error] = [e.value for e in at.error]
+    assert error.startswith(f"{name} was not imported: {name} is not a readable"), error
+    assert "again with" in error                                                   # what to do
+    assert "vitpe-import-" not in error and "deserializ" not in error.lower() and "header too large" not in error
+
+
+@pytest.fixture
+def served_routing(monkeypatch):
+    """Page switches as the server makes them: app.py turns Streamlit's pages-folder mode off when
+    the server imports it (`_no_pages_folder_mode`); AppTest turns it on again before every run,
+    so a run after a page switch ran the page's file alone, without app.py's sidebar."""
+    from streamlit.runtime.pages_manager import PagesManager
+    init = PagesManager.__init__
+
+    def served(self, *args, **kw):
+        init(self, *args, **kw)
+        PagesManager.uses_pages_directory = False
+
+    monkeypatch.setattr(PagesManager, "__init__", served)
+
+
+def test_after_an_import_the_sidebar_and_the_page_count_the_same_checkpoints(with_ckpts, served_routing):
+    """Issue 31 (7): the page said "(6 checkpoints)" while the sidebar, drawn before the import,
+    said "5 found"; both now say what the lists hold (the import runs in the button's callback,
+    before the sidebar is drawn)."""
+    at = ok(run({"page": "checkpoints"}))
+    assert any("(5 checkpoints in the folder)" in c.value for c in at.sidebar.caption)
+    at = _import_upload(at, "vit.npz", _timm_npz(_small_vit()))
+    assert "Imported as `vit-upload`" in at.success[0].value
+    said = "5 checkpoints in the folder + 1 imported in this session"
+    assert any(said in c.value for c in at.sidebar.caption), [c.value for c in at.sidebar.caption]
+    assert any(said in c.value for c in at.main.caption), [c.value for c in at.main.caption]
+    assert not any("found)" in c.value or "(6 checkpoints)" in c.value for c in at.caption)
+    at.switch_page("pages/bias.py")
+    ok(at.run())
+    assert any(said in c.value for c in at.sidebar.caption)
+
+
+def test_a_shared_upload_is_named_once(with_ckpts):
+    """Issue 31 (8): "Showing the shared upload shared upload 688e8c7f2e90… (688e8c7f2e90)"."""
+    at = ok(run({"ckpt": "sape2+ape"}))
+    at.file_uploader(key="bias_upload").set_value(("photo.png", _png((48, 40), (10, 200, 90)), "image/png"))
+    ok(at.run())
+    image = _qp(at, "image")
+    short = image.removeprefix("upload:")[:12]
+    other = ok(run({"ckpt": "sape2+ape", "image": image}))                     # a visitor opening the link
+    [showing] = [c.value for c in other.caption if c.value.startswith("Showing the shared upload")]
+    assert showing == f"Showing the shared upload `{short}…` on every page of this session.", showing
+    texts = [c.value for c in other.caption] + [other.selectbox(key="bias_image").format_func(image)]
+    assert not any("shared upload shared upload" in t or t.count(short) > 1 for t in texts), texts
+    assert other.selectbox(key="bias_image").format_func(image) == f"shared upload {short}…"
+
+
+def _prediction(at: AppTest) -> str:
+    return next(m.value for m in at.markdown if m.value.startswith("Prediction:"))
+
+
+def test_an_imported_models_prediction_does_not_pair_its_class_with_a_cifar_label(without_ckpts):
+    """Issue 31 (10): "class 150 (89.9 %) — true class: cat" paired an imported model's class with a
+    CIFAR-10 label. Unnamed classes say how to name them; a labels file names them; the CIFAR-10
+    true class is said as another set unless the model's classes are CIFAR-10's."""
+    at = _import_upload(ok(run({"page": "checkpoints"})), "vit.npz", _timm_npz(_small_vit(3)))
+    at.switch_page("pages/bias.py")
+    ok(at.run())
+    text = _prediction(at)                                         # the first sample image: a CIFAR-10 cat
+    assert "**class " in text and "labels file" in text
+    assert "true class (CIFAR-10): cat — this model's classes are another set" in text, text
+    assert "— true class: cat" not in text
+    at.switch_page("pages/checkpoints.py")
+    ok(at.run())
+    at = _import_upload(at, "named.npz", _timm_npz(_small_vit(3)), ("labels.txt", b"tench\ngoldfish\nshark\n"))
+    assert "Imported as `named-upload`" in at.success[0].value
+    at.switch_page("pages/bias.py")
+    ok(at.run())
+    text = _prediction(at)
+    assert any(f"**{n}**" in text for n in ("tench", "goldfish", "shark")) and "another set" in text, text
+    at.switch_page("pages/checkpoints.py")
+    ok(at.run())
+    at = _import_upload(at, "wrong.npz", _timm_npz(_small_vit(4)), ("labels.json", b'{"0": "a", "1": "b"}'))
+    assert "wrong.npz was not imported: labels.json names 2 classes, but the model's head has 4" in at.error[0].value
+
+
+def test_a_cifar10_models_prediction_keeps_the_true_class(with_ckpts):
+    at = ok(run({"ckpt": "sape2+ape"}))
+    text = _prediction(at)
+    assert text.endswith("— true class: cat") and "another set" not in text and "labels file" not in text
+
+
+def test_the_encoding_column_keeps_the_shipped_rows_after_an_import(with_ckpts):
+    """Issue 31 (11): one imported row made the table blank every shipped row's encoding."""
+    at = ok(run({"page": "checkpoints"}))
+    assert "encoding" not in at.dataframe[0].value.columns                  # every encoding is its name
+    at = _import_upload(at, "vit.npz", _timm_npz(_small_vit()))
+    table = at.dataframe[0].value
+    assert table["encoding"].to_dict() == {"ape": "ape", "sape2+ape": "sape2+ape", "rope_mixed": "rope_mixed",
+                                           "rpb": "rpb", "none": "none", "vit-upload": "ape"}
+
+
+def test_a_model_without_a_bias_shows_its_attention_row_beside_the_image(with_ckpts):
+    """Issue 31 (12): the bias column of a model without a bias was one info box and empty space."""
+    at = ok(run({"ckpt": "ape"}))
+    [right] = [c for c in at.columns if any("adds no attention bias" in i.value for i in c.info)]
+    keys = [getattr(ch, "key", None) or ch.proto.id for ch in right.get("plotly_chart")]
+    assert any(str(k).endswith("bias_attn_overlay") for k in keys) and any(str(k).endswith("bias_attn_map")
+                                                                           for k in keys), keys
+    assert any(s.value == "Attention row of the full model" for s in right.subheader)
+    assert len([c for c in at.get("plotly_chart") if c.proto.id.endswith("bias_attn_map")]) == 1   # drawn once
+    biased = ok(run({"ckpt": "rpb"}))                                    # a bias: the attention row stays below
+    [right] = [c for c in biased.columns if any("bias_bias_overlay" in ch.proto.id for ch in c.get("plotly_chart"))]
+    assert not any("bias_attn_map" in ch.proto.id for ch in right.get("plotly_chart"))
+
+
+def test_a_shrunk_upload_says_so(with_ckpts):
+    """Issue 31 (13): a 1400×1000 upload was described as "this 1024×731 px image"."""
+    at = ok(run({"ckpt": "sape2+ape"}))
+    at.file_uploader(key="bias_upload").set_value(("big.png", _png((1400, 1000)), "image/png"))
+    ok(at.run())
+    said = "your 1400×1000 image, shrunk to 1024×731 px for the server"
+    assert any(said in c.value for c in at.caption), [c.value for c in at.caption]
+    [note] = [i.value for i in at.info if "left out" in i.value]
+    assert f"centred 731×731 px of {said}" in note and "this 1024×731" not in note, note
+    assert at.session_state["_vitpe_upload"]["original"] == (1400, 1000)
+    at.radio(key="bias_fit").set_value("pad")
+    ok(at.run())
+    assert any(f"Padded: the whole image ({said})" in c.value for c in at.caption)
+    small = ok(run({"ckpt": "sape2+ape"}))
+    small.file_uploader(key="bias_upload").set_value(("red.png", _png(), "image/png"))
+    ok(small.run())
+    assert not any("shrunk" in c.value for c in small.caption)
+
+
+def _csv_downloads(monkeypatch) -> dict[str, bytes]:
+    """file name -> bytes of every CSV download button a run draws (their data is computed on click)."""
+    import streamlit as st
+    drawn, button = {}, st.download_button
+
+    def recording(label, data=None, file_name=None, **kw):
+        if str(file_name).endswith(".csv"):
+            drawn[file_name] = data
+        return button(label, data=data, file_name=file_name, **kw)
+
+    monkeypatch.setattr(st, "download_button", recording)
+    return drawn
+
+
+def _rows(data) -> list[list[str]]:
+    import csv
+    raw = data() if callable(data) else data
+    return list(csv.reader(io.StringIO(raw.decode())))
+
+
+def test_csv_downloads_name_their_rows_and_columns(with_ckpts, monkeypatch):
+    """Issue 31 (14): CSV downloads were bare grids."""
+    drawn = _csv_downloads(monkeypatch)
+    ok(run({"ckpt": "sape2+ape"}, HEATMAP))
+    ok(run({"page": "similarity", "ckpt": "ape"}))
+    ok(run({"page": "compare"}))
+    csvs = {name: _rows(data) for name, data in drawn.items() if name != "checkpoints.csv"}
+    assert len(csvs) >= 6, list(csvs)
+    for name, rows in csvs.items():
+        assert rows[0][0] != "", name                                                  # the corner says which is which
+        assert all(not _is_number(h) for h in rows[0][1:]), (name, rows[0][:4])       # a header row
+        assert all(not _is_number(r[0]) for r in rows[1:]), (name, [r[0] for r in rows[:4]])   # a header column
+        assert len({len(r) for r in rows}) == 1, name
+    [probs] = [rows for name, rows in csvs.items() if "probabilities" in name]
+    assert probs[0] == ["class", *gallery.CIFAR10_CLASSES] and probs[1][0] == "probability"
+    [attn] = [rows for name, rows in csvs.items() if "_attention_" in name]
+    assert attn[0][:3] == ["patch row \\ patch column", "c0", "c1"] and [r[0] for r in attn[1:3]] == ["r0", "r1"]
+    [matrix] = [rows for name, rows in csvs.items() if "similarity_matrix" in name]
+    assert matrix[0][1:3] == ["r0c0", "r0c1"] and matrix[9][0] == "r1c0" and len(matrix) == 65   # 8x8 patches
+    [fig7] = [rows for name, rows in csvs.items() if "figure7" in name]
+    assert fig7[1][0] == "r0 i0" and fig7[9][0] == "gap" and fig7[0][1] == "c0 j0"
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return text.lower() not in ("nan", "inf", "-inf")

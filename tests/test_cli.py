@@ -90,3 +90,13 @@ def test_every_command_is_in_the_module_docstring():
     assert set(sub.choices) == {"train", "evaluate", "table", "structure", "import", "analyze", "scale"}
     for name in sub.choices:
         assert f"\n  {name} " in cli.__doc__, name
+
+
+def test_import_takes_a_labels_file():
+    """`import --labels FILE` (issue 31): one name per line or config.json's id2label; the help says so."""
+    sub = next(a for a in build_parser()._actions if a.dest == "cmd").choices["import"]
+    args = build_parser().parse_args(["import", "w.npz", "--out", "o.safetensors", "--labels", "names.txt"])
+    assert args.labels == "names.txt"
+    assert build_parser().parse_args(["import", "w.npz", "--out", "o.safetensors"]).labels is None
+    help_text = " ".join(sub.format_help().split())
+    assert "one name per line" in help_text and "id2label" in help_text

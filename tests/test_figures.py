@@ -104,6 +104,63 @@ def test_a_checkpoint_keeps_its_colour_in_every_chart_and_no_colour_is_pale():
         assert s >= 0.4 and 0.2126 * r + 0.7152 * g + 0.0722 * b <= 0.6, c
 
 
+def _repo():
+    from pathlib import Path
+
+    return Path(__file__).resolve().parents[1]
+
+
+def _shipped_names() -> list[str]:
+    """`ls checkpoints/*.safetensors checkpoints/long/*.safetensors`, as the app names them."""
+    root = _repo() / "checkpoints"
+    return sorted([p.name.removesuffix(".safetensors") for p in root.glob("*.safetensors")]
+                  + [f"long/{p.name.removesuffix('.safetensors')}" for p in (root / "long").glob("*.safetensors")])
+
+
+def test_every_shipped_checkpoint_has_its_own_colour_and_keeps_it_whatever_is_shown():
+    """Issue 31: 14 checkpoints on a 12-colour palette gave `ape` and `sape2+ape` one colour,
+    `ape2d` and `sincos2d` another. Every shipped name (the compare page's list) now has a colour
+    of its own, fixed by its name: the same with any other set of names listed alongside."""
+    import itertools
+
+    from skimage.color import deltaE_ciede2000, rgb2lab
+
+    names = _shipped_names()
+    assert len(names) >= 14 and set(names) <= set(figures.SHIPPED_CHECKPOINTS)
+    colors = figures.checkpoint_colors(names)
+    assert len(set(colors.values())) == len(names), colors
+    assert colors["ape"] != colors["sape2+ape"] and colors["ape2d"] != colors["sincos2d"]
+    assert len(figures.CHECKPOINT_PALETTE) >= 20
+    lab = {c: rgb2lab(np.array([[[int(c[i:i + 2], 16) / 255 for i in (1, 3, 5)]]]))[0, 0]
+           for c in figures.CHECKPOINT_PALETTE}
+    assert min(float(deltaE_ciede2000(lab[a], lab[b]))
+               for a, b in itertools.combinations(figures.CHECKPOINT_PALETTE, 2)) >= 13    # tell-apart colours
+    rng = np.random.default_rng(0)
+    for _ in range(20):                               # any subset, any extra names: the same colour per name
+        subset = [n for n in names if rng.random() < 0.5] + [f"imported-{i}" for i in range(rng.integers(0, 4))]
+        sub = figures.checkpoint_colors(subset)
+        assert all(sub[n] == colors[n] for n in subset if n in colors), subset
+        assert len(set(sub.values())) == len(sub)
+
+
+def test_another_name_gets_a_colour_from_its_name_distinct_from_the_others_listed():
+    """A name not shipped (an import, another folder) takes a colour picked by a hash of its name
+    (the same in every process and link), one that no other listed name has while colours last."""
+    import subprocess
+    import sys
+
+    alone = figures.checkpoint_colors(["my-vit"])["my-vit"]
+    assert figures.checkpoint_colors(["my-vit", *_shipped_names()])["my-vit"] == alone
+    assert alone not in figures.checkpoint_colors(_shipped_names()).values()
+    code = "from vitpe_core import figures; print(figures.checkpoint_colors(['my-vit'])['my-vit'])"
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={"PYTHONHASHSEED": "123", "PATH": ""}, cwd=str(_repo()))
+    assert other.stdout.strip() == alone                                              # not Python's salted hash
+    many = [f"run-{i}" for i in range(10)] + _shipped_names()
+    assert len(set(figures.checkpoint_colors(many).values())) == len(figures.CHECKPOINT_PALETTE)
+    assert len(figures.checkpoint_colors(many + ["one-more"])) == len(many) + 1   # past 24: a colour still
+
+
 @pytest.mark.parametrize("n,cols,rows", [(6, 3, 2), (4, 2, 2), (2, 2, 1), (12, 3, 4), (1, 1, 1)])
 def test_small_multiples_are_square_tiles_with_ticks(n, cols, rows):
     """"All layers" / "All heads" were one row of stretched tiles (45-110 px) without ticks."""
@@ -119,6 +176,75 @@ def test_small_multiples_are_square_tiles_with_ticks(n, cols, rows):
         assert xa.showticklabels and ya.showticklabels and xa.dtick == ya.dtick == 2    # ticks 0, 2, 4, 6
     tops = sorted({round(fig.layout["y" + k[1:]].domain[1], 6) for k in xs}, reverse=True)
     assert len(tops) == rows
+
+
+# ----------------------------------------------------------------------------- charts sized to their maps (issue 31)
+def _sized_figures():
+    rng = np.random.default_rng(0)
+    m = rng.random((8, 8))
+    title = "Rollout of CLS, heads fused by max, through 6 layers"
+    yield "patch_map", figures.patch_map_fig(m, title=title, colorbar_title="x")
+    yield "overlay", figures.overlay_fig(np.zeros((64, 64, 3), np.uint8), m, (8, 8), title=title)
+    yield "overlay tall", figures.overlay_fig(np.zeros((64, 32, 3), np.uint8), m[:, :4], (8, 4), title=title)
+    yield "layers", figures.layers_fig(np.stack([m] * 6), title=title, colorbar_title="x")
+    yield "pair", figures.pair_fig(m, m, titles=("a", "b"), colorbar_titles=("a", "b"), title=title)
+    yield "shift_diff", figures.shift_diff_fig(m, m, m - m, title=title, colorbar_title="x")
+    yield "similarity", figures.similarity_matrix_fig(np.eye(4), (2, 2), title=title)
+    yield "figure7", figures.figure7_grid_fig(rng.random((3, 3, 3, 3)), title=title)
+    yield "kernels", figures.kernels_fig({n: rng.random((15, 15)) for n in "abcdefg"}, {}, title=title)
+    yield "query kernels", figures.query_kernels_fig({"a": m}, {"a": (1, 1)}, {"a": -2.0}, title=title)
+
+
+@pytest.mark.parametrize("name, fig", list(_sized_figures()), ids=[n for n, _ in _sized_figures()])
+def test_a_map_chart_is_as_wide_as_its_maps_with_the_colour_bar_beside_them(name, fig):
+    """Issue 31: on a wide page a map chart stretched to the column's width: its square maps sat
+    small in the middle, the colour bar far to their right and the title in a narrow box at the
+    left. A map figure now sets its own width (output.chart draws it at that width, a phone
+    shrinks it): the plot area holds the maps with no slack, each colour bar starts at the right
+    edge of its map, and the title wraps to the chart's width."""
+    lay = fig.layout
+    assert lay.width and lay.height, name
+    plot_w = lay.width - lay.margin.l - lay.margin.r
+    plot_h = lay.height - lay.margin.t - lay.margin.b
+    assert plot_w > 0 and plot_h > 0
+    for k in (k for k in lay.to_plotly_json() if k.startswith("xaxis")):                # square cells, no slack
+        xa, ya = lay[k], lay["y" + k[1:]]
+        trace = next((t for t in fig.data if t.type == "heatmap" and (t.xaxis or "x") == "x" + k[5:]), None)
+        if trace is None or trace.z is None:
+            continue
+        rows, cols = np.shape(trace.z)
+        if name.startswith("overlay"):                                                 # the image's pixels
+            rows, cols = abs(ya.range[0] - ya.range[1]), abs(xa.range[1] - xa.range[0])
+        (x0, x1), (y0, y1) = xa.domain or (0, 1), ya.domain or (0, 1)
+        dom_w, dom_h = (x1 - x0) * plot_w, (y1 - y0) * plot_h
+        assert dom_w / dom_h == pytest.approx(cols / rows, rel=0.03), (name, k, dom_w, dom_h, rows, cols)
+        bar = trace.colorbar if trace.showscale is not False and name not in ("kernels", "query kernels") else None
+        if bar is not None and bar.x is not None and trace.showscale is not False:
+            assert bar.xanchor == "left" and bar.x == pytest.approx(x1, abs=0.02), (name, k, bar.x)
+            right_px = bar.x * plot_w + bar.xpad + bar.thickness
+            assert right_px <= plot_w + lay.margin.r - 40, (name, right_px)                # room for its ticks
+    lines = lay.title.text.split("<br>")
+    assert lay.title.xref == "container" and lay.title.pad.l == figures.TITLE_PAD_PX
+    assert max(map(len, lines)) * figures.CHAR_EM * figures.TITLE_FONT_PX <= lay.width - 2 * figures.TITLE_PAD_PX
+    assert max(map(len, lines)) <= figures.TITLE_MAX_CHARS                                # and a phone's
+    assert lay.margin.t >= figures.MODEBAR_PX + figures.TITLE_LINE_PX * len(lines)
+
+
+def test_every_colour_bar_sits_beside_its_map():
+    """The colour bars of the map charts: at paper x = 1 (just right of the plot area) or at the
+    right edge of the map they belong to, never a fixed 1.02 with the maps centred far away."""
+    for name, fig in _sized_figures():
+        for t in fig.data:
+            if t.type == "heatmap" and t.showscale is not False and name not in ("kernels", "query kernels"):
+                assert t.colorbar.x is not None and t.colorbar.x <= 1.0 and t.colorbar.xanchor == "left", name
+
+
+def test_a_title_wraps_to_a_chart_narrower_than_a_phone():
+    """A chart narrower than a phone's (a tall image's overlay) wraps its title to its own width."""
+    fig = figures.overlay_fig(np.zeros((64, 16, 3), np.uint8), np.zeros((8, 2)), (8, 2), title="word " * 20)
+    lines = fig.layout.title.text.split("<br>")
+    assert fig.layout.width < figures.NARROW_CHART_PX
+    assert max(map(len, lines)) * figures.CHAR_EM * figures.TITLE_FONT_PX <= fig.layout.width - 2 * figures.TITLE_PAD_PX
 
 
 # ----------------------------------------------------------------------------- emergence as a film
@@ -185,6 +311,24 @@ def test_query_kernels_fig_outlines_each_query_and_scales_without_it():
     assert fig.data[0].zmax < 2                                                  # scaled on the other keys
     rects = [s for s in fig.layout.shapes if s.type == "rect"]
     assert (rects[0].x0, rects[0].y0) == (1.5, 0.5) and (rects[1].x0, rects[1].y0) == (0.5, 1.5)
+
+
+def test_per_query_titles_show_the_fit_as_it_is_and_the_page_says_it_can_be_negative():
+    """Issue 31: "sincos2d · fit -2.02" under a text that called fit a share of variance. The
+    title shows `positional.query_fit` unclipped, and the text that explains it says what a
+    negative value means."""
+    from pages.common.position_panel import QUERY_EXPLAIN
+    from vitpe_core.encodings.grid import relative_index
+    from vitpe_core.positional import query_fit
+
+    grid, rng = (4, 4), np.random.default_rng(4)
+    kernel = rng.normal(size=49)[relative_index(grid).numpy()]
+    kernel[5] = 0.01 * rng.normal(size=16)
+    fit = query_fit(kernel, grid, 5)
+    assert fit < 0
+    fig = figures.query_kernels_fig({"k": kernel[5].reshape(grid)}, {"k": (1, 1)}, {"k": fit}, title="t")
+    assert fig.layout.annotations[0].text == f"k · fit {fit:.2f}" and f"{fit:.2f}".startswith("-")
+    assert "share of" not in QUERY_EXPLAIN and "below 0" in QUERY_EXPLAIN and "R²" in QUERY_EXPLAIN
 
 
 # ----------------------------------------------------------------------------- fast builders (server CPU per click)

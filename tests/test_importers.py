@@ -268,11 +268,11 @@ def test_bad_files_get_clear_messages_without_allocating(tmp_path):
     save_file(_timm_sd(), str(good))
     data = good.read_bytes()
     (tmp_path / "trunc.safetensors").write_bytes(data[: len(data) // 2])
-    with pytest.raises(CheckpointError, match="cannot read trunc.safetensors"):
+    with pytest.raises(CheckpointError, match="trunc.safetensors is not a readable safetensors file"):
         import_file(tmp_path / "trunc.safetensors")
     header = json.dumps({"w": {"dtype": "F32", "shape": [2 ** 40, 2 ** 20], "data_offsets": [0, 2 ** 62]}}).encode()
     (tmp_path / "huge.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 64)
-    with pytest.raises(CheckpointError, match="cannot read huge.safetensors"):
+    with pytest.raises(CheckpointError, match="huge.safetensors is not a readable safetensors file"):
         import_file(tmp_path / "huge.safetensors")
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(CheckpointError):
@@ -286,6 +286,101 @@ def test_bad_files_get_clear_messages_without_allocating(tmp_path):
         zf.writestr("pos_embed.npy", header.getvalue() + b"\0" * 16)
     with pytest.raises(CheckpointError, match="claims 4,398,046,511,104 bytes"):
         import_file(tmp_path / "bomb.npz")
+
+
+@pytest.mark.parametrize("suffix, what", [(".safetensors", "not a readable safetensors file"),
+                                          (".npz", "not a readable .npz file"),
+                                          (".pth", "not a readable PyTorch weights file"),
+                                          (".bin", "not a readable PyTorch weights file")])
+@pytest.mark.parametrize("content", [bytes(range(256)) * 40, b"just some notes, not weights\n" * 20])
+def test_a_junk_file_is_named_as_its_owner_knows_it_in_plain_words(tmp_path, suffix, what, content):
+    """Issue 31: random bytes or a text file renamed to a weights suffix said "cannot read
+    vitpe-import-fsw_l77w.safetensors as a state dict of tensors: Error while deserializing
+    header: header too large": a temporary file's name and the parser's own message."""
+    path = tmp_path / f"vitpe-import-x1y2{suffix}"
+    path.write_bytes(content)
+    with pytest.raises(CheckpointError) as err:
+        import_file(path, name=f"vit{suffix}")
+    text = str(err.value)
+    assert text.startswith(f"vit{suffix} is {what}") and "again with" in text, text
+    assert "vitpe-import-" not in text and "deserializ" not in text.lower() and "header too large" not in text
+
+
+def test_a_pickle_of_objects_is_refused_saying_why_and_an_empty_file_is_named(tmp_path):
+    import io
+
+    buf = io.BytesIO()
+    torch.save({"model": torch.nn.Linear(2, 2)}, buf)          # a whole module: pickled objects, not tensors
+    (tmp_path / "m.pth").write_bytes(buf.getvalue())
+    with pytest.raises(CheckpointError, match="m.pth holds pickled Python objects.*would run code.*state_dict"):
+        import_file(tmp_path / "m.pth")
+    (tmp_path / "e.safetensors").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"e.safetensors is empty \(0 bytes\)"):
+        import_file(tmp_path / "e.safetensors")
+
+
+def test_the_cli_says_what_is_wrong_with_a_junk_file_in_one_line(tmp_path, capsys):
+    from vitpe_core.__main__ import main
+    (tmp_path / "vit.safetensors").write_bytes(b"not a weights file\n" * 10)
+    assert main(["import", str(tmp_path / "vit.safetensors"), "--out", str(tmp_path / "o.safetensors")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: vit.safetensors is not a readable safetensors file") and err.count("\n") == 1
+    assert "Error while" not in err and not (tmp_path / "o.safetensors").exists()
+
+
+# ----------------------------------------------------------------------------- class names
+def _labelled(tmp_path, labels: str, suffix: str, capsys):
+    from vitpe_core.__main__ import main
+    save_file(_timm_sd(), str(tmp_path / "w.safetensors"))             # 7 classes
+    (tmp_path / f"labels{suffix}").write_text(labels, encoding="utf-8")
+    out = tmp_path / "mine.safetensors"
+    rc = main(["import", str(tmp_path / "w.safetensors"), "--out", str(out), "--heads", str(HEADS),
+               "--labels", str(tmp_path / f"labels{suffix}")])
+    return rc, out, capsys.readouterr()
+
+
+SEVEN = ["tench", "goldfish", "great white shark", "tiger shark", "hammerhead", "electric ray", "stingray"]
+
+
+def test_cli_labels_from_a_text_file_one_name_per_line(tmp_path, capsys):
+    rc, out, io = _labelled(tmp_path, "\n".join(SEVEN) + "\n\n", ".txt", capsys)
+    assert rc == 0, io.err
+    assert json.loads(io.out)["first_class_names"] == SEVEN[:3]
+    assert load_checkpoint(out).metrics["class_names"] == SEVEN
+
+
+def test_cli_labels_from_json_as_config_json_id2label(tmp_path, capsys):
+    id2label = {str(i): n for i, n in reversed(list(enumerate(SEVEN)))}   # key order does not matter
+    rc, out, io = _labelled(tmp_path, json.dumps(id2label), ".json", capsys)
+    assert rc == 0, io.err
+    assert load_checkpoint(out).metrics["class_names"] == SEVEN
+    rc, out, io = _labelled(tmp_path, json.dumps({"architectures": ["ViT"], "id2label": id2label}), ".json", capsys)
+    assert rc == 0 and load_checkpoint(out).metrics["class_names"] == SEVEN      # a whole config.json
+
+
+@pytest.mark.parametrize("labels, suffix, message", [
+    ("\n".join(SEVEN[:5]), ".txt", "labels.txt names 5 classes, but the model's head has 7 outputs"),
+    (json.dumps({str(i): "x" for i in range(10)}), ".json", "labels.json names 10 classes, but the model's head has 7"),
+    (json.dumps({"0": "a", "2": "b"}), ".json", "must run from 0 to 1 without gaps"),
+    (json.dumps({"tench": 0}), ".json", "keys must be class indices"),
+    ("{not json", ".json", "looks like JSON but does not parse"),
+    ("a\n\nb\nc\nd\ne\nf\ng", ".txt", "class 1 has an empty name"),
+    ("", ".txt", "labels.txt is empty"),
+])
+def test_cli_refuses_labels_that_do_not_fit_the_model(tmp_path, capsys, labels, suffix, message):
+    rc, out, io = _labelled(tmp_path, labels, suffix, capsys)
+    assert rc == 2 and message in io.err and not out.exists(), io.err
+
+
+def test_labels_for_a_model_without_a_head_and_a_missing_labels_file_are_refused(tmp_path):
+    sd = {k: v for k, v in _timm_sd().items() if not k.startswith("head.")}
+    with pytest.raises(CheckpointError, match="no classification head"):
+        import_state_dict(sd, heads=HEADS, class_names=SEVEN)
+    save_file(_timm_sd(), str(tmp_path / "w.safetensors"))
+    with pytest.raises(CheckpointError, match="no labels file at"):
+        import_file(tmp_path / "w.safetensors", labels=tmp_path / "missing.txt")
+    imp = import_state_dict(_timm_sd(), heads=HEADS)                      # no names: said, with what to do
+    assert imp.class_names is None and any("labels file" in n for n in imp.notes)
 
 
 def test_a_hub_id_without_network_says_which_file_to_download(monkeypatch):

@@ -85,6 +85,33 @@ def test_relative_score_and_query_fit_differ_only_by_a_constant_per_query():
                                Pos.offset_fit(shifted[1], GRID, per_query=True), atol=1e-8)
 
 
+def _negative_fit_kernel() -> tuple[np.ndarray, int]:
+    """An `(N, N)` kernel whose query 7 gets a negative `query_fit`: every other row the same
+    offset pattern, row 7 almost flat (issue 31: "fit -2.02" under a text that said "share")."""
+    from vitpe_core.encodings.grid import relative_index
+    rng = np.random.default_rng(1)
+    H, W = GRID
+    kernel = rng.normal(size=(2 * H - 1) * (2 * W - 1))[relative_index(GRID).numpy()]     # (N, N)
+    kernel[7] = 0.01 * rng.normal(size=H * W)
+    return kernel, 7
+
+
+def test_query_fit_is_the_r2_of_the_shared_offset_fit_on_one_row_and_may_be_negative():
+    """query_fit's documented meaning: `1 − SSres/SStot` on the query's row, the fit being the
+    whole kernel's offset fit with a constant per query; at most 1, negative (not clipped) where
+    the shared pattern fits the row worse than the row's mean does."""
+    kernel, q = _negative_fit_kernel()
+    fit = Pos.offset_fit(kernel, GRID, per_query=True)[q]
+    row = kernel[q]
+    r2 = 1 - ((row - fit) ** 2).sum() / ((row - row.mean()) ** 2).sum()
+    assert Pos.query_fit(kernel, GRID, q) == pytest.approx(r2) and r2 < -1
+    assert abs((row - fit).mean()) < 1e-8                               # the constant: the row's residual mean is 0
+    rng = np.random.default_rng(2)
+    noisy = kernel + rng.normal(size=kernel.shape)
+    assert all(Pos.query_fit(noisy, GRID, i) <= 1 for i in range(0, 20, 3))
+    assert "(−∞, 1]" in Pos.query_fit.__doc__ and "Not clipped" in Pos.query_fit.__doc__
+
+
 def test_content_biases_are_averaged_with_their_spread():
     k = Pos.position_kernels(_model("sape2"), _images(4))
     assert k.kind == "bias" and k.spread is not None and k.spread.max() > 0

@@ -125,10 +125,10 @@ def test_compare_words():
     assert views.hooks_text(("rotation",)) == "rotates q/k" and views.hooks_text(()) == "no position information"
     rows = [{"checkpoint": "ape", "encoding": "ape", "x": 1}, {"checkpoint": "mine", "encoding": "sape2+ape", "x": 2}]
     assert views.without_same_encoding(rows[:1]) == [{"checkpoint": "ape", "x": 1}]
-    assert [r["encoding"] for r in views.without_same_encoding(rows)] == [None, "sape2+ape"]
+    assert [r["encoding"] for r in views.without_same_encoding(rows)] == ["ape", "sape2+ape"]   # no dashes
     grouped = [{"checkpoint": "long/ape", "encoding": "ape"}, {"checkpoint": "none", "encoding": "none"}]
     assert views.without_same_encoding(grouped) == [{"checkpoint": "long/ape"}, {"checkpoint": "none"}]
-    assert [r["encoding"] for r in views.without_same_encoding([*grouped, rows[1]])] == [None, None, "sape2+ape"]
+    assert [r["encoding"] for r in views.without_same_encoding([*grouped, rows[1]])] == ["ape", "none", "sape2+ape"]
     assert "SaPE²(K)" in views.readout_text({}) and "SaPE²(Q)" in views.readout_text({"readout": "key"})
 
 
@@ -170,6 +170,22 @@ def test_a_query_row_of_a_stationary_kernel_is_the_offset_kernel_and_a_random_on
     noise = _kernel_arrays(rng.normal(size=(1, 2, H * W, H * W)), grid)
     assert max(views.query_kernel_view(noise, 0, h, (1, 2), grid)[1] for h in (0, 1)) < 0.6
     assert views.query_kernel_view({"kind": np.array("none")}, 0, None, (0, 0), grid) is None
+
+
+def test_a_query_row_the_shared_offset_pattern_fits_worse_than_flat_gets_a_negative_fit():
+    """Issue 31: "fit -2.02". The view passes `positional.query_fit` on as it is: an R² of the
+    whole kernel's offset fit on this row, negative here, not clipped to a share."""
+    from vitpe_core import positional
+    from vitpe_core.encodings.grid import relative_index
+
+    grid, rng = (3, 5), np.random.default_rng(3)
+    H, W = grid
+    kernel = rng.normal(size=(2 * H - 1) * (2 * W - 1))[relative_index(grid).numpy()]     # (N, N)
+    kernel[1 * W + 2] = 0.01 * rng.normal(size=H * W)                                     # query (1, 2): flat
+    arrays = _kernel_arrays(kernel[None, None], grid)
+    row, fit = views.query_kernel_view(arrays, 0, 0, (1, 2), grid)
+    assert fit == pytest.approx(positional.query_fit(kernel, grid, 1 * W + 2)) and fit < 0
+    assert views.query_kernel_view(arrays, 0, 0, (0, 0), grid)[1] <= 1
 
 
 def test_encoding_scale_series_per_quantity_and_layer_skipping_missing_epochs():

@@ -272,6 +272,10 @@ def _add_import(sub) -> None:
     i.add_argument("--norm", choices=sorted(NORMS), help="input normalisation (default: the family's usual one)")
     i.add_argument("--crop-pct", type=float, help="centre-crop fraction of the eval transform (timm's crop_pct)")
     i.add_argument("--licence", default="", help="free text recorded in the checkpoint, e.g. 'Apache-2.0 (timm)'")
+    i.add_argument("--labels", metavar="FILE", help="the class names, in the order of the head's outputs: one name per "
+                                                   "line, or JSON as config.json's id2label ({\"0\": \"tench\", ...}); "
+                                                   "default: config.json's id2label, ImageNet-1k's for 1000 classes, "
+                                                   "else 'class k'")
     i.add_argument("--dtype", default="source", choices=("source", "float32", "float16", "bfloat16"),
                    help="precision of the stored weights (default: the file's own, so the checkpoint is the model "
                         "the file holds; float16 halves the size and rounds the weights)")
@@ -284,11 +288,12 @@ def _import(args: argparse.Namespace) -> int:
         raise ValueError(f"--out must end in .safetensors, got {out.name}")
     imp = import_checkpoint(args.source, out, licence=args.licence, dtype=args.dtype, family=args.family,
                             img_size=args.img_size, heads=args.heads, pool=args.pool, norm=args.norm,
-                            crop_pct=args.crop_pct)
+                            crop_pct=args.crop_pct, labels=args.labels)
     cfg = imp.model.cfg
     print(json.dumps({"out": str(out), "family": imp.family, "encoding": cfg.encoding, "grid": list(cfg.grid),
                       "img_size": list(cfg.img_size), "prefix_tokens": imp.model.prefix_names(),
-                      "classes": cfg.num_classes, "parameters": sum(p.numel() for p in imp.model.parameters()),
+                      "classes": cfg.num_classes, "first_class_names": (imp.class_names or [])[:3],
+                      "parameters": sum(p.numel() for p in imp.model.parameters()),
                       "stored_dtype": args.dtype if args.dtype != "source" else
                       str(imp.source_dtype).removeprefix("torch.").replace("float64", "float32"),
                       "notes": imp.notes}))

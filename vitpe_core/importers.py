@@ -27,7 +27,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -126,7 +126,8 @@ def import_state_dict(state_dict: Mapping[str, torch.Tensor], *, family: str = "
                       img_size: tuple[int, int] | None = None, heads: int | None = None,
                       hf_config: Mapping[str, Any] | None = None, pool: str | None = None,
                       norm: str | None = None, crop_pct: float | None = None,
-                      grid: tuple[int, int] | None = None) -> Imported:
+                      grid: tuple[int, int] | None = None, class_names: Sequence[str] | None = None,
+                      labels_name: str = "the labels file") -> Imported:
     """Build the vitpe model of `state_dict` and load its weights (strictly).
 
     `heads`: the state dict does not record it; default `hf_config`'s, else `dim // 64`
@@ -134,7 +135,9 @@ def import_state_dict(state_dict: Mapping[str, torch.Tensor], *, family: str = "
     table's shape leaves the grid ambiguous, or to run a model at another size (the table is
     resampled as timm does); or `grid` (rows, columns) in patches instead. `pool`:
     "token"/"avg", only where the keys cannot tell.
-    `norm` ("imagenet"/"inception") and `crop_pct` override the family's eval transform."""
+    `norm` ("imagenet"/"inception") and `crop_pct` override the family's eval transform.
+    `class_names` (one per class of the head, in its order; `labels_name` says where they came
+    from in errors) replace the ones the config or the class count gives (`_class_names`)."""
     sd = {k: v for k, v in clean_state_dict(state_dict).items()}
     source_dtype = _source_dtype(sd)
     family = detect_family(sd) if family == "auto" else family
@@ -177,7 +180,11 @@ def import_state_dict(state_dict: Mapping[str, torch.Tensor], *, family: str = "
         if not 0.1 <= crop_pct <= 1.0:
             raise CheckpointError(f"crop_pct must lie in [0.1, 1], got {crop_pct}")
         pre["crop_pct"] = crop_pct
-    names = _class_names(cfg.num_classes, hf_config)
+    names = (_given_class_names(class_names, cfg.num_classes, labels_name) if class_names is not None
+             else _class_names(cfg.num_classes, hf_config))
+    if names is None and cfg.num_classes:
+        notes.append(f"No class names for its {cfg.num_classes} classes: predictions say `class k`. Give a labels "
+                     "file (one name per line, or config.json's id2label) to name them.")
     return Imported(model.eval(), family, names, pre, notes, source_dtype)
 
 
@@ -316,6 +323,77 @@ def _class_names(n: int, hf_config: Mapping[str, Any] | None) -> list[str] | Non
     if n == 1000:
         return imagenet_classes()
     return None
+
+
+def _given_class_names(names: Sequence[str], n: int, source: str) -> list[str]:
+    if not n:
+        raise CheckpointError(f"{source} names {len(names)} classes, but this model has no classification head "
+                              "(it puts out features, not classes); import it without labels")
+    if len(names) != n:
+        raise CheckpointError(f"{source} names {len(names)} classes, but the model's head has {n} outputs: give one "
+                              "name per class, in the order of the head's outputs")
+    return [str(x) for x in names]
+
+
+MAX_LABELS_BYTES = 4 * 2**20       # a labels file (ImageNet-21k's names take about 0.5 MB)
+MAX_LABEL_CHARS = 200
+
+
+def parse_labels(text: str, name: str = "the labels file") -> list[str]:
+    """Class names from a labels file's text: one name per line, or JSON: `config.json`'s
+    `id2label` (`{"0": "tench", ...}`, also inside a whole config.json) or a list of names.
+    CheckpointError saying what is wrong (`name` is the file's name in it)."""
+    text = text.lstrip("\ufeff")
+    stripped = text.strip()
+    if not stripped:
+        raise CheckpointError(f"{name} is empty: give one class name per line, or JSON such as config.json's "
+                              'id2label {"0": "tench", ...}')
+    if stripped[0] in "{[":
+        try:
+            data = json.loads(stripped)
+        except ValueError as e:
+            raise CheckpointError(f"{name} looks like JSON but does not parse ({e}); give one class name per "
+                                  'line, or JSON such as {"0": "tench", "1": "goldfish"}') from None
+        if isinstance(data, dict) and isinstance(data.get("id2label"), dict):
+            data = data["id2label"]
+        if isinstance(data, dict):
+            try:
+                by_index = {int(k): v for k, v in data.items()}
+            except (TypeError, ValueError):
+                raise CheckpointError(f"{name}: the JSON's keys must be class indices (\"0\", \"1\", ...), as in "
+                                      f"config.json's id2label; got {list(data)[:3]}") from None
+            if sorted(by_index) != list(range(len(by_index))):
+                raise CheckpointError(f"{name}: the class indices must run from 0 to {len(by_index) - 1} without gaps")
+            data = [by_index[i] for i in range(len(by_index))]
+        if not isinstance(data, list) or not all(isinstance(x, (str, int, float)) for x in data):
+            raise CheckpointError(f"{name}: expected JSON id2label ({{\"0\": \"tench\", ...}}) or a list of names")
+        names = [str(x).strip() for x in data]
+    else:
+        names = [line.strip() for line in text.splitlines()]
+        while names and not names[-1]:
+            names.pop()
+    empty = [i for i, x in enumerate(names) if not x]
+    if empty:
+        raise CheckpointError(f"{name}: class {empty[0]} has an empty name (line {empty[0] + 1}); give one name per "
+                              "class, in the order of the model's outputs")
+    long = [x for x in names if len(x) > MAX_LABEL_CHARS]
+    if long:
+        raise CheckpointError(f"{name}: a class name is longer than {MAX_LABEL_CHARS} characters ({long[0][:40]}…)")
+    return names
+
+
+def read_labels(path: str | Path) -> list[str]:
+    """`parse_labels` of a file (UTF-8)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no labels file at {str(path)!r}")
+    if path.stat().st_size > MAX_LABELS_BYTES:
+        raise CheckpointError(f"{path.name} is larger than {MAX_LABELS_BYTES // 2**20} MiB: not a labels file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{path.name} is not UTF-8 text: give one class name per line, or JSON") from None
+    return parse_labels(text, path.name)
 
 
 def imagenet_classes() -> list[str]:
@@ -459,10 +537,19 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def import_file(source: str | Path, *, family: str = "auto", img_size=None, **kw) -> Imported:
-    """`import_state_dict` of a weights file (.safetensors, .npz, weights-only torch file) or hub id."""
+def import_file(source: str | Path, *, family: str = "auto", img_size=None, name: str | None = None,
+                labels: str | Path | None = None, config_beside: bool = True, **kw) -> Imported:
+    """`import_state_dict` of a weights file (.safetensors, .npz, weights-only torch file) or hub id.
+    `name`: the file's name in messages (an upload's own, where the bytes sit in a temporary
+    file); `labels`: a labels file (`read_labels`) naming the classes; `config_beside=False`
+    ignores a `config.json` beside the file (a temporary file's folder is nobody's)."""
+    if labels is not None:
+        kw["class_names"] = read_labels(labels)
+        kw.setdefault("labels_name", Path(labels).name)
     path, config = resolve_source(str(source))
-    sd = read_state_dict(path)
+    if not config_beside:
+        config = None
+    sd = read_state_dict(path, name)
     size = parse_size(img_size) if isinstance(img_size, str) else img_size
     return import_state_dict(sd, family=family, img_size=size, hf_config=config, **kw)
 

@@ -5,6 +5,7 @@ the CLI call them directly."""
 from __future__ import annotations
 
 import hashlib
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -32,6 +33,22 @@ def class_names(ckpt: Checkpoint) -> list[str]:
     if dataset_of(ckpt) == "cifar10" and n == len(CIFAR10_CLASSES):
         return list(CIFAR10_CLASSES)
     return [f"class {k}" for k in range(n)]
+
+
+def prediction_text(names: Sequence[str], top: int, p: float, truth: str | None, *, imported: bool = False,
+                    escape: Callable[[str], str] = str) -> str:
+    """"Prediction: **cat** (89.9 %) — true class: cat". `truth` is a gallery image's true class,
+    always a CIFAR-10 one (`gallery.gallery_label`): it is paired with the prediction only when the
+    model's classes are CIFAR-10's; otherwise the text says the sets differ. An `imported` model
+    without class names ("class k") is told how to get them. `escape` makes a name safe for Markdown."""
+    text = f"Prediction: **{escape(names[top])}** ({p * 100:.1f} %)"
+    if imported and list(names) == [f"class {k}" for k in range(len(names))]:
+        text += " (this model's classes have no names: import it with a labels file to name them)"
+    if truth is None:
+        return text
+    if list(names) == list(CIFAR10_CLASSES):
+        return f"{text} — true class: {truth}"
+    return f"{text} — true class (CIFAR-10): {truth} — this model's classes are another set"
 
 
 def model_input(img: Image.Image, size: tuple[int, int], dataset: str) -> torch.Tensor:

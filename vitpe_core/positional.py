@@ -18,7 +18,8 @@ and head. Per kind of encoding:
 `relative_score` is the share of a kernel's variance that the offset `(Δr, Δc)` alone
 explains: 1 for a purely relative kernel, near 0 for one that ignores offsets. `query_fit`
 reads one query's row of a kernel against the same offset fit plus a constant per query (the
-app's per-query view). Both come from `offset_fit`; the views only lay them out.
+app's per-query view): an R² of a fit made on all rows, negative where the row differs from
+the shared pattern more than from a flat row. Both come from `offset_fit`; the views only lay them out.
 """
 from __future__ import annotations
 
@@ -93,11 +94,15 @@ def relative_score(kernel: np.ndarray, grid: Grid) -> np.ndarray:
 
 
 def query_fit(kernel: np.ndarray, grid: Grid, query: int) -> float:
-    """How stationary an `(N, N)` kernel is as query `query` sees it: the share of that row's
-    variance explained by the whole kernel's `offset_fit` with a constant per query. 1 = the
-    query sees what every other query sees, shifted (a relative kernel, even with a per-query
-    constant added, which softmax ignores: 1 at every query). `relative_score` scores the
-    whole kernel without that constant."""
+    """How well query `query`'s row of an `(N, N)` kernel follows the offset pattern shared by
+    all queries: the whole kernel's `offset_fit` with a constant per query (softmax ignores
+    that constant), scored on this row alone as `1 − Σ_n (K[i,n] − fit[i,n])² / Σ_n (K[i,n] −
+    mean_n K[i,n])²`. An R² of a fit made on *all* rows, so it lies in `(−∞, 1]`: 1 = the query
+    sees exactly what every other query sees, shifted (a relative kernel, even with a
+    per-query constant added: 1 at every query); 0 = the shared pattern predicts this row no
+    better than a flat row at its mean; below 0 = worse than flat, the query sees a pattern of
+    its own (the shipped `sincos2d` at patch (4, 4), mean of heads: −2.02). Not clipped.
+    `relative_score` scores the whole kernel without that constant (a share, in `[0, 1]`)."""
     row = kernel[query]
     return float(_explained(row, offset_fit(kernel, grid, per_query=True)[query], (-1,)))
 

@@ -194,14 +194,15 @@ def readout_text(encoding_options: dict) -> str:
 
 def without_same_encoding(rows: list[dict]) -> list[dict]:
     """Compare-table rows (`checkpoint`, `encoding`, ...) without the `encoding` column when every
-    row's encoding is its checkpoint's name (a group's `long/ape` counts as `ape`); otherwise the
-    encoding is kept only where it differs (None elsewhere, shown as a dash)."""
+    row's encoding is its checkpoint's name (a group's `long/ape` counts as `ape`); otherwise
+    every row keeps its encoding (blanking the rows where it equals the name turned every
+    shipped row into a dash as soon as one imported model joined the table)."""
     def same(r: dict) -> bool:
         return r.get("encoding") == group_and_stem(str(r.get("checkpoint")))[1]
 
     if all(same(r) for r in rows):
         return [{k: v for k, v in r.items() if k != "encoding"} for r in rows]
-    return [{**r, "encoding": None if same(r) else r.get("encoding")} for r in rows]
+    return [dict(r) for r in rows]
 
 
 # ----------------------------------------------------------------------------- what the model sees of an image
@@ -224,13 +225,15 @@ class Fit:
         """How much the seen box is enlarged to the model's input (1 = not at all)."""
         return max(self.model[0] / max(1, self.seen[0]), self.model[1] / max(1, self.seen[1]))
 
-    def crop_note(self) -> str | None:
-        """What the crop leaves out, or None when the model sees the whole image."""
+    def crop_note(self, image_text: str | None = None) -> str | None:
+        """What the crop leaves out, or None when the model sees the whole image. `image_text`
+        names the image (default "this W×H px image"; e.g. an upload shrunk for the server)."""
         if self.seen == self.image:
             return None
         (w, h), (sw, sh) = self.image, self.seen
         sides = " and ".join(s for s, cut in (("left and right", sw < w), ("top and bottom", sh < h)) if cut)
-        return (f"The model sees only the centred {sw}×{sh} px of this {w}×{h} px image (its input is "
+        image_text = image_text or f"this {w}×{h} px image"
+        return (f"The model sees only the centred {sw}×{sh} px of {image_text} (its input is "
                 f"{self.model[0]}×{self.model[1]} px): {100 * self.dropped:.0f} % of the image, at the {sides}, "
                 "is left out. Choose *pad* to show it the whole image.")
 
@@ -307,9 +310,10 @@ def query_kernel_view(arrays: dict[str, np.ndarray], layer: int, head: int | Non
                       grid: tuple[int, int]) -> tuple[np.ndarray, float] | None:
     """From `positional.analyze`'s arrays: the position-only logits of query `patch` to every key,
     `(H, W)` (a row of the `(N, N)` kernel), at `layer` (clamped; layer 0 for tables) and head
-    (None = mean of heads), with how well the offset fit explains *this row*
-    (`positional.query_fit`: 1 for a relative kernel at every query); None for models without
-    position information."""
+    (None = mean of heads), with how well the offset fit of the whole kernel explains *this row*
+    (`positional.query_fit`: an R² in `(−∞, 1]`, 1 for a relative kernel at every query, below 0
+    where the shared offset pattern fits this row worse than a flat row); None for models
+    without position information."""
     if str(arrays["kind"]) == "none":
         return None
     H, W = grid

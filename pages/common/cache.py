@@ -57,6 +57,15 @@ def checkpoint_names() -> list[str]:
     return listed_checkpoints(checkpoint_root()) + list(uploaded_models())
 
 
+def count_text() -> str:
+    """How many checkpoints the lists hold, as the sidebar and the Checkpoints page both say it:
+    "14 checkpoints in the folder + 1 imported in this session" (imported models are held in
+    the server's memory for this session, never written to the folder)."""
+    folder, imported = len(listed_checkpoints(checkpoint_root())), len(uploaded_models())
+    text = f"{folder} checkpoint{'s' * (folder != 1)} in the folder"
+    return text + (f" + {imported} imported in this session" if imported else "")
+
+
 def _folder_of(name: str) -> tuple[Path, str]:
     """(folder, file stem) of a listed name: `long/ape` -> (root/long, "ape"); a name of any
     other form is looked up in the root (where `resolve_checkpoint` refuses separators)."""
@@ -161,17 +170,26 @@ def _import_lock(sha: str):
 
 
 def import_upload(filename: str, data: bytes, *, family: str = "auto", img_size: str | None = None,
-                  heads: int | None = None, licence: str = "") -> tuple[str, list[str]]:
+                  heads: int | None = None, licence: str = "", labels: tuple[str, bytes] | None = None
+                  ) -> tuple[str, list[str]]:
     """Import an uploaded weights file into this session: (its name in the checkpoint lists,
-    notes for the page: what the importer said, which models were evicted). Raises
-    CheckpointError with what is wrong. The bytes go to a temporary file that is deleted at once."""
-    from vitpe_core.importers import import_file
+    notes for the page: what the importer said, which models were evicted). `labels`: an
+    uploaded labels file (name, bytes) naming the classes (`importers.parse_labels`). Raises
+    CheckpointError with what is wrong, naming the uploaded files (never the temporary file).
+    The bytes go to a file in a temporary folder of its own (so no `config.json` beside it is
+    ever read) that is deleted at once. The model's key is the sha256 of the weights file (and of the labels, when
+    given: the same weights with other names are another model)."""
+    from vitpe_core.importers import import_file, parse_labels
     from vitpe_core.store import model_bytes
 
     suffix = Path(filename).suffix.lower()
     if suffix not in TIMM_SUFFIXES:
-        raise CheckpointError(f"{filename!r}: expected one of {', '.join(TIMM_SUFFIXES)}")
-    sha = hashlib.sha256(data).hexdigest()
+        raise CheckpointError(f"{filename}: expected one of {', '.join(TIMM_SUFFIXES)}")
+    names = None if labels is None else parse_labels(_text_of(*labels), labels[0])
+    digest = hashlib.sha256(data)
+    if names is not None:
+        digest.update(b"\0labels\0" + "\n".join(names).encode())
+    sha = digest.hexdigest()
     mine = uploaded_models()
     if sha in mine.values():
         return next(n for n, s in mine.items() if s == sha), ["Already imported in this session."]
@@ -179,13 +197,12 @@ def import_upload(filename: str, data: bytes, *, family: str = "auto", img_size:
     with _import_lock(sha):
         ckpt = store.get(sha)
         if ckpt is None:
-            fd, tmp = tempfile.mkstemp(suffix=suffix, prefix="vitpe-import-")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                imp = import_file(tmp, family=family, img_size=img_size or None, heads=heads)
-            finally:
-                Path(tmp).unlink(missing_ok=True)
+            with tempfile.TemporaryDirectory(prefix="vitpe-import-") as folder:
+                tmp = Path(folder) / f"weights{suffix}"
+                tmp.write_bytes(data)
+                extra = {} if names is None else {"class_names": names, "labels_name": labels[0]}
+                imp = import_file(tmp, family=family, img_size=img_size or None, heads=heads, name=filename,
+                                  config_beside=False, **extra)
             stem = re.sub(r"[^\w.+-]", "_", Path(filename).stem)[:40] or "model"
             metrics, _ = sanitize_metrics(imp.metrics(filename, licence))
             ckpt = Checkpoint(imp.model, imp.model.cfg, metrics, {}, f"{stem}-upload")
@@ -195,6 +212,17 @@ def import_upload(filename: str, data: bytes, *, family: str = "auto", img_size:
                 notes.append(f"The server made room by removing {len(evicted)} model(s) imported earlier "
                              "(least recently used).")
     return _list_in_session(ckpt.name, sha, notes)
+
+
+def _text_of(name: str, data: bytes) -> str:
+    from vitpe_core.importers import MAX_LABELS_BYTES
+    if len(data) > MAX_LABELS_BYTES:
+        raise CheckpointError(f"{name} is larger than {MAX_LABELS_BYTES // 2**20} MiB: not a labels file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{name} is not UTF-8 text: give one class name per line, or JSON such as "
+                              "config.json's id2label") from None
 
 
 def _list_in_session(name: str, sha: str, notes: list[str]) -> tuple[str, list[str]]:

@@ -15,6 +15,10 @@ from typing import Any, Awaitable, Callable
 
 from vitpe_core.viewstate import PAGES
 
+from .definitions import URL_PATH as DEFINITIONS
+
+NAMED = (*PAGES, DEFINITIONS)   # every page's url_path: the four views and the encodings' definitions
+
 STREAMLIT_PREFIXES = ("_stcore", "static", "media", "component")   # starlette_routes' BASE_ROUTE_*, and app/static
 
 
@@ -28,7 +32,7 @@ def redirect_target(path: str, query: str, base: str = "") -> str | None:
     if len(parts) < 2 or parts[0] in STREAMLIT_PREFIXES or parts[:2] == ["app", "static"]:
         return None
     named = [p for p in parts if p]
-    page = named[-1] if named and named[-1] in PAGES else ""
+    page = named[-1] if named and named[-1] in NAMED else ""
     return f"{prefix}/{page}" + (f"?{query}" if query else "")
 
 

@@ -73,7 +73,7 @@ def rollout_section(page: str, ckpt, tr: analysis.Trace, name: str, key: str, di
     what = f"patch ({patch[0]}, {patch[1]})" if src == "patch" else src
     st.caption(f"How much of {what}'s output comes from each input patch" +
                (f"; {100 * prefix_share:.1f} % comes from the prefix tokens, not drawn." if tr.num_prefix else "."))
-    title = f"Rollout of {what}, heads fused by {fusion}, {len(tr.attn)} layers"
+    title = f"Rollout of {what}, heads fused by {fusion}, through {len(tr.attn)} layers"
     chart(figures.overlay_fig(display, m, grid, patch=patch if src == "patch" else None, title=title,
                               colorbar_title="rollout", colorscale=figures.ATTENTION_SCALE, zmin=0, zmax=None),
           f"{ckpt.name}_rollout_{src.replace(' ', '')}_{fusion}", key=f"{page}_rollout")
@@ -161,11 +161,11 @@ def stress_section(page: str, ckpt, tr: analysis.Trace, name: str, key: str, cus
     if sv.bias is not None:
         with a:
             chart(figures.overlay_fig(display, sv.bias_shown, sv.grid, patch=sv.patch, title=f"Bias after the "
-                                      f"change, {where}", colorbar_title="bias<br>(0-1)"),
+                                      f"change<br>{where}", colorbar_title="bias<br>(0-1)"),
                   base + "_bias", key=f"{page}_stress_bias")
     with b:
         chart(figures.overlay_fig(display, sv.attention.new, sv.grid, patch=sv.patch, colorbar_title="attention",
-                                  title=f"Attention after the change, {where}", colorscale=figures.ATTENTION_SCALE,
+                                  title=f"Attention after the change<br>{where}", colorscale=figures.ATTENTION_SCALE,
                                   zmin=0, zmax=None), base + "_attn", key=f"{page}_stress_attn")
     st.caption("Below, raw values on the new grid: the original map moved with the content, the map after the "
                "change, and their difference (white: moved exactly; grey: content that came from outside the image, "

@@ -31,7 +31,7 @@ from .widgets import bound
 
 log = logging.getLogger(__name__)
 
-UPLOAD = "_vitpe_upload"           # this session's uploaded image: {"name", "id" (upload:<sha256>), "notes"}
+UPLOAD = "_vitpe_upload"   # this session's uploaded image: {"name", "id" (upload:<sha256>), "notes", "original" (w, h)}
 UPLOAD_GEN = "_vitpe_upload_gen"   # bumped when the upload is set aside: the uploaders start empty
 UPLOAD_ERROR = "_vitpe_upload_error"   # (uploader key, why its file was refused), shown while the file is there
 FIT = "_vitpe_fit"                 # "crop" (the model's centre crop) or "pad" (letterbox): for every page
@@ -41,23 +41,38 @@ MAX_UPLOAD_SIDE = 1024   # uploads are shrunk to this after decoding (the model 
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
-def _decode(data: bytes) -> tuple[Image.Image, list[str]] | str:
+def _decode(data: bytes) -> tuple[Image.Image, list[str], tuple[int, int]] | str:
     try:
         img, info = load_image_info(data)
     except ImageError as e:
         return str(e)
+    original = img.size
     img.thumbnail((MAX_UPLOAD_SIDE, MAX_UPLOAD_SIDE), Image.LANCZOS)
-    return img, info.notes()
+    return img, info.notes(), original
+
+
+def decode_upload(data: bytes) -> tuple[Image.Image | None, str | None, list[str], tuple[int, int] | None]:
+    """Uploaded bytes -> (RGB image, None, notes on what was done to the file: an animation's
+    first frame, its original size (width, height)) or (None, the reason it was refused, [],
+    None). Decoding is `images.load_image_info`; large images are shrunk to `MAX_UPLOAD_SIDE` px
+    on the long side (`shrunk_text` says so)."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        return None, f"Expected the file's bytes, got {type(data).__name__}.", [], None
+    out = _decode(bytes(data))
+    return (None, out, [], None) if isinstance(out, str) else (out[0], None, out[1], out[2])
 
 
 def decode_upload_notes(data: bytes) -> tuple[Image.Image | None, str | None, list[str]]:
-    """Uploaded bytes -> (RGB image, None, notes on what was done to the file: an animation's
-    first frame) or (None, the reason it was refused, []). Decoding is `images.load_image_info`;
-    large images are shrunk to `MAX_UPLOAD_SIDE` px on the long side."""
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        return None, f"Expected the file's bytes, got {type(data).__name__}.", []
-    out = _decode(bytes(data))
-    return (None, out, []) if isinstance(out, str) else (out[0], None, out[1])
+    """`decode_upload` without the original size."""
+    return decode_upload(data)[:3]
+
+
+def shrunk_text(original: tuple[int, int] | None, size: tuple[int, int]) -> str | None:
+    """"your 1400×1000 image, shrunk to 1024×731 px for the server" for an upload that was
+    shrunk, else None."""
+    if original is None or tuple(original) == tuple(size):
+        return None
+    return f"your {original[0]}×{original[1]} image, shrunk to {size[0]}×{size[1]} px for the server"
 
 
 def clear_upload() -> None:
@@ -85,7 +100,7 @@ def _upload_changed(key: str) -> None:
     if up is None:
         clear_upload()
         return
-    img, err, notes = decode_upload_notes(up.getvalue())
+    img, err, notes, original = decode_upload(up.getvalue())
     if err is not None:
         ss[UPLOAD_ERROR] = (key, f"{up.name}: {err}")
         ss.pop(UPLOAD, None)
@@ -96,7 +111,7 @@ def _upload_changed(key: str) -> None:
         log.warning("upload store not writable: %s", e)
         ss[UPLOAD_ERROR] = (key, f"{up.name} could not be kept on the server ({type(e).__name__}); try again later.")
         return
-    ss[UPLOAD] = {"name": up.name, "id": image_id, "notes": notes}
+    ss[UPLOAD] = {"name": up.name, "id": image_id, "notes": notes, "original": original}
     ss["image"] = image_id
 
 
@@ -112,10 +127,11 @@ def image_source(prefix: str) -> tuple[Image.Image, str, str, bool]:
     if img is None and is_upload_id(current):          # evicted since the view was checked
         clear_upload()
         current, held = ss.get("image", ""), None
-    name = held["name"] if held else (f"shared upload {short_id(current)}…" if img is not None else "")
+    # What the upload is called: the visitor's own file by its name, a link's by its id.
+    name = f"your upload: {held['name']}" if held else f"shared upload {short_id(current)}…"
 
     def label(i: str) -> str:
-        return f"your upload: {name}" if is_upload_id(i) else gallery_caption(i)
+        return name if is_upload_id(i) else gallery_caption(i)
 
     bound(st.selectbox, f"{prefix}_image", "image", label="Sample image", options=ids + ([current] if img else []),
           format_func=label, then=clear_upload)
@@ -132,10 +148,12 @@ def image_source(prefix: str) -> tuple[Image.Image, str, str, bool]:
         st.error(error[1])
     if img is None:
         return gallery_image(current), current, gallery_caption(current), False
-    st.caption(f"Showing {'your upload' if held else 'the shared upload'} **{escape_md(name)}** "
-               f"(`{short_id(current)}`) on every page of this session.")
+    what = f"your upload **{escape_md(held['name'])}** (`{short_id(current)}`)" if held else \
+        f"the shared upload `{short_id(current)}…`"
+    shrunk = shrunk_text((held or {}).get("original"), img.size)
+    st.caption(f"Showing {what} on every page of this session" + (f": {shrunk}." if shrunk else "."))
     st.button("Clear the upload (back to the sample image)", key=f"{prefix}_clear_upload", on_click=clear_upload)
-    return img, current, f"uploaded: {name}", True
+    return img, current, f"uploaded: {held['name']}" if held else name, True
 
 
 def fit_image(prefix: str, img: Image.Image, key: str, ckpt, is_upload: bool
@@ -144,9 +162,11 @@ def fit_image(prefix: str, img: Image.Image, key: str, ckpt, is_upload: bool
     enlarged, a crop that leaves part of it out) and, when the crop leaves part out, the choice
     to pad instead (letterbox, session-wide). Returns (the image, its cache key, the image to
     pass to the caches: None for an unchanged sample image)."""
-    if is_upload:
-        for note in (st.session_state.get(UPLOAD) or {}).get("notes", []):
-            st.info(note)
+    held = st.session_state.get(UPLOAD) or {}
+    held = held if is_upload and held.get("id") == key else {}
+    for note in held.get("notes", []):
+        st.info(note)
+    shrunk = shrunk_text(held.get("original"), img.size)        # "your 1400×1000 image, shrunk to 1024×731 px …"
     fit = views.fit_of(img.size, cache.model_crop(img, ckpt).size, ckpt.config.img_size)
     if fit.upscale_note():
         (st.info if is_upload else st.caption)(fit.upscale_note())
@@ -158,11 +178,12 @@ def fit_image(prefix: str, img: Image.Image, key: str, ckpt, is_upload: bool
           horizontal=True, format_func={"crop": "crop (as the model's eval transform does)",
                                         "pad": "pad instead of crop (whole image, grey bars)"}.__getitem__)
     if st.session_state[FIT] == "crop":
-        st.info(fit.crop_note(), icon="✂️")
+        st.info(fit.crop_note(shrunk), icon="✂️")
         return plain
     pre = preprocess_of(ckpt)
     crop_pct = float(pre["crop_pct"]) if pre else 1.0
     padded = views.letterbox(img, ckpt.config.img_size, crop_pct)
     H, W = ckpt.config.img_size
-    st.caption(f"Padded: the whole {img.width}×{img.height} px image on grey bars, to the model's {W}×{H} shape.")
+    whole = f"image ({shrunk})" if shrunk else f"{img.width}×{img.height} px image"
+    st.caption(f"Padded: the whole {whole} on grey bars, to the model's {W}×{H} shape.")
     return padded, f"{key}|pad{H}x{W}@{crop_pct:g}", padded

@@ -25,13 +25,14 @@ and is added to the imports and `__all__` below.
 """
 from __future__ import annotations
 
-from .common import (ATTENTION_SCALE, BIAS_SCALE, CHAR_EM, CHECKPOINT_PALETTE, COMPONENT_STYLE, HIGHLIGHT,
-                     MIN_TILE_PX, MODEBAR_PX, MULTILINE_TITLE_LIFT_PX, NARROW_CHART_PX, SIMILARITY_SCALE,
-                     SUBPLOT_FONT_PX, SUBPLOT_TITLES_PX, TITLE_FONT_PX, TITLE_LINE_PX, TITLE_MAX_CHARS, Grid,
-                     checkpoint_colors, component_style, export_config, scale_stops, wrap_title)
+from .common import (ATTENTION_SCALE, BIAS_SCALE, CHAR_EM, CHECKPOINT_PALETTE, COLORBAR_PX, COLORBAR_THICKNESS_PX,
+                     COLORBAR_XPAD_PX, COMPONENT_STYLE, HIGHLIGHT, MAP_PX, MIN_TILE_PX, MODEBAR_PX,
+                     MULTILINE_TITLE_LIFT_PX, NARROW_CHART_PX, PAIR_PX, SHIPPED_CHECKPOINTS, SIMILARITY_SCALE,
+                     SUBPLOT_FONT_PX, SUBPLOT_TITLES_PX, TITLE_FONT_PX, TITLE_LINE_PX, TITLE_MAX_CHARS, TITLE_PAD_PX,
+                     Grid, checkpoint_colors, colorbar, component_style, export_config, scale_stops, wrap_title)
 from .common import _fast as _fast   # named in RELIABILITY.md
 from .curves import curves_fig, distance_by_depth_fig, encoding_scale_fig, line_fig, runs_fig, topk_fig
-from .film import FILM_LABEL_PX, figure7_film_fig, figure7_gif
+from .film import FILM_CONTROLS_PX, FILM_LABEL_PX, FILM_PX, figure7_film_fig, figure7_gif
 from .kernels import KERNEL_SCALE, kernels_fig, query_kernels_fig
 from .maps import (DIFF_SCALE, LAYERS_MAX_COLS, figure7_canvas, figure7_grid_fig, grid_path, layers_fig, overlay_fig,
                    pair_fig, patch_map_fig, png_data_uri, shift_diff_fig, similarity_matrix_fig)
@@ -43,7 +44,8 @@ __all__ = [
     # common
     "Grid", "SIMILARITY_SCALE", "BIAS_SCALE", "ATTENTION_SCALE", "HIGHLIGHT", "COMPONENT_STYLE", "TITLE_FONT_PX",
     "SUBPLOT_FONT_PX", "NARROW_CHART_PX", "CHAR_EM", "TITLE_MAX_CHARS", "TITLE_LINE_PX", "MODEBAR_PX",
-    "SUBPLOT_TITLES_PX", "MULTILINE_TITLE_LIFT_PX", "MIN_TILE_PX", "CHECKPOINT_PALETTE",
+    "SUBPLOT_TITLES_PX", "MULTILINE_TITLE_LIFT_PX", "MIN_TILE_PX", "CHECKPOINT_PALETTE", "SHIPPED_CHECKPOINTS",
+    "TITLE_PAD_PX", "MAP_PX", "PAIR_PX", "COLORBAR_PX", "COLORBAR_XPAD_PX", "COLORBAR_THICKNESS_PX", "colorbar",
     "component_style", "export_config", "wrap_title", "checkpoint_colors", "scale_stops",
     # maps
     "LAYERS_MAX_COLS", "DIFF_SCALE", "similarity_matrix_fig", "figure7_canvas", "figure7_grid_fig", "patch_map_fig",
@@ -55,7 +57,7 @@ __all__ = [
     # raster
     "display_image", "grid_image", "pixel_to_patch", "figure7_image", "figure7_pixel_to_patch",
     # film
-    "FILM_LABEL_PX", "figure7_film_fig", "figure7_gif",
+    "FILM_LABEL_PX", "FILM_PX", "FILM_CONTROLS_PX", "figure7_film_fig", "figure7_gif",
     # picker
     "MAX_HEIGHT_PX", "patch_centres", "picker_spec", "with_outline",
 ]

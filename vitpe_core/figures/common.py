@@ -4,14 +4,19 @@ Maps are drawn on the patch grid with row 0 at the top (row-major patches, docs/
 and the query patch is outlined in `HIGHLIGHT`. Titles fit a phone: `wrap_title` breaks them
 into lines of at most `TITLE_MAX_CHARS` characters (a chart `NARROW_CHART_PX` wide at
 `TITLE_FONT_PX`), and `_title` / `_title_layout` put them below a band left free for Plotly's
-modebar (`MODEBAR_PX`), so neither is cut off nor covered.
+modebar (`MODEBAR_PX`), so neither is cut off nor covered. A map's figure is as wide as its
+maps and colour bars (`_sized_layout`: `MAP_PX`, `PAIR_PX`, `COLORBAR_PX`), not as the page: the
+colour bar (`colorbar`) sits at the plot's edge and the title is as wide as the chart.
 
 * `export_config(name)`: the `config=` for `st.plotly_chart` whose camera button saves a PNG
   named after the figure.
-* `wrap_title`, `checkpoint_colors` (one colour per checkpoint name everywhere),
+* `wrap_title`, `checkpoint_colors` (one colour per checkpoint name everywhere, fixed for the shipped
+  names, `SHIPPED_CHECKPOINTS`),
   `scale_stops` (a colour scale as explicit `rgb()` stops), `component_style` (how the compare
   page draws a positional component).
-* For the builders: `_title`, `_title_layout`, `_fast` (a Figure from plain dicts, unvalidated),
+* `colorbar`: a colour bar's settings, beside the plot area.
+* For the builders: `_title`, `_title_layout`, `_sized_layout` (a chart sized to its plot area),
+  `_fast` (a Figure from plain dicts, unvalidated),
   `_grid_axes`, `_square`, `_outline` / `_outline_shape` (the query patch's frame), `_bounds`
   (complete a half-given colour range).
 """
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import re
+import zlib
 from typing import Sequence
 
 import numpy as np
@@ -55,9 +61,22 @@ MODEBAR_PX = 34            # the band at a chart's top where Plotly's modebar ap
 SUBPLOT_TITLES_PX = 22
 MULTILINE_TITLE_LIFT_PX = 12   # Plotly draws a title of several lines this much higher than its top pad says
 MIN_TILE_PX = 160          # the smallest side of a small-multiple tile (layers_fig)
-# One colour per checkpoint (`checkpoint_colors`): qualitative, dark enough on white, no greys.
-CHECKPOINT_PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#00838f",
-                      "#393b79", "#637939", "#a55194", "#b8860b")
+TITLE_PAD_PX = 10          # a title's distance from the chart's left edge
+MAP_PX = 340               # the longer side of a single map's plot area (a figure sized to it: `_sized_layout`)
+PAIR_PX = 200              # the side of each map of `pair_fig` / `shift_diff_fig`
+COLORBAR_PX = 90           # the right margin that holds a colour bar with its ticks and title
+COLORBAR_XPAD_PX = 6
+COLORBAR_THICKNESS_PX = 14
+# One colour per checkpoint (`checkpoint_colors`): qualitative, dark enough on white, no greys; 24 colours, each
+# pair at least 13 apart in CIEDE2000 (tests/test_figures.py). The first 14 are the shipped checkpoints', in the
+# order of `SHIPPED_CHECKPOINTS` (the ten shown at first on the compare page first, on the ten most distinct), the
+# other 10 are drawn for any other name.
+CHECKPOINT_PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#00838f", "#393b79", "#637939", "#a55194", "#b8860b",
+                      "#ff7f0e", "#e377c2", "#6b6ecf", "#8c564b", "#00441b", "#67000d",
+                      "#880e4f", "#654522", "#dd4477", "#1b9e77", "#00695c", "#8c2d04", "#6a1b9a", "#0099c6",
+                      "#006d2c", "#8ca252")
+SHIPPED_CHECKPOINTS = ("ape", "ape2d", "cope+ape", "none", "rope_axial", "rope_mixed", "rpb", "sape2", "sape2+ape",
+                       "sincos2d", "long/ape", "long/none", "long/sape2", "long/sape2+ape")
 
 
 def export_config(filename: str) -> dict:
@@ -92,21 +111,54 @@ def wrap_title(text: str, max_chars: int = TITLE_MAX_CHARS) -> list[str]:
     return lines
 
 
-def _title_layout(title: str, *, subplot_titles: bool = False, **margin) -> dict:
-    """The layout entries `title` and `margin` of `_title`, as plain dicts."""
-    lines = wrap_title(title)
+def _title_chars(width: float | None) -> int:
+    """How many characters a title line may have on a chart `width` px wide (None: one that
+    stretches over its column): `TITLE_MAX_CHARS`, fewer on a chart narrower than a phone's."""
+    if width is None:
+        return TITLE_MAX_CHARS
+    return max(12, min(TITLE_MAX_CHARS, int((width - 2 * TITLE_PAD_PX) / (CHAR_EM * TITLE_FONT_PX))))
+
+
+def _title_layout(title: str, *, subplot_titles: bool = False, width: float | None = None, **margin) -> dict:
+    """The layout entries `title` and `margin` of `_title`, as plain dicts; `width`: the chart's
+    width where the figure sets one (`_sized_layout`), the title then wraps to fit it."""
+    lines = wrap_title(title, _title_chars(width))
     below = SUBPLOT_TITLES_PX if subplot_titles else 0
     pad = MODEBAR_PX + (MULTILINE_TITLE_LIFT_PX if len(lines) > 1 else 0)
-    return {"title": {"text": "<br>".join(lines), "x": 0, "xref": "paper", "xanchor": "left", "y": 1,
-                      "yref": "container", "yanchor": "top", "pad": {"t": pad}, "font": {"size": TITLE_FONT_PX}},
+    return {"title": {"text": "<br>".join(lines), "x": 0, "xref": "container", "xanchor": "left", "y": 1,
+                      "yref": "container", "yanchor": "top", "pad": {"t": pad, "l": TITLE_PAD_PX},
+                      "font": {"size": TITLE_FONT_PX}},
             "margin": {**_MARGIN, **margin, "t": pad + TITLE_LINE_PX * len(lines) + below + 8}}
 
 
-def _title(fig: go.Figure, title: str, *, subplot_titles: bool = False, **margin) -> None:
-    """`title` wrapped to fit a phone (`wrap_title`), left-aligned, its top `MODEBAR_PX` below the
-    chart's top (the modebar's band); the top margin holds the band, every line and the subplot
-    titles."""
-    fig.update_layout(**_title_layout(title, subplot_titles=subplot_titles, **margin))   # top-anchored
+def _sized_layout(title: str, plot_w: float, plot_h: float, *, subplot_titles: bool = False, **margin) -> dict:
+    """`_title_layout` for a chart whose plot area is `plot_w x plot_h` px, plus the `width` and
+    `height` that hold exactly that: maps keep square cells, and a chart as wide as the page
+    left them small in its middle, the colour bar far to their right and the title in a narrow
+    box at the left. `pages/common/output.chart` draws a figure that sets its width at that
+    width (a narrower column or a phone shrinks it, the proportions kept); the title wraps to
+    it."""
+    m = {**_MARGIN, **margin}
+    width = round(m["l"] + plot_w + m["r"])
+    layout = _title_layout(title, subplot_titles=subplot_titles, width=width, **margin)
+    layout["width"] = width
+    layout["height"] = round(layout["margin"]["t"] + plot_h + layout["margin"]["b"])
+    return layout
+
+
+def colorbar(title: str, x: float = 1.0, **kw) -> dict:
+    """A colour bar titled `title` beside the plot area (`x`: the paper position of its left
+    edge; 1 = just right of the plot, in the right margin `COLORBAR_PX` holds)."""
+    return {"title": {"text": title}, "x": x, "xanchor": "left", "xpad": COLORBAR_XPAD_PX,
+            "thickness": COLORBAR_THICKNESS_PX, **kw}
+
+
+def _title(fig: go.Figure, title: str, *, subplot_titles: bool = False, width: float | None = None,
+           **margin) -> None:
+    """`title` wrapped to fit a phone (`wrap_title`; and a chart `width` px wide, if given), at
+    the chart's left edge, its top `MODEBAR_PX` below the chart's top (the modebar's band); the
+    top margin holds the band, every line and the subplot titles."""
+    fig.update_layout(**_title_layout(title, subplot_titles=subplot_titles, width=width, **margin))   # top-anchored
     if subplot_titles:
         fig.update_annotations(font_size=SUBPLOT_FONT_PX)
 
@@ -118,11 +170,29 @@ def _fast(data: list[dict], layout: dict) -> go.Figure:
     return go.Figure({"data": data, "layout": layout}, _validate=False)
 
 
+def _name_hash(name: str) -> int:
+    """A hash of `name` that is the same in every process (Python's `hash` of a str is not)."""
+    return zlib.crc32(name.encode("utf-8"))
+
+
 def checkpoint_colors(names: Sequence[str]) -> dict[str, str]:
-    """name -> colour: the names sorted, one palette colour each (`CHECKPOINT_PALETTE`, repeated
-    after 12). Pass every checkpoint on offer, not the ones a chart shows, and a checkpoint
-    keeps its colour in every chart."""
-    return {n: CHECKPOINT_PALETTE[i % len(CHECKPOINT_PALETTE)] for i, n in enumerate(sorted(set(names)))}
+    """name -> colour, the same for a name whatever else is listed or shown, in every chart and
+    in a reopened link (the colours depend on the names alone). A shipped checkpoint
+    (`SHIPPED_CHECKPOINTS`) has its own fixed `CHECKPOINT_PALETTE` colour; any other name
+    starts at a colour of the remaining ten picked by a hash of the name and takes the next
+    one free if an earlier name (sorted order) took it, then any palette colour no name here
+    uses, so the names passed get distinct colours while there are colours left (24), and
+    then the hashed pick. Pass every checkpoint on offer, not only the ones a chart shows:
+    a name then keeps its colour however the selection changes."""
+    ordered = sorted(set(names))
+    out = {n: CHECKPOINT_PALETTE[SHIPPED_CHECKPOINTS.index(n)] for n in ordered if n in SHIPPED_CHECKPOINTS}
+    spare = CHECKPOINT_PALETTE[len(SHIPPED_CHECKPOINTS):]
+    for name in (n for n in ordered if n not in out):
+        used, start = set(out.values()), _name_hash(name)
+        rotated = [spare[(start + k) % len(spare)] for k in range(len(spare))]
+        free = [c for c in rotated + list(CHECKPOINT_PALETTE) if c not in used]
+        out[name] = free[0] if free else CHECKPOINT_PALETTE[start % len(CHECKPOINT_PALETTE)]
+    return out
 
 
 def _grid_axes(fig: go.Figure, *, row=None, col=None, reversed_y: bool = True) -> None:

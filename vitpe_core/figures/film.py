@@ -17,6 +17,10 @@ from .maps import figure7_canvas, figure7_grid_fig
 from .raster import figure7_image
 
 
+FILM_PX = 400              # the film's canvas, its longer side
+FILM_CONTROLS_PX = 110     # below it: the x title, the play button and the slider
+
+
 def figure7_film_fig(grids: Mapping[int, np.ndarray], *, title: str, frame_ms: int = 500) -> go.Figure:
     """The ViT paper's Figure 7 over training: epoch -> `(H, W, H, W)` similarity grid, one
     animation frame per epoch (named by it), a play / pause button and an epoch slider; the
@@ -24,7 +28,7 @@ def figure7_film_fig(grids: Mapping[int, np.ndarray], *, title: str, frame_ms: i
     epochs = list(grids)
     if not epochs:
         raise ValueError("a film needs at least one recorded epoch")
-    fig = figure7_grid_fig(grids[epochs[0]], title=title)
+    fig = figure7_grid_fig(grids[epochs[0]], title=title, plot_px=FILM_PX)
     fig.frames = [go.Frame(data=[go.Heatmap(z=figure7_canvas(grids[e]))], traces=[0], name=str(e)) for e in epochs]
     step = dict(mode="immediate", frame=dict(duration=frame_ms, redraw=True), transition=dict(duration=0))
     fig.update_layout(
@@ -36,7 +40,8 @@ def figure7_film_fig(grids: Mapping[int, np.ndarray], *, title: str, frame_ms: i
         sliders=[dict(active=0, x=0.22, len=0.78, y=0, yanchor="top", pad=dict(t=30),   # below the x title
                       currentvalue=dict(prefix="epoch ", font=dict(size=12)),
                       steps=[dict(label=str(e), method="animate", args=[[str(e)], step]) for e in epochs])],
-        height=580, margin={**fig.layout.margin.to_plotly_json(), "b": 110})
+        height=fig.layout.height - fig.layout.margin.b + FILM_CONTROLS_PX,
+        margin={**fig.layout.margin.to_plotly_json(), "b": FILM_CONTROLS_PX})
     return fig
 
 

@@ -16,23 +16,34 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import _grid_axes, _outline, _title
+from .common import SUBPLOT_FONT_PX, SUBPLOT_TITLES_PX, _grid_axes, _outline, _sized_layout
 
 KERNEL_SCALE = "RdBu_r"
+_TILE_PX, _GAP_PX = 170, 12      # a panel's side; the gap between two panels of a row (a row's titles: more)
 
 
-def _small_multiples(titles: Sequence[str], cols: int) -> tuple[go.Figure, int]:
-    """A grid of `cols` small panels per row, one per title; returns the figure and its rows."""
+def _small_multiples(titles: Sequence[str], cols: int) -> tuple[go.Figure, int, int]:
+    """A grid of at most `cols` small panels per row (no more columns than panels), one per
+    title; returns the figure, its rows and its columns."""
+    cols = max(1, min(cols, len(titles)))
     rows = max(1, math.ceil(len(titles) / cols))
-    return make_subplots(rows=rows, cols=cols, subplot_titles=list(titles), horizontal_spacing=0.03,
-                         vertical_spacing=0.12 / rows), rows
+    plot_w, plot_h = _plot_px(rows, cols)
+    return make_subplots(rows=rows, cols=cols, subplot_titles=list(titles), horizontal_spacing=_GAP_PX / plot_w,
+                         vertical_spacing=(_GAP_PX + SUBPLOT_TITLES_PX) / plot_h if rows > 1 else 0), rows, cols
+
+
+def _plot_px(rows: int, cols: int) -> tuple[int, int]:
+    return (cols * _TILE_PX + (cols - 1) * _GAP_PX,
+            rows * _TILE_PX + (rows - 1) * (_GAP_PX + SUBPLOT_TITLES_PX))
 
 
 def _finish_small_multiples(fig: go.Figure, rows: int, title: str) -> go.Figure:
+    """Square panels without ticks; the chart as wide as its columns (`_sized_layout`)."""
+    cols = len([k for k in fig.layout if k.startswith("xaxis")]) // rows
     fig.update_xaxes(showticklabels=False)
     fig.update_yaxes(showticklabels=False, scaleanchor="x", scaleratio=1)
-    _title(fig, title, subplot_titles=True)
-    fig.update_layout(height=rows * 190 + fig.layout.margin.t + 10)
+    fig.update_layout(**_sized_layout(title, *_plot_px(rows, cols), subplot_titles=True))
+    fig.update_annotations(font_size=SUBPLOT_FONT_PX)
     return fig
 
 
@@ -56,8 +67,8 @@ def kernels_fig(kernels: Mapping[str, np.ndarray], scores: Mapping[str, float | 
     centre far from the rest, as SaPE²'s zero self-distance, does not wash the map out),
     titled with its relative score."""
     names = list(kernels)
-    fig, rows = _small_multiples([f"{n} · rel {scores[n]:.2f}" if scores.get(n) is not None else n for n in names],
-                                 cols)
+    fig, rows, cols = _small_multiples(
+        [f"{n} · rel {scores[n]:.2f}" if scores.get(n) is not None else n for n in names], cols)
     for i, name in enumerate(names):
         H2, W2 = np.shape(kernels[name])
         cy, cx = (H2 - 1) / 2, (W2 - 1) / 2
@@ -78,10 +89,12 @@ def query_kernels_fig(maps: Mapping[str, np.ndarray], patches: Mapping[str, tupl
     """Per-query position-only kernels side by side: name -> `(H, W)` logits of the query patch
     `patches[name]` (outlined) to every key, on each checkpoint's own grid, each on its own
     symmetric colour range around its mean (set by the keys other than the query itself, as in
-    `kernels_fig`), titled with `scores[name]` (how much of this row the offset kernel explains)."""
+    `kernels_fig`), titled with `scores[name]` as "fit" (`positional.query_fit`: the R² of the
+    offset kernel fitted to all queries on this row, in `(−∞, 1]`; shown as it is, negative
+    values included)."""
     names = list(maps)
-    fig, rows = _small_multiples([f"{n} · fit {scores[n]:.2f}" if scores.get(n) is not None else n for n in names],
-                                 cols)
+    fig, rows, cols = _small_multiples(
+        [f"{n} · fit {scores[n]:.2f}" if scores.get(n) is not None else n for n in names], cols)
     for i, name in enumerate(names):
         pr, pc = patches[name]
         m, lim = _centred_on_others(maps[name], (pr, pc))      # the query itself: e.g. SaPE²'s zero self-distance

@@ -30,8 +30,16 @@ import plotly.graph_objects as go
 from PIL import Image
 from plotly.subplots import make_subplots
 
-from .common import (ATTENTION_SCALE, BIAS_SCALE, MIN_TILE_PX, SIMILARITY_SCALE, SUBPLOT_TITLES_PX, Grid, _bounds,
-                     _fast, _grid_axes, _outline, _outline_shape, _square, _title, _title_layout, scale_stops)
+from .common import (ATTENTION_SCALE, BIAS_SCALE, COLORBAR_PX, MAP_PX, MIN_TILE_PX, PAIR_PX, SIMILARITY_SCALE,
+                     SUBPLOT_FONT_PX, SUBPLOT_TITLES_PX, Grid, _bounds, _fast, _grid_axes, _outline, _outline_shape,
+                     _sized_layout, _square, colorbar, scale_stops)
+
+
+def _plot_size(rows: float, cols: float, longest: float = MAP_PX) -> tuple[float, float]:
+    """(width, height) in px of a plot area for a map of `rows x cols` square cells whose longer
+    side is `longest` px."""
+    scale = longest / max(rows, cols, 1e-9)
+    return cols * scale, rows * scale
 
 
 def similarity_matrix_fig(sim: np.ndarray, grid: Grid, *, title: str = "Cosine similarity of position embeddings",
@@ -44,13 +52,13 @@ def similarity_matrix_fig(sim: np.ndarray, grid: Grid, *, title: str = "Cosine s
     cells = np.stack(np.broadcast_arrays(r[:, None], c[:, None], r[None], c[None]), -1)  # (N, N, 4)
     fig = go.Figure(go.Heatmap(
         z=sim, customdata=cells, colorscale=scale_stops(SIMILARITY_SCALE), zmin=-1, zmax=1,
-        colorbar=dict(title=dict(text="cosine<br>similarity")),
+        colorbar=colorbar("cosine<br>similarity"),
         hovertemplate="patch (%{customdata[0]}, %{customdata[1]}) vs (%{customdata[2]}, %{customdata[3]})"
                       "<br>similarity %{z:.3f}<extra></extra>"))
     if patch is not None:
         i = patch[0] * W + patch[1]
         _outline(fig, -0.5, i - 0.5, N - 0.5, i + 0.5)
-    _title(fig, title)
+    fig.update_layout(**_sized_layout(title, MAP_PX, MAP_PX, l=60, b=50, r=COLORBAR_PX))
     fig.update_layout(xaxis_title="patch n = r·W + c", yaxis_title="patch n = r·W + c")
     _grid_axes(fig)
     _square(fig)
@@ -67,22 +75,23 @@ def figure7_canvas(sim_grid: np.ndarray) -> np.ndarray:
 
 
 def figure7_grid_fig(sim_grid: np.ndarray, *, patch: tuple[int, int] | None = None,
-                     title: str = "Similarity of each patch's position embedding to all others (ViT Figure 7)"
-                     ) -> go.Figure:
-    """`sim_grid: (H, W, H, W)`: tile `(r, c)` shows patch (r, c)'s similarity to every patch."""
+                     title: str = "Similarity of each patch's position embedding to all others (ViT Figure 7)",
+                     plot_px: float = MAP_PX) -> go.Figure:
+    """`sim_grid: (H, W, H, W)`: tile `(r, c)` shows patch (r, c)'s similarity to every patch;
+    the canvas's longer side `plot_px` px."""
     H, W = sim_grid.shape[:2]
     z = figure7_canvas(sim_grid)                                          # (H(H+1)-1, W(W+1)-1)
     y, x = np.divmod(np.arange(H * (H + 1) - 1), H + 1), np.divmod(np.arange(W * (W + 1) - 1), W + 1)
     cells = np.stack(np.broadcast_arrays(y[0][:, None], x[0][None], y[1][:, None], x[1][None]), -1)
     fig = go.Figure(go.Heatmap(
         z=z, customdata=cells, colorscale=scale_stops(SIMILARITY_SCALE), zmin=-1, zmax=1, hoverongaps=False,
-        colorbar=dict(title=dict(text="cosine<br>similarity")),
+        colorbar=colorbar("cosine<br>similarity"),
         hovertemplate="tile = patch (%{customdata[0]}, %{customdata[1]})<br>"
                       "vs patch (%{customdata[2]}, %{customdata[3]}): %{z:.3f}<extra></extra>"))
     if patch is not None:
         r, c = patch
         _outline(fig, c * (W + 1) - 0.5, r * (H + 1) - 0.5, c * (W + 1) + W - 0.5, r * (H + 1) + H - 0.5)
-    _title(fig, title)
+    fig.update_layout(**_sized_layout(title, *_plot_size(*z.shape, plot_px), l=30, b=30, r=COLORBAR_PX))
     fig.update_layout(plot_bgcolor="white")
     fig.update_xaxes(showticklabels=False, title="tile column c")
     fig.update_yaxes(showticklabels=False, title="tile row r")
@@ -96,14 +105,15 @@ def patch_map_fig(m: np.ndarray, *, title: str, colorbar_title: str, patch: tupl
     """`m: (H, W)` on the patch grid; `patch` outlined."""
     zmin, zmax = _bounds(m, zmin, zmax)
     heat = {"type": "heatmap", "z": np.asarray(m), "colorscale": scale_stops(colorscale),
-            "colorbar": {"title": {"text": colorbar_title}},
+            "colorbar": colorbar(colorbar_title),
             "hovertemplate": "patch (%{y}, %{x})<br>value %{z:.4g}<extra></extra>"}
     if zmin is not None:
         heat["zmin"] = zmin
     if zmax is not None:
         heat["zmax"] = zmax
     axis = {"showgrid": False, "zeroline": False, "constrain": "domain"}
-    layout = {**_title_layout(title), "xaxis": {**axis, "title": {"text": "column c"}},
+    layout = {**_sized_layout(title, *_plot_size(*np.shape(m)), l=50, b=45, r=COLORBAR_PX),
+              "xaxis": {**axis, "title": {"text": "column c"}},
               "yaxis": {**axis, "title": {"text": "row r"}, "autorange": "reversed", "scaleanchor": "x",
                         "scaleratio": 1}}
     if patch is not None:
@@ -147,7 +157,7 @@ def overlay_fig(image_rgb: np.ndarray, m: np.ndarray, grid: Grid, *, patch: tupl
     zmin, zmax = _bounds(m, zmin, zmax)
     heat = {"type": "heatmap", "z": np.asarray(m), "x0": pw / 2, "dx": pw, "y0": ph / 2, "dy": ph,
             "colorscale": scale_stops(colorscale), "opacity": opacity,
-            "colorbar": {"title": {"text": colorbar_title}},
+            "colorbar": colorbar(colorbar_title),
             "customdata": np.stack(np.meshgrid(np.arange(H), np.arange(W), indexing="ij"), -1),
             "hovertemplate": "patch (%{customdata[0]}, %{customdata[1]})<br>value %{z:.4g}<extra></extra>"}
     if zmin is not None:
@@ -160,13 +170,15 @@ def overlay_fig(image_rgb: np.ndarray, m: np.ndarray, grid: Grid, *, patch: tupl
     if patch is not None:
         shapes.append(_outline_shape(patch[1] * pw, patch[0] * ph, (patch[1] + 1) * pw, (patch[0] + 1) * ph))
     axis = {"showticklabels": False, "showgrid": False, "zeroline": False, "constrain": "domain"}
-    layout = {**_title_layout(title), "shapes": shapes, "xaxis": {**axis, "range": [0, w_px]},
+    layout = {**_sized_layout(title, *_plot_size(h_px, w_px), r=COLORBAR_PX), "shapes": shapes,
+              "xaxis": {**axis, "range": [0, w_px]},
               "yaxis": {**axis, "range": [h_px, 0], "scaleanchor": "x", "scaleratio": 1}}
     image = {"type": "image", "source": png_data_uri(image_rgb), "x0": 0.5, "y0": 0.5, "hoverinfo": "skip"}
     return _fast([image, heat], layout)                                                  # image edges at 0
 
 
 LAYERS_MAX_COLS = 3
+_LAYERS_GAP_PX = 36       # between two tiles of a row: the next tile's row ticks
 
 
 def _dtick(n: int) -> int:
@@ -187,14 +199,15 @@ def layers_fig(maps: np.ndarray, *, title: str, colorbar_title: str, patch: tupl
     rows = max(1, math.ceil(L / cols))
     gap_px = SUBPLOT_TITLES_PX + 24                                   # a tile's title + the x ticks above the next
     plot_px = rows * MIN_TILE_PX + (rows - 1) * gap_px
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=labels, horizontal_spacing=0.06,
+    plot_w = cols * MIN_TILE_PX + (cols - 1) * _LAYERS_GAP_PX
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=labels, horizontal_spacing=_LAYERS_GAP_PX / plot_w,
                         vertical_spacing=gap_px / plot_px if rows > 1 else 0)
     for i in range(L):
         r, c = divmod(i, cols)
         at = dict(row=r + 1, col=c + 1)
         fig.add_trace(go.Heatmap(
             z=maps[i], colorscale=scale_stops(colorscale), zmin=zmin, zmax=zmax, showscale=i == L - 1,
-            colorbar=dict(title=dict(text=colorbar_title), len=1, y=0.5, yanchor="middle"),
+            colorbar=colorbar(colorbar_title, len=1, y=0.5, yanchor="middle"),
             hovertemplate=f"{labels[i]}<br>patch (%{{y}}, %{{x}})<br>value %{{z:.4g}}<extra></extra>"), **at)
         _grid_axes(fig, **at)
         fig.update_xaxes(showticklabels=True, ticks="outside", ticklen=3, dtick=_dtick(W), tick0=0,
@@ -203,8 +216,8 @@ def layers_fig(maps: np.ndarray, *, title: str, colorbar_title: str, patch: tupl
                          tickfont_size=10, **at)
         if patch is not None:
             _outline(fig, patch[1] - 0.5, patch[0] - 0.5, patch[1] + 0.5, patch[0] + 0.5, **at)
-    _title(fig, title, subplot_titles=True, l=30, b=24)
-    fig.update_layout(height=fig.layout.margin.t + plot_px + fig.layout.margin.b)
+    fig.update_layout(**_sized_layout(title, plot_w, plot_px, subplot_titles=True, l=30, b=24, r=COLORBAR_PX))
+    fig.update_annotations(font_size=SUBPLOT_FONT_PX)
     return fig
 
 
@@ -214,22 +227,23 @@ def pair_fig(left: np.ndarray, right: np.ndarray, *, titles: tuple[str, str], co
              patch: tuple[int, int] | None = None, title: str = "") -> go.Figure:
     """Two `(H, W)` maps side by side, each with its own colour scale and colourbar (the
     compare page: an encoding's positional component and the attention row)."""
-    spacing = 0.3
-    fig = make_subplots(rows=1, cols=2, subplot_titles=titles, horizontal_spacing=spacing)
+    H, W = np.shape(left)
+    map_w, map_h = _plot_size(H, W, PAIR_PX)
+    plot_w = 2 * map_w + COLORBAR_PX                           # map, its colour bar, map (its bar in the margin)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=titles, horizontal_spacing=COLORBAR_PX / plot_w)
     for i, (m, cbt, cs, (lo, hi)) in enumerate(zip((left, right), colorbar_titles, colorscales, ranges)):
         lo, hi = _bounds(m, lo, hi)
         fig.add_trace(go.Heatmap(
             z=m, colorscale=scale_stops(cs), zmin=lo, zmax=hi,
-            colorbar=dict(title=dict(text=cbt), x=(1 - spacing) / 2 + 0.02 if i == 0 else 1.02, xanchor="left",
-                          len=0.9, thickness=12),
+            colorbar=colorbar(cbt, x=map_w / plot_w if i == 0 else 1.0),
             hovertemplate="patch (%{y}, %{x})<br>value %{z:.4g}<extra></extra>"), row=1, col=i + 1)
         _grid_axes(fig, row=1, col=i + 1)
         fig.update_xaxes(showticklabels=False, scaleanchor="y" if i == 0 else "y2", row=1, col=i + 1)
         fig.update_yaxes(showticklabels=False, row=1, col=i + 1)
         if patch is not None:
             _outline(fig, patch[1] - 0.5, patch[0] - 0.5, patch[1] + 0.5, patch[0] + 0.5, row=1, col=i + 1)
-    _title(fig, title, subplot_titles=True, r=60)
-    fig.update_layout(height=260 + fig.layout.margin.t)
+    fig.update_layout(**_sized_layout(title, plot_w, map_h, subplot_titles=True, r=COLORBAR_PX))
+    fig.update_annotations(font_size=SUBPLOT_FONT_PX)
     return fig
 
 
@@ -244,18 +258,20 @@ def shift_diff_fig(expected: np.ndarray, new: np.ndarray, diff: np.ndarray, *, t
     carried with the content (`expected`, NaN = content from outside, left blank), the map after
     the shift or resize (`new`; the two share one colour scale) and `diff = new − expected` on a
     symmetric diverging scale (white = the map moved exactly with the content)."""
-    spacing = 0.12
+    H, W = np.shape(new)
+    map_w, map_h = _plot_size(H, W, PAIR_PX)
+    plot_w = 3 * map_w + 2 * COLORBAR_PX                       # the second map's bar between it and the third
+    spacing = COLORBAR_PX / plot_w
     fig = make_subplots(rows=1, cols=3, subplot_titles=titles, horizontal_spacing=spacing)
     both = np.concatenate([np.ravel(expected), np.ravel(new)])
     lo, hi = _bounds(both, None, None) if np.isfinite(both).any() else (None, None)
     span = float(np.nanmax(np.abs(diff))) if np.isfinite(diff).any() else 0.0
     span = span if span > 0 else 1e-12
-    width = (1 - 2 * spacing) / 3
+    width = map_w / plot_w
     for i, (m, cs, (zlo, zhi)) in enumerate(zip((expected, new, diff), (colorscale, colorscale, DIFF_SCALE),
                                                 ((lo, hi), (lo, hi), (-span, span)))):
-        bar = None if i == 0 else dict(title=dict(text=colorbar_title if i == 1 else "difference"), len=0.9,
-                                       thickness=10, x=(2 * width + spacing + 0.01) if i == 1 else 1.01,
-                                       xanchor="left")
+        bar = None if i == 0 else colorbar(colorbar_title if i == 1 else "difference",
+                                           x=(2 * width + spacing) if i == 1 else 1.0)
         fig.add_trace(go.Heatmap(z=m, colorscale=scale_stops(cs), zmin=zlo, zmax=zhi, showscale=bar is not None,
                                  colorbar=bar, hoverongaps=False,
                                  hovertemplate="patch (%{y}, %{x})<br>value %{z:.4g}<extra></extra>"),
@@ -265,6 +281,7 @@ def shift_diff_fig(expected: np.ndarray, new: np.ndarray, diff: np.ndarray, *, t
         fig.update_yaxes(showticklabels=False, row=1, col=i + 1)
         if patch is not None:
             _outline(fig, patch[1] - 0.5, patch[0] - 0.5, patch[1] + 0.5, patch[0] + 0.5, row=1, col=i + 1)
-    _title(fig, title, subplot_titles=True, r=60)
-    fig.update_layout(height=240 + fig.layout.margin.t, plot_bgcolor="#eeeeee")
+    fig.update_layout(**_sized_layout(title, plot_w, map_h, subplot_titles=True, r=COLORBAR_PX),
+                      plot_bgcolor="#eeeeee")
+    fig.update_annotations(font_size=SUBPLOT_FONT_PX)
     return fig
