@@ -330,3 +330,15 @@ def test_listed_names_split_into_group_and_stem_only_for_a_group(tmp_path):
         folder.mkdir(exist_ok=True)
         (folder / "ape.safetensors").write_bytes(b"")
     assert listed_checkpoints(tmp_path) == ["ape", "long/ape"]              # seeds/ is not a listed group
+
+
+def test_a_junk_checkpoint_file_gets_a_plain_message(tmp_path):
+    """Random bytes named `.safetensors` in the checkpoints folder: a message that says what to
+    do, not safetensors' own ("Error while deserializing header: ...")."""
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(bytes(range(256)) * 64)
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(junk)
+    text = str(err.value)
+    assert text.startswith("junk.safetensors is not a readable safetensors file") and "save the model again" in text
+    assert "deserializ" not in text.lower() and "header too large" not in text.lower()

@@ -140,8 +140,10 @@ def read_checkpoint_file(path: str | Path, *, tensors: bool = True
             meta = f.metadata() or {}
             read = {k: f.get_tensor(k) for k in f.keys()} if tensors else {}
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-        raise CheckpointError(f"{path.name} is not a readable safetensors file "
-                              f"(truncated or not a vitpe checkpoint): {e}") from None
+        log.info("safetensors could not read %s: %s", path, e)      # the library's words, for the log only
+        raise CheckpointError(f"{path.name} is not a readable safetensors file (truncated, its header damaged, or "
+                              "another kind of file): restore it (git checkout, a new download) or save the model "
+                              "again") from None
     if meta.get("format") != FORMAT:
         raise NotVitpeCheckpointError(f"{path.name} is a safetensors file but not a vitpe checkpoint (metadata "
                                       f"'format' is {meta.get('format')!r}). To bring in timm / Hugging Face / "
