@@ -85,7 +85,19 @@ def pytest_report_header(config) -> list[str]:
     return [f"hypothesis profile: {profile}{note}", f"release tests: {release}"]
 
 
-FIRST_MODULES = ("test_browser_coldstart.py",)   # on a fresh machine its server compiles the kernel for all
+# ----------------------------------------------------------------------------- workers
+# pyproject's addopts run the suite under pytest-xdist, one test module at a time per worker
+# (`--dist loadfile`: a module's server and browser are started once). At most MAX_WORKERS: each
+# may hold a Streamlit server and a chromium. `-n 0` runs the suite in one process.
+MAX_WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    return max(1, min(MAX_WORKERS, os.cpu_count() or 1))
+
+
+# The longest module first: on a fresh machine (one worker) its server compiles the kernel for all.
+FIRST_MODULES = ("test_browser_coldstart.py",)
 
 
 def pytest_collection_modifyitems(config, items) -> None:

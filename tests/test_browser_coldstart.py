@@ -7,9 +7,9 @@ warm-up is done, and the log says when the build starts and ends.
 
 Same set-up as tests/test_browser.py (`python -m streamlit run app.py` on loopback, Debian's
 chromium through playwright, skipping with a reason where either is missing), with
-an empty extension cache: the session's own where it is still empty (a fresh machine: the build
-then serves every later test; conftest runs this module first), else an empty
-`TORCH_EXTENSIONS_DIR`. Needs a C++ compiler (skipped without one, or with
+an empty extension cache: the session's own where it is still empty and the suite runs in one
+process (a fresh machine: the build then serves every later test; conftest runs this module
+first), else an empty `TORCH_EXTENSIONS_DIR` of its own. Needs a C++ compiler (skipped without one, or with
 `VITPE_NO_CPP=1`). The build may take 2+ minutes on a loaded machine: the waits are long.
 """
 from __future__ import annotations
@@ -63,10 +63,11 @@ def test_a_fresh_install_says_what_it_prepares_then_shows_the_page(browser, app_
     from pages.common.warmup import kernel_needs_build
     from vitpe_core.encodings import _kernels
 
-    if kernel_needs_build():
-        # A fresh machine (as CI's): the session's own cache is empty. The server builds into it,
-        # so this test pays the one compile every later test would otherwise pay (conftest runs
-        # this module first).
+    if kernel_needs_build() and "PYTEST_XDIST_WORKER" not in os.environ:
+        # A fresh machine (as CI's), in one process: the session's own cache is empty. The server
+        # builds into it, so this test pays the one compile every later test would otherwise pay
+        # (conftest runs this module first). Under pytest-xdist another worker may be building
+        # into it at this moment (its lock would hide this build): an empty cache of its own.
         extensions = Path(_kernels.build_directory(_kernels.extension_name())).parent
         env = {"VITPE_WARMUP": "1"}
     else:

@@ -1,6 +1,6 @@
 """A short but real load test (what CI runs): the server from `streamlit run app.py` on
 loopback and 8 concurrent sessions speaking Streamlit's own websocket protocol
-(`benchmarks.st_client`) for 15 s, then 8 s of clicks only. The sessions click patches, switch
+(`benchmarks.st_client`) for 12 s, then 6 s of clicks only. The sessions click patches, switch
 pages, upload images of their own, open their share links in new sessions, and session 0
 imports a model on the Checkpoints page. Fails on any error (an exception on a page, an action
 not answered within 60 s, a lost websocket), an unanswered click, a session without clicks,
@@ -18,7 +18,7 @@ import pytest
 from benchmarks.harness import checkpoint_grids, streamlit_server
 from benchmarks.load_test import SERVER_ARGS, make_specs, passed, run_ws_load
 
-SESSIONS, SECONDS, CLICK_PHASE = 8, 15, 8
+SESSIONS, SECONDS, CLICK_PHASE = 8, 12, 6
 MEMORY_BOUND_MB = 1536
 
 pytestmark = pytest.mark.slow
