@@ -6,6 +6,7 @@ resident memory is the figure for the README's "Host a demo".
 
     python -m benchmarks.memory_walk                       # checkpoints/, 1 GiB -> artifacts/memory_walk.json
     python -m benchmarks.memory_walk --limit-mb 0          # no limit: measure only
+    python -m benchmarks.memory_walk --big                 # two imported ViT-B/16, 60 images (memory_walk_big.py)
 
 How the limit is set, first that works: a child of this process's cgroup v2 (`memory.max`, swap
 off with `memory.swap.max`), a child of its cgroup v1 memory controller (`memory.limit_in_bytes`,
@@ -138,12 +139,8 @@ class Limit:
 
 
 # ----------------------------------------------------------------------------- the walk
-async def walk(base: str, names: list[str], pid: int, limit: Limit, timeout: float) -> list[dict]:
-    from benchmarks.load_ws import MODEL_NAME, tiny_model_npz, upload_png
-    from benchmarks.st_client import open_session
-
-    steps = []
-
+def _recorder(steps: list[dict], pid: int, limit: Limit):
+    """`record(step, seconds, problems)`: appends the step with the server's memory and prints it."""
     def record(what: str, seconds: float, exceptions: list[str]) -> None:
         mem = proc_memory(pid)
         steps.append({"step": what, "seconds": round(seconds, 2), "exceptions": exceptions,
@@ -152,6 +149,15 @@ async def walk(base: str, names: list[str], pid: int, limit: Limit, timeout: flo
         print(f"{what:40s} {seconds:6.1f} s  RSS {steps[-1]['rss_mb']:7.1f} MiB  HWM {steps[-1]['hwm_mb']:7.1f}"
               + (f"  cgroup {steps[-1]['usage_mb']:7.1f}" if "usage_mb" in steps[-1] else "")
               + (f"  EXCEPTIONS {exceptions}" if exceptions else ""), flush=True)
+    return record
+
+
+async def walk(base: str, names: list[str], pid: int, limit: Limit, timeout: float) -> list[dict]:
+    from benchmarks.load_ws import MODEL_NAME, tiny_model_npz, upload_png
+    from benchmarks.st_client import open_session
+
+    steps = []
+    record = _recorder(steps, pid, limit)
 
     for page in PAGES:
         for name in names:
@@ -204,8 +210,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoints", default=str(REPO / "checkpoints"))
     ap.add_argument("--limit-mb", type=int, default=1024, help="memory limit of the server's cgroup (0: none)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds a page may take")
-    ap.add_argument("--out", default=str(REPO / "artifacts" / "memory_walk.json"))
+    ap.add_argument("--out", default=None, help="report (default artifacts/memory_walk.json, "
+                    "artifacts/memory_walk_big.json with --big)")
+    ap.add_argument("--big", action="store_true", help="the big-model run: visitors import ViT-B/16-shaped models "
+                    "and visit distinct images on the bias, compare and similarity pages")
+    ap.add_argument("--models", type=int, default=2, help="--big: models imported (one visitor each)")
+    ap.add_argument("--images", type=int, default=60, help="--big: distinct images visited in all")
+    ap.add_argument("--shape", choices=("b16", "s16"), default="b16", help="--big: the imported models' shape")
+    ap.add_argument("--peak-mb", type=float, default=900.0, help="--big: the peak resident memory that passes")
+    ap.add_argument("--cache-mb", type=float, default=None, help="the server's VITPE_CACHE_MB (default: its own)")
     args = ap.parse_args(argv)
+    args.out = args.out or str(REPO / "artifacts" / ("memory_walk_big.json" if args.big else "memory_walk.json"))
     from vitpe_core.checkpoint import list_checkpoints
 
     names = list_checkpoints(args.checkpoints)
@@ -216,31 +231,58 @@ def main(argv: list[str] | None = None) -> int:
     report = {"command": " ".join(["python -m benchmarks.memory_walk", *(argv if argv is not None else sys.argv[1:])]),
               "limit_mb": args.limit_mb, "limit_kind": limit.kind, "limit_not_set_because": limit.why_not,
               "checkpoints": names}
+    env = {"VITPE_UPLOAD_DIR": None}
+    if args.cache_mb is not None:
+        env["VITPE_CACHE_MB"] = str(args.cache_mb)
+        report["cache_mb"] = args.cache_mb
     try:
-        with tempfile.TemporaryDirectory(prefix="vitpe-memwalk-") as tmp, \
-                streamlit_server(args.checkpoints, prefix=limit.prefix, timeout=120,
-                                 args=("--server.fileWatcherType", "none"),
-                                 env={"VITPE_UPLOAD_DIR": str(Path(tmp) / "uploads")}) as server:
-            report["memory_start_mb"] = proc_memory(server.pid)
-            t0 = time.perf_counter()
-            report["steps"] = asyncio.run(walk(server.url, names, server.pid, limit, args.timeout))
-            report["wall_s"] = round(time.perf_counter() - t0, 1)
-            mem = proc_memory(server.pid)
-            report["server_alive"] = server.proc.poll() is None
-            report["healthy_after"] = health_ok(server.url)
-            report["peak_rss_mb"] = round(mem["VmHWM"], 1)
-            report["cgroup"] = limit.stats()
-            report["server_log_tail"] = server.log_tail(1500)
+        with tempfile.TemporaryDirectory(prefix="vitpe-memwalk-") as tmp:
+            env["VITPE_UPLOAD_DIR"] = str(Path(tmp) / "uploads")
+            with streamlit_server(args.checkpoints, prefix=limit.prefix, timeout=120,
+                                  args=("--server.fileWatcherType", "none"), env=env) as server:
+                report["memory_start_mb"] = proc_memory(server.pid)
+                t0 = time.perf_counter()
+                if args.big:
+                    report.update(_run_big(server, limit, args))
+                else:
+                    report["steps"] = asyncio.run(walk(server.url, names, server.pid, limit, args.timeout))
+                report["wall_s"] = round(time.perf_counter() - t0, 1)
+                mem = proc_memory(server.pid)
+                report["server_alive"] = server.proc.poll() is None
+                report["healthy_after"] = health_ok(server.url)
+                report["peak_rss_mb"] = round(mem["VmHWM"], 1)
+                report["cgroup"] = limit.stats()
+                report["server_log_tail"] = server.log_tail(1500)
+                if args.big:
+                    from benchmarks.memory_walk_big import log_evictions
+                    report["evictions_logged"] = log_evictions(server.log_tail(10**8))
     finally:
         limit.remove()
     steps = report.get("steps", [])
     report["exceptions"] = [f"{s['step']}: {e}" for s in steps for e in s["exceptions"]]
+    if args.big:
+        report["peak_ok"] = max(report.get("peak_rss_mb", 0.0), report.get("watched_peak_mb", 0.0)) <= args.peak_mb
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
     print(json.dumps({k: v for k, v in report.items() if k not in ("steps", "server_log_tail")}, indent=2))
     ok = report.get("server_alive") and report.get("healthy_after") and not report["exceptions"]
+    if args.big:
+        ok = ok and report["peak_ok"] and bool(report.get("evictions_logged"))
     return 0 if ok else 1
+
+
+def _run_big(server, limit: Limit, args) -> dict:
+    """The big-model walk (`memory_walk_big.big_walk`) under an RSS watch beside the limit."""
+    from benchmarks.memory_walk_big import RssWatch, big_walk
+
+    steps: list[dict] = []
+    record = _recorder(steps, server.pid, limit)
+    with RssWatch(server.pid) as watch:
+        out = asyncio.run(big_walk(server.url, server.pid, record, args.timeout, models=args.models,
+                                   images=args.images, shape=args.shape))
+    return {"steps": steps, "watched_peak_mb": round(watch.peak_mb, 1), "peak_limit_mb": args.peak_mb,
+            "models": args.models, "shape": args.shape, **out}
 
 
 if __name__ == "__main__":

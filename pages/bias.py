@@ -1,13 +1,13 @@
-"""Bias explorer: click a patch of an image and see the encoding's attention bias row for it
-(SaPE² as in the paper's Figure 4: x part, y part, their sum; per head or averaged; per
-layer; normalised to [0, 1]), the full model's attention row, the prediction, attention
-rollout, and a live stress test (shift or resize the image; the patch follows its content)."""
+"""Bias explorer: click a patch of an image and see the encoding's attention bias row for it (SaPE² as in the paper's
+Figure 4: x part, y part, their sum; per head or averaged; per layer; normalised to [0, 1]), the full model's
+attention row, the prediction, attention rollout, a live stress test (shift, resize; the patch follows its content)."""
 from __future__ import annotations
 
 import streamlit as st
 
 from vitpe_core import analysis, figures, views
-from pages.common import cache, explain, loading, messages, picker, stress_panel, uploads, viewsync, widgets
+from pages.common import cache, explain, loading, messages, picker, report_button, stress_panel, uploads
+from pages.common import viewsync, widgets
 from pages.common.output import chart, class_axes, downloads
 from vitpe_core.gallery import gallery_label
 from vitpe_core.inputs import prediction_text
@@ -36,13 +36,13 @@ def main() -> None:
     viewsync.render_share(view, upload_active=is_upload)
     widgets.controls_hint(PAGE, layer, head)
     img, key, custom = uploads.fit_image(PAGE, img, key, ckpt, is_upload)
-
     tr = cache.trace(view.ckpt, key, custom)
     left, right = st.columns([2, 3])
     with left:
         where = f"grid {grid[0]}×{grid[1]}, as the model sees the image"
         display = picker.patch_picker(PAGE, img, ckpt, view.patch, f"{caption} — click a patch ({where})")
-        show_prediction(ckpt, tr, key)
+        show_prediction(ckpt, tr, key) if ckpt.config.num_classes else st.caption(messages.no_head(len(tr.logits)))
+        report_button.offer(PAGE, view.ckpt, ckpt, (img, key, caption))
     maps = analysis.patch_maps(tr, view.patch)                      # name -> (L, h, H, W)
     with right:            # a model without a bias shows its attention row here, not empty space
         if not (has_bias := show_bias(ckpt, tr, maps, display, view, layer, head)):

@@ -8,7 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from vitpe_core import figures, views
-from pages.common import cache, explain, import_form, messages, viewsync, widgets
+from pages.common import cache, explain, import_form, messages, report_button, viewsync, widgets
 from pages.common.output import chart
 
 PAGE = "checkpoints"
@@ -58,12 +58,12 @@ def details(name: str, ckpt) -> None:
     m = ckpt.metrics                       # the cache has checked its shape (sanitize_metrics)
     safe = name.replace("/", "_")          # long/ape -> long_ape in file names
     st.header(name)
+    report_button.offer(PAGE, name, ckpt)
     if m.get("metrics_problems"):
         st.warning("Some of this checkpoint's metrics are not in the shape `vitpe_core.train` writes and are "
                    "not shown: " + "; ".join(m["metrics_problems"]) + ". Re-record them with `python -m vitpe_core "
                    f"evaluate checkpoints/{name}.safetensors --sizes 24,32,40,48 --translation --record`.")
-    test = m.get("test") or {}
-    cols = st.columns(4)
+    test, cols = m.get("test") or {}, st.columns(4)
     cols[0].metric("test top-1", "—" if test.get("top1") is None else f"{test['top1']:.2f} %")
     cols[1].metric("test top-5", "—" if test.get("top5") is None else f"{test['top5']:.2f} %")
     cols[2].metric("parameters", f"{sum(p.numel() for p in ckpt.model.parameters()):,}")

@@ -431,11 +431,23 @@ def test_kernel_ab_prints_one_line_per_variant():
 
 
 def test_trace_caches_are_bounded_by_bytes():
-    """Both trace caches (bias page, stress test) carry the byte bound the report's section 6
+    """Both trace caches (bias page, stress test) are pools of the process's one memory budget
+    (`vitpe_core.membudget`), bounded by its bytes and by the entries the report's section 6
     quotes (`report_vit_b.APP_TRACE_CACHE_*`, which the benchmark keeps so as not to import the
     app): a 224-px model's traces are tens of MiB each, so entries alone do not bound memory."""
     from benchmarks.report_vit_b import APP_TRACE_CACHE_BYTES, APP_TRACE_CACHE_ENTRIES
     from pages.common import cache, stress_panel
-    assert cache._trace._info.max_entries == APP_TRACE_CACHE_ENTRIES
+    from vitpe_core import membudget
+    assert cache._trace.pool.max_items == cache.TRACE_CACHE_ENTRIES == APP_TRACE_CACHE_ENTRIES
     for fn in (cache._trace, stress_panel._transformed):
-        assert fn._info.max_size_bytes == cache.TRACE_CACHE_BYTES == APP_TRACE_CACHE_BYTES == 256 * 2**20
+        assert fn.pool.budget is membudget.shared()
+    assert APP_TRACE_CACHE_BYTES == membudget.DEFAULT_CACHE_MB * 2**20
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile's CPU backend needs a C++ compiler (g++)")
+def test_compiled_ab_prints_eager_and_compiled_throughput():
+    from benchmarks.compiled_ab import compiled_ab
+    lines = compiled_ab(("sape2",), rounds=1, batch=2, warmup=1)
+    assert lines[0].startswith("fused kernel:") and len(lines) == 2
+    assert lines[1].split()[0] == "sape2" and "compiled/eager: paired median" in lines[1]

@@ -503,3 +503,71 @@ def test_an_edited_source_is_a_new_build_in_the_extensions_dir(tmp_path, monkeyp
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
     folder = _kernels.build_directory("vitpe_attend_x")
     assert folder == str(tmp_path / "ext" / "vitpe_attend_x") and (tmp_path / "ext" / "vitpe_attend_x").is_dir()
+
+
+# ----------------------------------------------------------------------------- under torch.compile
+class _CountingKernels:
+    """The C++ module with every call counted (by function name)."""
+
+    def __init__(self, real) -> None:
+        self.real, self.calls = real, {}
+
+    def __getattr__(self, name):
+        fn = getattr(self.real, name)
+
+        def call(*args):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return fn(*args)
+        return call
+
+
+@pytest.mark.slow
+@needs_kernel
+@pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile's CPU backend needs a C++ compiler (g++)")
+@pytest.mark.parametrize("encoding, options", [("sape2", {"readout": "query"}), ("sape2+ape", {"readout": "key"}),
+                                               ("cope", {})])
+def test_compiled_model_keeps_the_fused_kernel_and_matches_eager(encoding, options, monkeypatch):
+    """Under torch.compile a tiny SaPE² / CoPE model's forward and every parameter's gradient
+    equal eager's, the graph has no break and calls the fused attention's custom op
+    (`vitpe::*_attend`, compiled_ops.py) in every layer, and the compiled backward runs the C++
+    kernel's backward (before, the compiled model fell back to the unfused bias path)."""
+    from types import SimpleNamespace
+
+    from vitpe_core.config import preset_config
+    from vitpe_core.encodings import compiled_ops
+    from vitpe_core.model import build_model
+
+    cfg = preset_config("compact", encoding=encoding, encoding_options=options, img_size=(16, 12), patch_size=4,
+                        dim=32, depth=2, heads=2, mlp_dim=64)
+    model = build_model(cfg)
+    x = torch.randn(3, 3, 16, 12)
+    want = model(x)
+    want.square().sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(x)
+    assert explained.graph_break_count == 0
+    op = "vitpe.cope_attend" if encoding.startswith("cope") else "vitpe.sape2_attend"
+    called = [str(n.target) for g in explained.graphs for n in g.graph.nodes if str(n.target).startswith(op)]
+    assert len(called) == cfg.depth, called
+    counting = _CountingKernels(_kernels.kernels())
+    monkeypatch.setattr(compiled_ops, "_kernels", SimpleNamespace(kernels=lambda: counting))
+    torch._dynamo.reset()
+    got = torch.compile(model)(x)
+    got.square().sum().backward()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name], atol=1e-5, rtol=1e-4, msg=name)
+    kind = "cope" if encoding.startswith("cope") else "sape2"
+    assert counting.calls.get(f"{kind}_fwd") == cfg.depth and counting.calls.get(f"{kind}_bwd") == cfg.depth
+
+
+def test_the_custom_ops_stay_out_of_the_start_up_path():
+    """compiled_ops.py imports torch._dynamo (about a second): importing the model must not."""
+    import subprocess
+    import sys
+    code = ("import sys, vitpe_core.model, vitpe_core.encodings.functional; "
+            "print('vitpe_core.encodings.compiled_ops' in sys.modules, 'torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "False"]

@@ -26,9 +26,9 @@ def tiny(encoding: str, **kw) -> torch.nn.Module:
     return build_model(cfg)
 
 
-def test_registry_lists_the_nine_encodings():
-    assert available_encodings() == ["none", "ape", "ape2d", "sincos2d", "rpb", "rope_axial", "rope_mixed",
-                                     "cope", "sape2"]
+def test_registry_lists_the_nine_encodings_and_the_two_of_imported_families():
+    assert available_encodings() == ["none", "ape", "ape2d", "sincos2d", "rpb", "rpb_cls", "rope_axial", "rope_mixed",
+                                     "rope_dinov3", "cope", "sape2"]
 
 
 def test_unknown_names_and_options_fail_loudly():
@@ -128,8 +128,9 @@ def test_sape2_trace_records_x_and_y_parts_that_sum_to_the_bias():
     assert sape.readout == "query"
 
 
-def test_rpb_depends_only_on_the_offset():
-    model = tiny("rpb")
+@pytest.mark.parametrize("encoding", ["rpb", "rpb_cls"])
+def test_rpb_depends_only_on_the_offset(encoding):
+    model = tiny(encoding)
     bias = model.pos_enc.bias(None, None, grid=GRID, layer=1)[0, :, 1:, 1:]   # (h, N, N)
     H, W = GRID
     seen: dict[tuple, torch.Tensor] = {}
@@ -142,7 +143,34 @@ def test_rpb_depends_only_on_the_offset():
     assert len(seen) == (2 * H - 1) * (2 * W - 1)
 
 
-@pytest.mark.parametrize("encoding", ["rope_axial", "rope_mixed"])
+def test_rpb_cls_has_beits_three_prefix_entries_per_layer_or_shared():
+    """CLS->patch, patch->CLS and CLS->CLS are one learned value each per head (zero in `rpb`);
+    `shared=True` gives every layer the same bias."""
+    for shared in (False, True):
+        model = tiny("rpb_cls", encoding_options={"shared": shared})
+        cls = model.pos_enc.cls_bias.detach()                                     # (L|1, h, 3)
+        assert cls.shape == (1 if shared else 2, 2, 3)
+        biases = [model.pos_enc.bias(None, None, grid=GRID, layer=i)[0].detach() for i in (0, 1)]   # (h, T, T)
+        for i, bias in enumerate(biases):
+            c = cls[0 if shared else i]
+            assert torch.equal(bias[:, 0, 1:], c[:, 0, None].expand(-1, GRID[0] * GRID[1]))
+            assert torch.equal(bias[:, 1:, 0], c[:, 1, None].expand(-1, GRID[0] * GRID[1]))
+            assert torch.equal(bias[:, 0, 0], c[:, 2])
+        assert torch.equal(biases[0], biases[1]) == shared
+
+
+def test_rope_dinov3_angles_follow_the_spec():
+    """DINOv3: pair k turns by 2π·y·f_k, pair d/4 + k by 2π·x·f_k, on patch centres in [-1, 1]."""
+    enc = build_encoding("rope_dinov3", EncodingContext(32, 2, 1, GRID), theta=50.0)
+    ang = enc.angles(GRID, 0)[0]                                        # (N, d/2) with d = 16
+    f = [50.0 ** (-4 * k / 16) for k in range(4)]
+    r, c = 2, 3
+    y, x = 2 * (r + 0.5) / GRID[0] - 1, 2 * (c + 0.5) / GRID[1] - 1
+    expected = torch.tensor([2 * math.pi * y * fk for fk in f] + [2 * math.pi * x * fk for fk in f])
+    torch.testing.assert_close(ang[r * GRID[1] + c], expected)
+
+
+@pytest.mark.parametrize("encoding", ["rope_axial", "rope_mixed", "rope_dinov3"])
 def test_rope_scores_invariant_to_global_shift_and_norm_preserving(encoding):
     big = (7, 9)
     ctx = EncodingContext(32, 2, 2, big)

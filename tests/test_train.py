@@ -83,14 +83,26 @@ def test_a_state_from_before_starts_were_recorded_still_resumes(data_dir, tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile's CPU backend needs a C++ compiler (g++)")
-def test_compiled_training_follows_the_eager_run(data_dir, tmp_path):
+def test_compiled_training_follows_the_eager_run(data_dir, tmp_path, monkeypatch):
     """`--compile`: same steps, same checkpoint layout (no `_orig_mod.` keys), weights equal to
     the eager run's up to kernel rounding. One step (a batch of 16 of the 20 images): compiling
-    the forward and backward graphs is the cost, and one step runs both."""
+    the forward and backward graphs is the cost, and one step runs both. Where the fused C++
+    kernel is built, the compiled step runs it (as custom ops, `encodings/compiled_ops.py`)."""
+    from types import SimpleNamespace
+
+    from vitpe_core.encodings import _kernels, compiled_ops
     c = cfg(encoding="sape2+ape", batch_size=16)
     eager = train(c, data_dir=data_dir, out=tmp_path / "eager", progress=False, full_eval=False)
+    calls = []
+    if _kernels.available():
+        real = _kernels.kernels()
+        counting = SimpleNamespace(sape2_fwd=real.sape2_fwd,
+                                   sape2_bwd=lambda *a: calls.append("bwd") or real.sape2_bwd(*a))
+        monkeypatch.setattr(compiled_ops, "_kernels", SimpleNamespace(kernels=lambda: counting))
     compiled = train(c, data_dir=data_dir, out=tmp_path / "compiled", progress=False, full_eval=False,
                      compile_model=True)
+    from vitpe_core.config import PRESETS
+    assert len(calls) == (PRESETS[c.preset]["depth"] if _kernels.available() else 0)   # a fused backward per layer
     assert compiled["steps"] == eager["steps"] == 1
     assert compiled["starts"][0]["compiled"] and not eager["starts"][0]["compiled"]
     we, wc = _final_weights(tmp_path / "eager"), _final_weights(tmp_path / "compiled")

@@ -4,9 +4,10 @@
   evaluate   test accuracy of a checkpoint, optionally across input sizes and translations, as one JSON line
   table      the README results table from checkpoints/*.json (or rewrite it in README.md)
   structure  2D-structure score of a checkpoint's (or timm ViT weights') position table, as one JSON line
-  import     a pretrained timm / DeiT / DINOv2 / Hugging Face / RoPE-ViT model -> a vitpe checkpoint
+  import     a pretrained timm / DeiT / RoPE-ViT / HF (ViT, BEiT, DINOv2/v3, CLIP, SigLIP) model -> a checkpoint
   analyze    how a checkpoint encodes position: position-only kernels, relative score, attention by depth
   scale      how loud an encoding's attention bias is next to the q·k logits, per layer, as one JSON line
+  report     one self-contained interactive HTML file of a model (charts and an offline bias explorer)
 """
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     for add in (_add_train, _add_evaluate, _add_table, _add_structure, _add_import,
-                _add_analyze, _add_scale):
+                _add_analyze, _add_scale, _add_report):
         add(sub)
     return p
 
@@ -259,8 +260,10 @@ def _imported_for_structure(path: Path, grid: tuple[int, int] | None) -> ViT:
 def _add_import(sub) -> None:
     from .importers import FAMILIES, NORMS
     i = sub.add_parser("import", help="turn a pretrained ViT into a vitpe checkpoint (docs/importing.md)",
-                       description="Import timm / DeiT / DINOv2-style / Hugging Face / RoPE-ViT weights. The file is "
-                                   "read without running code (.safetensors, .npz, or a weights-only torch file).")
+                       description="Import timm / DeiT / Hugging Face ViT / BEiT / data2vec-vision / DINOv2 / DINOv3 / "
+                                   "CLIP / SigLIP / RoPE-ViT weights (Hugging Face: model.safetensors with config.json "
+                                   "beside it, or a hub id). The file is read without running code (.safetensors, "
+                                   ".npz, or a weights-only torch file).")
     i.set_defaults(run=_import)
     i.add_argument("source", help="weights file, or a Hugging Face hub id (needs huggingface_hub and a network)")
     i.add_argument("--out", required=True, help="the checkpoint to write, e.g. checkpoints/vit_tiny.safetensors")
@@ -279,6 +282,8 @@ def _add_import(sub) -> None:
     i.add_argument("--dtype", default="source", choices=("source", "float32", "float16", "bfloat16"),
                    help="precision of the stored weights (default: the file's own, so the checkpoint is the model "
                         "the file holds; float16 halves the size and rounds the weights)")
+    i.add_argument("--half", action="store_true", help="store float16 weights: the same as --dtype float16 (the "
+                                                       "checkpoint records it as stored_dtype)")
 
 
 def _import(args: argparse.Namespace) -> int:
@@ -286,6 +291,10 @@ def _import(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.suffix != ".safetensors":
         raise ValueError(f"--out must end in .safetensors, got {out.name}")
+    if args.half:
+        if args.dtype not in ("source", "float16"):
+            raise ValueError(f"--half stores float16; it contradicts --dtype {args.dtype}")
+        args.dtype = "float16"
     imp = import_checkpoint(args.source, out, licence=args.licence, dtype=args.dtype, family=args.family,
                             img_size=args.img_size, heads=args.heads, pool=args.pool, norm=args.norm,
                             crop_pct=args.crop_pct, labels=args.labels)
@@ -353,6 +362,61 @@ def _scale(args: argparse.Namespace) -> int:
             raise ValueError(f"{path.name}: `{ckpt.config.encoding}` adds no attention bias to measure")
         print(json.dumps({"checkpoint": str(path), "images": len(x), "bias_ratio_per_layer": ratios,
                           "bias_ratio_mean": round(sum(ratios) / len(ratios), 4)}))
+    return 0
+
+
+# ----------------------------------------------------------------------------- report
+def _layers(text: str) -> list[int]:
+    try:
+        layers = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        layers = []
+    if not layers or min(layers) < 0:
+        raise argparse.ArgumentTypeError(f"expected layer numbers separated by commas, e.g. 0,5,11; got {text!r}")
+    return layers
+
+
+def _add_report(sub) -> None:
+    r = sub.add_parser("report", help="a self-contained interactive HTML report of a model (no server needed)",
+                       description="One HTML file holding a model card, Figure 7, position-only kernels, attention "
+                                   "distance and an offline bias explorer (vitpe_core/html_report); it opens from "
+                                   "disk in a browser with no network.")
+    r.set_defaults(run=_report)
+    r.add_argument("checkpoint", help="a shipped checkpoint's name (ape, long/ape), a vitpe checkpoint file, or "
+                                      "weights the importers read (timm, DeiT, DINOv2, Hugging Face, RoPE-ViT)")
+    r.add_argument("--out", required=True, help="the HTML file to write, e.g. report.html")
+    r.add_argument("--images", nargs="+", metavar="IMAGE", help="image files or gallery ids for the bias explorer "
+                                                                "(default: three CIFAR-10 test images and a photo)")
+    r.add_argument("--layers", type=_layers, help="layers whose every head the explorer keeps, e.g. 0,5,11 (default: "
+                                                  "as many as fit --max-mb; the others keep the mean over heads)")
+    r.add_argument("--max-mb", type=float, default=24.0, help="size the explorer's per-head layers are chosen to "
+                                                              "fit, in MB (default 24)")
+
+
+def _report(args: argparse.Namespace) -> int:
+    """`html_report.write_report` on a model `explore.load` opens, with a progress bar."""
+    import shlex
+
+    from tqdm.auto import tqdm
+
+    from . import explore
+    from .html_report import DEFAULT_MAX_BYTES, progress_steps, write_report
+    from .html_report.build import DEFAULT_IMAGES
+    m = explore.load(args.checkpoint)
+    images = None if args.images is None else [explore.as_image(i) for i in args.images]
+    steps = progress_steps(len(images) if images else DEFAULT_IMAGES, args.layers is not None) + 1
+    words = ["report", args.checkpoint, "--out", args.out] + (["--images", *args.images] if args.images else []) + \
+        (["--layers", ",".join(map(str, args.layers))] if args.layers else []) + \
+        (["--max-mb", f"{args.max_mb:g}"] if args.max_mb * 1e6 != DEFAULT_MAX_BYTES else [])
+    command = "python -m vitpe_core " + shlex.join(words)
+    with tqdm(total=steps, desc=f"report of {m.name}", unit="step") as bar:
+        def progress(step: str) -> None:
+            bar.set_postfix_str(step[:40])
+            bar.update(1)
+        out = write_report(m.ckpt, args.out, images=images, path=m.path, layers=args.layers, command=command,
+                           content_hash=m.content_hash, max_bytes=int(args.max_mb * 1e6), progress=progress)
+    print(json.dumps({"out": str(out), "bytes": out.stat().st_size, "checkpoint": m.name,
+                      "content_hash": m.content_hash}))
     return 0
 
 

@@ -125,6 +125,27 @@ def trace_image(model: ViT, image: Tensor) -> Trace:
     return Trace(grid, model.num_prefix, logits[0].numpy(), attn, bias, parts, tuple(model.prefix_names()))
 
 
+COMPACT_ABOVE = 4 * 2**20   # a trace whose maps take more (a 224-px model's: 21–85 MiB) is kept in float16
+
+
+def trace_bytes(trace: Trace) -> int:
+    """Bytes of a trace's maps (attention, bias, bias parts)."""
+    return sum(a.nbytes for a in (trace.attn, trace.bias, *trace.parts.values()) if a is not None)
+
+
+def compact_trace(trace: Trace, above: int = COMPACT_ABOVE) -> Trace:
+    """The trace the app keeps in memory: a big trace's attention, bias and bias parts (every
+    layer and head: the pages and their downloads show any of them) in float16, half the bytes
+    (a ViT-B/16's 22–85 MiB become 11–42 MiB); the logits stay float32. Traces of at most
+    `above` bytes (the compact models': ~1 MiB) are returned as they are. The functions below
+    read float16 traces (their outputs are float32); values agree to float16's 3 digits."""
+    if trace_bytes(trace) <= above:
+        return trace
+    half = lambda a: None if a is None else a.astype(np.float16)
+    return Trace(trace.grid, trace.num_prefix, trace.logits, half(trace.attn), half(trace.bias),
+                 {k: half(v) for k, v in trace.parts.items()}, trace.prefix)
+
+
 def patch_index(patch: tuple[int, int], grid: Grid) -> int:
     r, c = patch
     if not (0 <= r < grid[0] and 0 <= c < grid[1]):
@@ -139,13 +160,14 @@ def patch_maps(trace: Trace, patch: tuple[int, int]) -> dict[str, np.ndarray]:
     H, W = trace.grid
     P, i = trace.num_prefix, patch_index(patch, trace.grid)
     L, h = trace.attn.shape[:2]
-    out = {"attn": trace.attn[:, :, P + i, P:].reshape(L, h, H, W)}
+    f32 = lambda a: a.reshape(L, h, H, W).astype(np.float32, copy=False)      # float16 traces: `compact_trace`
+    out = {"attn": f32(trace.attn[:, :, P + i, P:])}
     if trace.prefix[:1] == ("CLS",):
-        out["cls_attn"] = trace.attn[:, :, 0, P:].reshape(L, h, H, W)
+        out["cls_attn"] = f32(trace.attn[:, :, 0, P:])
     if trace.bias is not None:
-        out["bias"] = trace.bias[:, :, P + i, P:].reshape(L, h, H, W)
+        out["bias"] = f32(trace.bias[:, :, P + i, P:])
     for name, part in trace.parts.items():
-        out[name] = part[:, :, i, :].reshape(L, h, H, W)
+        out[name] = f32(part[:, :, i, :])
     return out
 
 
@@ -164,10 +186,11 @@ def attention_stats(trace: Trace) -> dict[str, np.ndarray]:
     P = trace.num_prefix
     r, c = (x.numpy() for x in grid_coords(trace.grid))
     dist = np.sqrt((r[:, None] - r[None]) ** 2 + (c[:, None] - c[None]) ** 2)   # (N, N)
-    a = trace.attn[:, :, P:, P:]                                               # (L, h, N, N)
+    attn = np.asarray(trace.attn, dtype=np.float32)                            # (L, h, T, T); float16 traces
+    a = attn[:, :, P:, P:]                                                     # (L, h, N, N)
     a = a / np.clip(a.sum(-1, keepdims=True), 1e-12, None)
     mean_distance = (a * dist).sum(-1).mean(-1)                                # (L, h)
-    full = np.clip(trace.attn[:, :, P:, :], 1e-12, None)                       # (L, h, N, T)
+    full = np.clip(attn[:, :, P:, :], 1e-12, None)                             # (L, h, N, T)
     entropy = -(full * np.log(full)).sum(-1).mean(-1)                          # (L, h)
     return {"mean_distance": mean_distance, "entropy": entropy}
 

@@ -5,7 +5,8 @@ A checkpoint `NAME.safetensors` holds
 * per-epoch snapshots of the position-encoding parameters under `history.{epoch}.{name}`
   (the app replays how 2D structure emerges during training);
 * metadata (strings): `format` = "vitpe-checkpoint", `format_version`, `config` (ViTConfig
-  JSON), `metrics` (JSON: recipe, accuracy, curves, resolution and translation results...).
+  JSON; a SwinConfig's, marked `"arch": "swin"`, rebuilds a `swin.SwinTransformer`), `metrics`
+  (JSON: recipe, accuracy, curves, resolution and translation results...).
 Beside it, `NAME.json` repeats config + metrics for humans and diffs.
 
 Loading never executes code (safetensors has no pickle), checks the format and version,
@@ -34,6 +35,8 @@ from safetensors.torch import save as st_save
 from .config import ViTConfig
 from .encodings.base import encoding_parts
 from .model import ViT
+from .swin.config import ARCH as SWIN_ARCH, SwinConfig
+from .swin.model import SwinTransformer
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +168,8 @@ def _parse_json(meta: dict[str, str], key: str, name: str) -> Any:
 def approx_elements(cfg: ViTConfig) -> int:
     """About how many values building `cfg` allocates (weights plus per-position tables), from
     its sizes alone: what the file's tensors must roughly add up to."""
+    if isinstance(cfg, SwinConfig):
+        return cfg.approx_elements()
     H, W = cfg.grid
     d = cfg.dim
     blocks = cfg.depth * (4 * d * d + 2 * d * cfg.mlp_dim)
@@ -181,9 +186,13 @@ def read_config(path: str | Path) -> ViTConfig:
 
 
 def _config_of(meta: dict[str, str], name: str) -> ViTConfig:
-    """The metadata's config, its encoding's parts checked against the registry."""
+    """The metadata's config, its encoding's parts checked against the registry (a Swin's,
+    `"arch": "swin"`, is a `SwinConfig`)."""
     try:
-        cfg = ViTConfig.from_dict(_parse_json(meta, "config", name))
+        d = _parse_json(meta, "config", name)
+        if isinstance(d, dict) and d.get("arch") == SWIN_ARCH:
+            return SwinConfig.from_dict(d)
+        cfg = ViTConfig.from_dict(d)
         encoding_parts(str(cfg.encoding))
     except CheckpointError:
         raise
@@ -203,7 +212,8 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
         if need > 4 * have + 2**20:   # checked before building: a forged config must not allocate gigabytes
             raise CheckpointError(f"{path.name}: its config describes a model of about {need:,} values but the "
                                   f"file holds {have:,}; the config was altered or belongs to another file")
-        model = ViT(cfg, init_weights=False)   # every parameter is loaded below (strict)
+        arch = SwinTransformer if isinstance(cfg, SwinConfig) else ViT
+        model = arch(cfg, init_weights=False)   # every parameter is loaded below (strict)
     except CheckpointError:
         raise
     except (ValueError, TypeError) as e:
@@ -211,7 +221,8 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
     metrics = _parse_json(meta, "metrics", path.name)
     history: dict[int, dict[str, torch.Tensor]] = {}
     weights = {}
-    enc_shapes = {k: tuple(v.shape) for k, v in model.pos_enc.state_dict().items()}
+    enc = getattr(model, "pos_enc", None)   # a Swin has no encoding module, hence no history
+    enc_shapes = {k: tuple(v.shape) for k, v in enc.state_dict().items()} if enc is not None else {}
     for k, v in tensors.items():
         if k.startswith(HISTORY):
             epoch, _, name = k[len(HISTORY):].partition(".")

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-POOLS = ("token", "avg")
+POOLS = ("token", "avg", "token+avg", "map")   # CLS; mean of the patches; [CLS, mean] (DINOv2); attention pooling
+ACTS = ("gelu", "gelu_tanh", "quick_gelu", "silu")   # exact GELU; tanh-approximated (SigLIP); x·σ(1.702x) (CLIP); SiLU
+MLPS = ("mlp", "gated")                        # fc2(act(fc1 x)); fc2(act(fc1_g x) * fc1_x x) (SwiGLU with act="silu")
 
 
 @dataclass(frozen=True)
@@ -38,8 +40,14 @@ class ViTConfig:
     reg_tokens: int = 0                        # register tokens (no position, no read-out)
     no_embed_class: bool = False               # the `ape` table covers the patches only, not the prefix tokens
     layer_scale: bool = False                  # LayerScale `ls1.gamma` / `ls2.gamma` in every block
-    pool: str = "token"                        # "token": read out the CLS token; "avg": mean of the patch tokens
+    pool: str = "token"                        # POOLS: "token" the CLS token, "avg" the mean of the patch tokens,
+                                               # "token+avg" both concatenated, "map" attention pooling (`attn_pool`)
     fc_norm: bool = False                      # LayerNorm after pooling (timm's avg-pool models) instead of `norm`
+    # Further imported families (BEiT, DINOv2/v3, CLIP, SigLIP); the defaults compute what the fields above describe.
+    pre_norm: bool = False                     # a LayerNorm on the tokens before the first block (CLIP's pre_layrnorm)
+    final_norm: bool = True                    # the LayerNorm `norm` after the last block (off: a read-out without it)
+    act: str = "gelu"                          # ACTS: the MLP's activation
+    mlp: str = "mlp"                           # MLPS: plain or gated MLP
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "img_size", tuple(int(s) for s in self.img_size))
@@ -53,8 +61,11 @@ class ViTConfig:
             raise ValueError(f"dim {self.dim} must be divisible by heads {self.heads}")
         if self.pool not in POOLS:
             raise ValueError(f"unknown pool {self.pool!r}; valid: {POOLS}")
-        if (self.pool == "token" or self.dist_token) and not self.class_token:
-            raise ValueError("pool='token' and dist_token need a class token")
+        if self.pool in ("token", "token+avg") and not self.class_token or self.dist_token and not self.class_token:
+            raise ValueError(f"pool={self.pool!r} and dist_token need a class token")
+        for name, value, valid in (("act", self.act, ACTS), ("mlp", self.mlp, MLPS)):
+            if value not in valid:
+                raise ValueError(f"unknown {name} {value!r}; valid: {valid}")
         h, w = self.img_size
         if h % self.patch_size or w % self.patch_size:
             raise ValueError(f"img_size {self.img_size} must be a multiple of patch_size {self.patch_size}")

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from .config import ViTConfig
 from .encodings import EncodingContext, PositionEncoding, build_encoding
 from .encodings.base import Grid
+from .encodings.functional import fused_under_compile
 
 
 class Attention(nn.Module):
@@ -40,9 +41,9 @@ class Attention(nn.Module):
                 trace: list[dict] | None = None) -> Tensor:
         qkv = rearrange(self.qkv(x), "b t (three h d) -> three b h t d", three=3, h=self.heads)
         q, k, v = qkv.unbind(0)                                      # (B, h, T, d) each
-        # CoPE / SaPE²: bias, softmax and @ v fused, logits formed once. Not under torch.compile:
-        # its hand-written in-place backward and C++ kernel break inductor; the bias path compiles.
-        if trace is None and not torch.compiler.is_compiling():
+        # CoPE / SaPE²: bias, softmax and @ v fused, logits formed once. Under torch.compile only
+        # where the C++ kernel runs (as custom ops, encodings/compiled_ops.py); else the bias path.
+        if trace is None and (not torch.compiler.is_compiling() or fused_under_compile(q)):
             out = pos.attend(q, k, v, grid=grid, layer=layer, scale=self.scale, qkv=qkv)
             if out is not None:
                 return self.proj(rearrange(out, "b h t d -> b t (h d)"))  # (B, T, D)
@@ -67,15 +68,65 @@ class Attention(nn.Module):
         return self.proj(rearrange(out, "b h t d -> b t (h d)"))    # (B, T, D)
 
 
+class QuickGELU(nn.Module):
+    """`x·σ(1.702x)`: CLIP's activation (transformers' `quick_gelu`)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+def activation(name: str) -> nn.Module:
+    """The module of `ViTConfig.act`."""
+    return {"gelu": nn.GELU, "gelu_tanh": lambda: nn.GELU(approximate="tanh"), "quick_gelu": QuickGELU,
+            "silu": nn.SiLU}[name]()
+
+
 class Mlp(nn.Module):
-    def __init__(self, dim: int, hidden: int) -> None:
+    def __init__(self, dim: int, hidden: int, act: str = "gelu") -> None:
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden)
-        self.act = nn.GELU()
+        self.act = activation(act)
         self.fc2 = nn.Linear(hidden, dim)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.fc2(self.act(self.fc1(x)))
+
+
+class GatedMlp(nn.Module):
+    """`fc2(act(fc1_g x) · fc1_x x)`: SwiGLU with `act="silu"` (timm's names; DINOv2-g, DINOv3's gated MLPs)."""
+
+    def __init__(self, dim: int, hidden: int, act: str = "silu") -> None:
+        super().__init__()
+        self.fc1_g = nn.Linear(dim, hidden)
+        self.fc1_x = nn.Linear(dim, hidden)
+        self.act = activation(act)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.act(self.fc1_g(x)) * self.fc1_x(x))
+
+
+class AttentionPool(nn.Module):
+    """Multi-head attention pooling (MAP): one learned query `latent` attends over all tokens,
+    then a residual MLP on its LayerNorm; timm's `AttentionPoolLatent` names, SigLIP's `head`.
+    `(B, T, D) -> (B, D)`."""
+
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        self.heads = cfg.heads
+        self.latent = nn.Parameter(torch.zeros(1, 1, cfg.dim))
+        self.q = nn.Linear(cfg.dim, cfg.dim)
+        self.kv = nn.Linear(cfg.dim, 2 * cfg.dim)
+        self.proj = nn.Linear(cfg.dim, cfg.dim)
+        self.norm = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
+        self.mlp = Mlp(cfg.dim, cfg.mlp_dim, cfg.act)
+
+    def forward(self, x: Tensor) -> Tensor:
+        q = rearrange(self.q(self.latent), "one t (h d) -> one h t d", h=self.heads)          # (1, h, 1, d)
+        k, v = rearrange(self.kv(x), "b t (two h d) -> two b h t d", two=2, h=self.heads)    # (B, h, T, d) each
+        out = F.scaled_dot_product_attention(q.expand(x.shape[0], -1, -1, -1), k, v)        # (B, h, 1, d)
+        out = self.proj(rearrange(out, "b h t d -> b t (h d)"))                              # (B, 1, D)
+        return (out + self.mlp(self.norm(out)))[:, 0]                                        # (B, D)
 
 
 def drop_path(x: Tensor, p: float, training: bool) -> Tensor:
@@ -105,7 +156,7 @@ class Block(nn.Module):
         self.attn = Attention(cfg.dim, cfg.heads, cfg.qkv_bias)
         self.ls1 = LayerScale(cfg.dim) if cfg.layer_scale else nn.Identity()
         self.norm2 = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
-        self.mlp = Mlp(cfg.dim, cfg.mlp_dim)
+        self.mlp = (GatedMlp if cfg.mlp == "gated" else Mlp)(cfg.dim, cfg.mlp_dim, cfg.act)
         self.ls2 = LayerScale(cfg.dim) if cfg.layer_scale else nn.Identity()
         self.drop_path = drop_path
 
@@ -119,10 +170,12 @@ class ViT(nn.Module):
     record per-layer attention, bias and bias parts (see Attention).
 
     Tokens are `P` prefix tokens (CLS, distillation, registers, as the config has them) then
-    the `N` patches, row-major. The read-out is the CLS token (`pool="token"`) or the mean of
-    the patch tokens (`"avg"`, then `fc_norm`); with a distillation token its own head
-    `head_dist` is averaged with `head` (timm's DeiT at eval). `num_classes=0`: no head, the
-    pooled features are returned (e.g. a DINOv2 backbone)."""
+    the `N` patches, row-major. The read-out is the CLS token (`pool="token"`), the mean of
+    the patch tokens (`"avg"`, then `fc_norm`), both concatenated (`"token+avg"`, DINOv2's
+    classifier) or attention pooling (`"map"`, SigLIP); with a distillation token its own head
+    `head_dist` is averaged with `head` (timm's DeiT at eval). `pre_norm` adds a LayerNorm
+    before the first block (CLIP); `final_norm=False` leaves out `norm` after the last one.
+    `num_classes=0`: no head, the pooled features are returned (e.g. a DINOv2 backbone)."""
 
     def __init__(self, cfg: ViTConfig, init_weights: bool = True) -> None:
         super().__init__()
@@ -141,10 +194,15 @@ class ViT(nn.Module):
         self.pos_enc = build_encoding(cfg.encoding, ctx, **cfg.encoding_options)
         rates = torch.linspace(0, cfg.drop_path, cfg.depth).tolist()
         self.blocks = nn.ModuleList(Block(cfg, r) for r in rates)
-        self.norm = nn.Identity() if cfg.fc_norm else nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
+        if cfg.pre_norm:
+            self.norm_pre = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
+        self.norm = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps) if cfg.final_norm and not cfg.fc_norm else nn.Identity()
         if cfg.fc_norm:
             self.fc_norm = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
-        self.head = nn.Linear(cfg.dim, cfg.num_classes) if cfg.num_classes else nn.Identity()
+        if cfg.pool == "map":
+            self.attn_pool = AttentionPool(cfg)
+        features = 2 * cfg.dim if cfg.pool == "token+avg" else cfg.dim
+        self.head = nn.Linear(features, cfg.num_classes) if cfg.num_classes else nn.Identity()
         if cfg.dist_token:
             self.head_dist = nn.Linear(cfg.dim, cfg.num_classes) if cfg.num_classes else nn.Identity()
         if init_weights:   # off where every parameter is loaded next (checkpoint.load_checkpoint: 70 ms saved)
@@ -188,13 +246,23 @@ class ViT(nn.Module):
 
     def forward_features(self, x: Tensor, trace: list[dict] | None = None) -> Tensor:
         x, grid = self.tokens(x)
+        if self.cfg.pre_norm:
+            x = self.norm_pre(x)
         for i, blk in enumerate(self.blocks):
             x = blk(x, self.pos_enc, grid, i, trace)
         return self.norm(x)                                                    # (B, T, D)
 
     def pool(self, x: Tensor) -> Tensor:
         """`(B, T, D)` normalised tokens -> `(B, D)` read-out features."""
-        feat = x[:, self.num_prefix:].mean(1) if self.cfg.pool == "avg" else x[:, 0]
+        pool = self.cfg.pool
+        if pool == "map":
+            feat = self.attn_pool(x)
+        elif pool == "avg":
+            feat = x[:, self.num_prefix:].mean(1)
+        elif pool == "token+avg":
+            feat = torch.cat((x[:, 0], x[:, self.num_prefix:].mean(1)), dim=-1)                # (B, 2D)
+        else:
+            feat = x[:, 0]
         return self.fc_norm(feat) if self.cfg.fc_norm else feat
 
     def forward(self, x: Tensor, trace: list[dict] | None = None) -> Tensor:

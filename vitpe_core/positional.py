@@ -197,7 +197,8 @@ def table_kernel(model: ViT, images: Tensor) -> np.ndarray:
     patches = model.patch_embed.proj(images.float()).flatten(2).transpose(1, 2)  # (B, N, D)
     mu = patches.mean((0, 1))                                                    # (D,)
     table = model.pos_enc.table(grid)                                            # (P'+N, D)
-    x = model.blocks[0].norm1(mu + table[table.shape[0] - N:])                   # (N, D)
+    x = mu + table[table.shape[0] - N:]                                          # (N, D)
+    x = model.blocks[0].norm1(model.norm_pre(x) if model.cfg.pre_norm else x)    # CLIP: its LayerNorm first
     attn = model.blocks[0].attn
     q, k, _ = attn.qkv(x).reshape(N, 3, attn.heads, -1).permute(1, 2, 0, 3)      # (h, N, d) each
     return ((q * attn.scale) @ k.transpose(-1, -2)).numpy()                      # (h, N, N)
@@ -224,6 +225,7 @@ def rollout(attn: np.ndarray, fusion: str = "mean") -> np.ndarray:
     T = attn.shape[-1]
     out = np.eye(T)
     for a in attn:
+        a = np.asarray(a, dtype=np.float32)                                       # float16 traces (compact)
         fused = a.mean(0) if fusion == "mean" else a.max(0)                      # (T, T)
         step = 0.5 * fused + 0.5 * np.eye(T)
         step = step / step.sum(-1, keepdims=True)
@@ -261,6 +263,18 @@ def image_set(ckpt) -> Tensor:
     return torch.stack([checkpoint_input(gallery_image(i), ckpt) for i in gallery_ids()])
 
 
+CHUNK_BYTES = 24 * 2**20   # one chunk's attention maps at most (a 224-px ViT-B's image alone: 21 MiB)
+
+
+def _chunk(model: ViT, grid: Grid) -> int:
+    """Images per traced pass in `analyze`: 8, fewer for big models so that a pass's attention
+    `(b, L, h, T, T)` float32 stays near `CHUNK_BYTES` (the pass keeps several arrays of that
+    size: a ViT-B/16 at 8 images a pass peaked 1.3 GB above its weights, in the app's server)."""
+    T = model.num_prefix + grid[0] * grid[1]
+    per_image = model.cfg.depth * model.cfg.heads * T * T * 4
+    return max(1, min(8, CHUNK_BYTES // per_image))
+
+
 @torch.no_grad()
 def analyze(ckpt, progress: bool = False) -> tuple[dict, dict[str, np.ndarray]]:
     """Summary (JSON-able: the relative score per layer and head and its mean, mean attention
@@ -276,7 +290,7 @@ def analyze(ckpt, progress: bool = False) -> tuple[dict, dict[str, np.ndarray]]:
         rows = np.clip(attn[..., model.num_prefix:, :], 1e-12, None)
         entropies.append(-(rows * np.log(rows)).sum(-1).mean(-1))                # (b, L, h)
 
-    kern = position_kernels(model, images, on_trace=attention_stats,
+    kern = position_kernels(model, images, on_trace=attention_stats, chunk=_chunk(model, grid),
                             progress=f"{ckpt.name}: {len(images)} images" if progress else None)
     dist, ent = np.concatenate(distances).mean(0), np.concatenate(entropies).mean(0)   # (L, h)
     score = relative_score(kern.kernel, kern.grid)                               # (L', h)

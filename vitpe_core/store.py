@@ -4,9 +4,10 @@ on disk, shareable by link (`ImageStore`).
 `LRUStore` is a thread-safe least-recently-used store for imported models held in memory.
 
 The app keeps visitors' uploaded models here (one store per server process): at most
-`max_models` and `max_bytes` of parameters in total; adding one past either limit evicts
-the least recently used, and `put` says which, so the page can tell the visitors whose model
-went. Keys are content hashes, so two visitors uploading the same file share one model.
+`max_items` models, their parameters counted in bytes against the process's one memory budget
+(`vitpe_core.membudget`, shared with every cache of the app); adding one past either limit
+evicts the least recently used, and `put` says which of its models went, so the page can tell
+the visitors whose model went. Keys are content hashes, so two visitors uploading the same file share one model.
 No Streamlit: the store is plain Python and tested on its own.
 """
 from __future__ import annotations
@@ -17,11 +18,12 @@ import logging
 import os
 import re
 import threading
-from collections import OrderedDict
 from pathlib import Path
 from typing import Generic, TypeVar
 
 import torch
+
+from .membudget import Budget
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -33,57 +35,52 @@ def model_bytes(model: torch.nn.Module) -> int:
 
 
 class LRUStore(Generic[T]):
-    """`key -> (value, size in bytes)`, least recently used first out."""
+    """`key -> (value, size in bytes)`, least recently used first out: a pool of a memory
+    `Budget` (`vitpe_core.membudget`), at most `max_items` entries. With `budget` the store
+    shares that budget (the app: the process's one budget, `membudget.shared()`, so a model
+    put here may evict traces or checkpoints and the other way round); without it, a budget of
+    its own of `max_bytes`."""
 
-    def __init__(self, max_items: int, max_bytes: int) -> None:
-        if max_items < 1 or max_bytes < 1:
+    def __init__(self, max_items: int, max_bytes: int | None = None, *, budget: Budget | None = None,
+                 name: str = "imported models") -> None:
+        if max_items < 1 or (budget is None and (max_bytes is None or max_bytes < 1)):
             raise ValueError("a store needs room for at least one item")
-        self.max_items, self.max_bytes = max_items, max_bytes
-        self._items: OrderedDict[str, tuple[T, int]] = OrderedDict()
-        self._lock = threading.Lock()
+        self.max_items = max_items
+        self.budget = budget if budget is not None else Budget(max_bytes)
+        self._pool = self.budget.pool(name, max_items=max_items)
+
+    @property
+    def max_bytes(self) -> int:
+        """The bytes this store may hold at most: its budget's (shared with other pools)."""
+        return self.budget.max_bytes
 
     def put(self, key: str, value: T, size: int) -> list[str]:
-        """Add (or refresh) `key`; returns the keys evicted to make room. A value larger than
-        the whole store is refused with ValueError (nothing is evicted for it)."""
+        """Add (or refresh) `key`; returns this store's keys evicted to make room (other pools'
+        entries may go too). A value larger than the whole budget is refused with ValueError
+        (nothing is evicted for it)."""
         if size > self.max_bytes:
             raise ValueError(f"needs {size / 2**20:.0f} MiB; this server keeps at most "
-                             f"{self.max_bytes / 2**20:.0f} MiB of uploaded models")
-        evicted = []
-        with self._lock:
-            self._items.pop(key, None)
-            while self._items and (len(self._items) >= self.max_items or self.bytes_locked() + size > self.max_bytes):
-                evicted.append(self._items.popitem(last=False)[0])
-            self._items[key] = (value, size)
-            total, count = self.bytes_locked(), len(self._items)
+                             f"{self.max_bytes / 2**20:.0f} MiB of uploaded models and caches")
+        evicted = self._pool.put(key, value, size)
         for key_out in evicted:
             log.info("model store: evicted %s (least recently used) to make room", key_out[:12])
-        log.info("model store: %s stored (%.1f MiB); %d model(s), %.1f of %.0f MiB held",
-                 key[:12], size / 2**20, count, total / 2**20, self.max_bytes / 2**20)
+        log.info("model store: %s stored (%.1f MiB); %d model(s), %.1f MiB held; %.1f of %.0f MiB budget used",
+                 key[:12], size / 2**20, len(self._pool), self._pool.bytes / 2**20, self.budget.total / 2**20,
+                 self.max_bytes / 2**20)
         return evicted
 
     def get(self, key: str) -> T | None:
-        with self._lock:
-            item = self._items.get(key)
-            if item is None:
-                return None
-            self._items.move_to_end(key)
-            return item[0]
+        return self._pool.get(key)
 
     def __contains__(self, key: str) -> bool:
-        with self._lock:
-            return key in self._items
+        return key in self._pool
 
     def __len__(self) -> int:
-        with self._lock:
-            return len(self._items)
-
-    def bytes_locked(self) -> int:
-        return sum(size for _, size in self._items.values())
+        return len(self._pool)
 
     @property
     def bytes(self) -> int:
-        with self._lock:
-            return self.bytes_locked()
+        return self._pool.bytes
 
 
 # ----------------------------------------------------------------------------- shareable uploads

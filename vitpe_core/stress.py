@@ -253,6 +253,7 @@ def stress_view(before: analysis.Trace, after: analysis.Trace, tf: Transform, na
         bias = map_shift(analysis.reduce_head(bv0.full[layer], head), analysis.reduce_head(bv1.full[layer], head), src)
         shown = bv1.shown
         P0, P1 = before.num_prefix, after.num_prefix
-        err = shift_error(before.bias[:, :, P0:, P0:], after.bias[:, :, P1:, P1:], src)
+        f32 = lambda b, P: np.asarray(b[:, :, P:, P:], dtype=np.float32)         # float16 traces (compact)
+        err = shift_error(f32(before.bias, P0), f32(after.bias, P1), src)
     same = int(np.argmax(before.logits)) == int(np.argmax(after.logits))
     return StressView(tf, after.grid, new_patch, inside, src, bias, shown, attn, err, same)

@@ -161,7 +161,7 @@ def prefix_share(trace: analysis.Trace, patch: tuple[int, int], layer: int, head
     """How much of the query patch's attention goes to each kind of prefix token ("CLS",
     "dist", "registers"), at (layer, head or the mean of heads)."""
     P, i = trace.num_prefix, analysis.patch_index(patch, trace.grid)
-    row = trace.attn[layer, :, P + i, :P]                                        # (h, P)
+    row = trace.attn[layer, :, P + i, :P].astype(np.float32)                     # (h, P)
     row = row.mean(0) if head is None else row[head]
     out: dict[str, float] = {}
     for name, a in zip(trace.prefix, row):

@@ -1,24 +1,33 @@
-"""Cached computations for the Streamlit app (Streamlit's caches around `vitpe_core`).
+"""Cached computations for the Streamlit app: the app's caches around `vitpe_core`, in one memory budget.
 
+* One memory budget for the whole process (`vitpe_core.membudget.shared()`, `$VITPE_CACHE_MB`,
+  its default's arithmetic in membudget.py): every cache below and the imported-model store are
+  pools of it, each entry counted in bytes (`membudget.estimate_bytes`), and the least recently
+  used entry of any pool goes first; `budget_sizes` reports each pool (the "Server status"
+  panel). The caches hand every caller the same object (no copy per rerun as `st.cache_data`
+  made), with its numpy arrays read-only.
 * Models: a checkpoint name stands for a `ModelRef` (`model_ref`): a file of the folder (its
   resolved path and modification time: a retrained checkpoint is reloaded) or a model this
   server imported (the uploaded file's sha256). Files load through
-  `checkpoint.resolve_checkpoint` (only files inside the folder) and `load_checkpoint` into
-  `st.cache_resource(max_entries=16)`; imported models live in `model_store`.
-* Arrays: `st.cache_data`, bounded, keyed by (`ModelRef`, image id or upload sha256, ...). A
-  trace of one image (one forward pass) is cached per (checkpoint, image); selecting another
-  patch only slices its arrays (`analysis.patch_maps`). The trace caches are bounded by bytes
-  as well as entries (`TRACE_CACHE_BYTES`): a compact model's trace is about 1 MiB, an
-  imported ViT-B/16's 21–85 MiB (BENCHMARKS.md section 6), so 64 entries alone could hold
-  gigabytes.
+  `checkpoint.resolve_checkpoint` (only files inside the folder) and `load_checkpoint` into the
+  "checkpoints" pool (at most 16); imported models live in `model_store`.
+* Arrays, keyed by (`ModelRef`, image id or upload sha256, ...). A trace of one image (one
+  forward pass) is cached per (checkpoint, image); selecting another patch only slices its
+  arrays (`analysis.patch_maps`). A compact model's trace is about 1 MiB and kept as it is; an
+  imported ViT-B/16's (21–85 MiB in float32) is kept in float16 (`analysis.compact_trace`:
+  logits, and attention, bias and bias parts of every layer and head, which the pages and their
+  downloads show; nothing else) and recomputed when the budget has evicted it.
 
 The checkpoint folder is `$VITPE_CHECKPOINTS`, default `checkpoints/` in the repository root
 (next to app.py).
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import io
+import logging
 import os
 import re
 import tempfile
@@ -28,8 +37,9 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 import streamlit as st
 from PIL import Image
+from streamlit.logger import setup_formatter
 
-from vitpe_core import analysis
+from vitpe_core import analysis, membudget
 from vitpe_core.checkpoint import (Checkpoint, CheckpointError, group_and_stem, list_checkpoints,
                                    listed_checkpoints, load_checkpoint, read_config, resolve_checkpoint)
 from vitpe_core.config import ViTConfig
@@ -39,6 +49,14 @@ from vitpe_core.metrics import sanitize_metrics
 from vitpe_core.model import ViT
 from vitpe_core.store import ImageStore, LRUStore, default_upload_dir, png_bytes
 from vitpe_core.viewstate import UPLOAD_PREFIX, is_upload_id
+
+# The server log says what the memory budget and the model store keep and evict (Streamlit's format;
+# the records still propagate, so tests' log capture sees them)
+for _name in ("vitpe_core.membudget", "vitpe_core.store"):
+    if not hasattr(logging.getLogger(_name), "streamlit_console_handler"):
+        logging.getLogger(_name).setLevel(logging.INFO)
+        setup_formatter(logging.getLogger(_name))
+membudget.tune_allocator()           # what the budget evicts leaves the process (glibc)
 
 ENV_VAR = "VITPE_CHECKPOINTS"
 DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "checkpoints"
@@ -73,10 +91,43 @@ def _folder_of(name: str) -> tuple[Path, str]:
     return checkpoint_root() / group, stem
 
 
+# ----------------------------------------------------------------------------- the memory budget
+def _spinner(text: str | None):
+    """`st.spinner(text)` inside a script run; nothing elsewhere (the warm-up thread, tests)."""
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+    return st.spinner(text) if text and get_script_run_ctx(suppress_warning=True) is not None \
+        else contextlib.nullcontext()
+
+
+def budgeted(pool: str, *, max_items: int | None = None, spinner: str | None = None):
+    """Decorator: the function's results cached in pool `pool` of the process's memory budget
+    (`membudget.Pool.memoize`: keyed by the arguments not named `_...`), at most `max_items`
+    of them; `spinner` is shown while a missing result is computed."""
+    def deco(fn):
+        memo = membudget.shared().pool(pool, max_items=max_items).memoize(fn)
+        if spinner is None:
+            return memo
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with _spinner(spinner) if not memo.is_cached(*args, **kwargs) else contextlib.nullcontext():
+                return memo(*args, **kwargs)
+        wrapper.clear, wrapper.pool, wrapper.is_cached = memo.clear, memo.pool, memo.is_cached
+        return wrapper
+    return deco
+
+
+def budget_sizes() -> tuple[int, int, dict[str, dict[str, int]]]:
+    """(bytes held, the budget's bytes, pool name -> {"entries", "bytes", "evictions"})."""
+    b = membudget.shared()
+    return b.total, b.max_bytes, b.sizes()
+
+
 # ----------------------------------------------------------------------------- models
-@st.cache_resource(max_entries=16, show_spinner="Loading checkpoint…")
+@budgeted("checkpoints", max_items=16, spinner="Loading checkpoint…")
 def _load_file(path: str, mtime_ns: int) -> Checkpoint:
     ckpt = load_checkpoint(path)
+    refuse_unshown(ckpt.config, Path(path).name)
     ckpt.metrics, problems = sanitize_metrics(ckpt.metrics)   # pages may rely on the shapes train writes
     if problems:
         ckpt.metrics["metrics_problems"] = problems
@@ -124,7 +175,7 @@ def get_checkpoint(name: str) -> Checkpoint:
     return load_model(model_ref(name))
 
 
-@st.cache_data(max_entries=256, show_spinner=False)
+@budgeted("configs", max_items=256)
 def _config_file(path: str, mtime_ns: int) -> ViTConfig:
     return read_config(path)
 
@@ -133,21 +184,33 @@ def checkpoint_config(name: str) -> ViTConfig:
     """The model config of checkpoint `name` without loading it (a folder file's header only;
     an imported model is in memory already); raises `CheckpointError` (a ValueError)."""
     ref = model_ref(name)
-    return _config_file(ref.key, ref.mtime_ns) if ref.is_file else load_model(ref).config
+    cfg = _config_file(ref.key, ref.mtime_ns) if ref.is_file else load_model(ref).config
+    refuse_unshown(cfg, name)
+    return cfg
+
+
+def refuse_unshown(cfg: Any, name: str) -> None:
+    """A Swin checkpoint (`vitpe_core.swin`: windows, patch merging) is exact in the library, but
+    the pages draw ViT traces only: say so instead of drawing something else."""
+    if getattr(cfg, "arch", "vit") == "swin":
+        raise CheckpointError(f"{name} is a Swin model (windowed attention, patch merging). Its import is exact, "
+                              "but the app's pages do not draw Swin models yet: use the library "
+                              "(vitpe_core.swin.windows.window_rows, figures.window_map_fig; docs/importing.md).")
 
 
 # ----------------------------------------------------------------------------- uploaded models
 MAX_MODEL_UPLOAD_MB = 200          # per file (the uploader says so; .streamlit/config.toml allows it)
 MAX_SESSION_MODELS = 2             # imported models one browser session lists
 MAX_SERVER_MODELS = 4              # held in memory for all sessions together, least recently used out
-MAX_SERVER_MODEL_BYTES = 1_500 * 2**20
+#                                    (their bytes count against the process's one budget, `membudget`)
 MODELS_GONE = "_vitpe_models_gone"   # the session's imported models the store evicted (the import form says so)
 
 
 @st.cache_resource
 def model_store() -> LRUStore[Checkpoint]:
-    """The server's one store of imported models (shared by content hash, bounded)."""
-    return LRUStore(MAX_SERVER_MODELS, MAX_SERVER_MODEL_BYTES)
+    """The server's one store of imported models (shared by content hash, bounded: a pool of
+    the process's memory budget)."""
+    return LRUStore(MAX_SERVER_MODELS, budget=membudget.shared())
 
 
 def uploaded_models() -> dict[str, str]:
@@ -197,17 +260,23 @@ def import_upload(filename: str, data: bytes, *, family: str = "auto", img_size:
     with _import_lock(sha):
         ckpt = store.get(sha)
         if ckpt is None:
+            # room for the model before it is built (float16 weights double in float32): the least
+            # recently used entries go now, not after the import's peak
+            store.budget.make_room(min(2 * len(data), store.max_bytes), f"importing {filename}")
             with tempfile.TemporaryDirectory(prefix="vitpe-import-") as folder:
                 tmp = Path(folder) / f"weights{suffix}"
                 tmp.write_bytes(data)
                 extra = {} if names is None else {"class_names": names, "labels_name": labels[0]}
                 imp = import_file(tmp, family=family, img_size=img_size or None, heads=heads, name=filename,
                                   config_beside=False, **extra)
+            refuse_unshown(imp.model.cfg, filename)
             stem = re.sub(r"[^\w.+-]", "_", Path(filename).stem)[:40] or "model"
             metrics, _ = sanitize_metrics(imp.metrics(filename, licence))
             ckpt = Checkpoint(imp.model, imp.model.cfg, metrics, {}, f"{stem}-upload")
             notes += imp.notes
             evicted = store.put(sha, ckpt, model_bytes(imp.model))
+            del imp
+            membudget.release_freed_memory()     # the import's buffers
             if evicted:
                 notes.append(f"The server made room by removing {len(evicted)} model(s) imported earlier "
                              "(least recently used).")
@@ -282,7 +351,7 @@ class _NotStored(LookupError):
     """Raised inside the cache so that a missing image is not cached."""
 
 
-@st.cache_data(max_entries=16, show_spinner=False)
+@budgeted("uploaded images", max_items=16)
 def _stored_image(image_id: str, folder: str) -> Image.Image:
     data = _image_store(folder).get(image_id[len(UPLOAD_PREFIX):])
     if data is None:
@@ -303,15 +372,15 @@ def stored_image(image_id: str) -> Image.Image | None:
 
 
 # ----------------------------------------------------------------------------- traces
-TRACE_CACHE_BYTES = 256 * 2**20   # per trace cache (pickled bytes): ~12 ViT-B/16 `ape` traces, 64 compact ones
+TRACE_CACHE_ENTRIES = 64          # traces kept at most (their bytes count against the one budget)
 
 
-@st.cache_data(max_entries=64, max_size=TRACE_CACHE_BYTES, show_spinner=False)
+@budgeted("traces", max_items=TRACE_CACHE_ENTRIES)
 def _trace(ref: ModelRef, key: str, _img: Image.Image | None) -> analysis.Trace:
     ckpt = load_model(ref)
     img = _img if _img is not None else gallery_image(key)
     x = checkpoint_input(img, ckpt)
-    return analysis.trace_image(ckpt.model, x)
+    return analysis.compact_trace(analysis.trace_image(ckpt.model, x))
 
 
 def trace(name: str, key: str, img: Image.Image | None = None) -> analysis.Trace:
@@ -319,7 +388,7 @@ def trace(name: str, key: str, img: Image.Image | None = None) -> analysis.Trace
     return _trace(model_ref(name), key, img)
 
 
-@st.cache_data(max_entries=256, show_spinner=False)
+@budgeted("positional views", max_items=256)
 def _positional(ref: ModelRef, key: str, patch: tuple[int, int],
                 _img: Image.Image | None) -> tuple[str, np.ndarray] | None:
     return analysis.positional_component(load_model(ref).model, _trace(ref, key, _img), patch)
@@ -331,7 +400,7 @@ def positional(name: str, key: str, patch: tuple[int, int], img: Image.Image | N
     return _positional(model_ref(name), key, tuple(patch), img)
 
 
-@st.cache_data(max_entries=256, show_spinner=False)
+@budgeted("attention stats", max_items=256)
 def _stats(ref: ModelRef, key: str, _img: Image.Image | None) -> dict[str, np.ndarray]:
     return analysis.attention_stats(_trace(ref, key, _img))
 
@@ -354,7 +423,7 @@ def _similarity_of(model: ViT, params: dict | None = None) -> dict[str, Any] | N
             "score": analysis.structure_score(sim, model.cfg.grid)}
 
 
-@st.cache_data(max_entries=256, show_spinner=False)
+@budgeted("similarity", max_items=256)
 def _similarity(ref: ModelRef, epoch: int | None) -> dict[str, Any] | None:
     ckpt = load_model(ref)
     params = None if epoch is None else ckpt.history[epoch]
@@ -380,7 +449,7 @@ def structure_scores() -> dict[str, dict[str, float]]:
     return rows
 
 
-@st.cache_data(max_entries=64, show_spinner=False)
+@budgeted("structure history", max_items=64)
 def _structure_history(ref: ModelRef) -> dict[int, dict[str, float]]:
     ckpt = load_model(ref)
     out = {}
@@ -408,7 +477,7 @@ def structure_runs(names: list[str]) -> dict[str, tuple[list[int], list[float]]]
 
 
 # ----------------------------------------------------------------------------- how position is encoded
-@st.cache_data(max_entries=64, show_spinner=False)
+@budgeted("position analysis", max_items=64)
 def _position(ref: ModelRef) -> dict[str, np.ndarray]:
     from vitpe_core import positional
     if ref.is_file:

@@ -12,7 +12,7 @@ from .output import chart
 from .viewsync import epochs_of
 
 
-@st.cache_data(max_entries=16, show_spinner=False)
+@cache.budgeted("GIFs", max_items=16)
 def _gif(grids: dict) -> bytes:
     return figures.figure7_gif(grids)
 

@@ -31,6 +31,18 @@ def _import(page: str) -> None:
         ss[RESULT] = (page, None, [], f"{up.name} was not imported: {e}")
         return
     ss[RESULT] = (page, name, notes, None)
+    _release_upload(up)
+
+
+def _release_upload(up) -> None:
+    """Drop an imported weights file's bytes from Streamlit's upload manager, which would keep
+    them for the rest of the session (a ViT-B/16 in float16: 173 MB outside the memory budget);
+    the model itself is in the server's store now. The uploader then holds no file."""
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+    ctx = get_script_run_ctx(suppress_warning=True)
+    mgr = getattr(ctx, "uploaded_file_mgr", None)
+    if mgr is not None and getattr(up, "file_id", None):
+        mgr.remove_file(ctx.session_id, up.file_id)
 
 
 def model_import_form(page: str) -> str | None:

@@ -34,3 +34,8 @@ def no_checkpoints_info() -> None:
         "```bash\npython -m vitpe_core train --encoding sape2+ape --dataset cifar10 --preset compact "
         "--data-dir data --download --checkpoint checkpoints/sape2+ape.safetensors\n```\n\n"
         f"To use another folder, set `{cache.ENV_VAR}=/path/to/folder` before `streamlit run app.py`.")
+
+
+def no_head(features: int) -> str:
+    """What the bias page says instead of a prediction for a backbone (DINOv3, CLIP's or SigLIP's vision tower)."""
+    return f"No classification head: the model puts out {features} features, not classes, so there is no prediction."

@@ -9,7 +9,6 @@ column inputs below (the keyboard's way).
 """
 from __future__ import annotations
 
-import functools
 import io
 
 import numpy as np
@@ -52,13 +51,13 @@ def touch_hover(key: str) -> None:
         st.html(TOUCH_HOVER.format(key=key), unsafe_allow_javascript=True)
 
 
-@st.cache_data(max_entries=64, show_spinner=False)
+@cache.budgeted("picker figures", max_items=64)
 def _picker_spec(png: bytes, w: int, h: int, cols: dict[int, float], rows: dict[int, float]) -> dict:
     """`picker_spec`, built once per picture (the selected patch is added per run)."""
     return picker_spec(png, w, h, cols, rows)
 
 
-@functools.lru_cache(maxsize=32)
+@cache.budgeted("picker images", max_items=32)
 def _png_of(mode: str, size: tuple[int, int], raw: bytes) -> bytes:
     buf = io.BytesIO()
     Image.frombytes(mode, size, raw).convert("RGB").save(buf, "PNG", optimize=False, compress_level=1)
@@ -97,7 +96,7 @@ def clickable(img: Image.Image, key: str, to_patch: ToPatch, *,
                     config={"displayModeBar": False, "scrollZoom": False, "doubleClick": False})
 
 
-@st.cache_data(max_entries=32, show_spinner=False)
+@cache.budgeted("grid pictures", max_items=32)
 def _grid_picture(display: np.ndarray, grid: tuple[int, int]) -> Image.Image:
     return figures.grid_image(display, grid)
 

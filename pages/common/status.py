@@ -1,7 +1,9 @@
 """The operators' status section (a closed expander at the bottom of the sidebar): the upload
-store's files, size and cap, the number of live browser sessions, and the imported models held
-with the memory they take. Each figure is read when the section is drawn; one that cannot be
-read (Streamlit's runtime not running, as in AppTest) says so instead of failing."""
+store's files, size and cap, the number of live browser sessions, the imported models held
+with the memory they take, and the process's one memory budget (`VITPE_CACHE_MB`): how much of
+it every cache and store holds, with its entries and evictions. Each figure is read when the
+section is drawn; one that cannot be read (Streamlit's runtime not running, as in AppTest) says
+so instead of failing."""
 from __future__ import annotations
 
 import streamlit as st
@@ -29,5 +31,17 @@ def render() -> None:
         n = live_sessions()
         st.caption(f"Live sessions: {n if n is not None else 'unknown (no Streamlit runtime)'}.")
         models = cache.model_store()
-        st.caption(f"Imported models held: {len(models)} of {models.max_items}, "
-                   f"{models.bytes / 2**20:.1f} of {models.max_bytes / 2**20:.0f} MiB.")
+        st.caption(f"Imported models held: {len(models)} of {models.max_items}, {models.bytes / 2**20:.1f} MiB.")
+        st.caption(budget_text(*cache.budget_sizes()))
+
+
+def budget_text(held: int, limit: int, pools: dict[str, dict[str, int]]) -> str:
+    """The memory budget as the panel says it: the total, then one line per cache or store that
+    holds or has held something, largest first."""
+    lines = [f"Memory budget (`VITPE_CACHE_MB`): {held / 2**20:.1f} of {limit / 2**20:.0f} MiB held by the "
+             "caches and stores, least recently used out:"]
+    for name, p in sorted(pools.items(), key=lambda kv: -kv[1]["bytes"]):
+        if p["entries"] or p["evictions"]:
+            lines.append(f"- {name}: {p['bytes'] / 2**20:.1f} MiB in {p['entries']} entr"
+                         f"{'y' if p['entries'] == 1 else 'ies'}, {p['evictions']} evicted")
+    return "  \n".join(lines)

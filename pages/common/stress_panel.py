@@ -43,7 +43,7 @@ ERROR_HELP = ("The README's *bias shift err*: Σ over layers of mean |b′ − b
 
 
 # ----------------------------------------------------------------------------- rollout
-@st.cache_data(max_entries=16, show_spinner=False)
+@cache.budgeted("rollouts", max_items=16)
 def _rollout(ref: cache.ModelRef, key: str, fusion: str, _tr: analysis.Trace):
     return positional.rollout(_tr.attn, fusion)                                   # (T, T)
 
@@ -80,13 +80,13 @@ def rollout_section(page: str, ckpt, tr: analysis.Trace, name: str, key: str, di
 
 
 # ----------------------------------------------------------------------------- stress test
-@st.cache_data(max_entries=8, max_size=cache.TRACE_CACHE_BYTES, show_spinner="Running the model on the changed input…")
+@cache.budgeted("stress traces", max_items=8, spinner="Running the model on the changed input…")
 def _transformed(ref: cache.ModelRef, key: str, size: tuple[int, int], shift: tuple[int, int], fill: str,
                  _img: Image.Image | None) -> tuple[analysis.Trace, object]:
     ckpt = cache.load_model(ref)
     x = checkpoint_input(_img if _img is not None else gallery_image(key), ckpt)
     x = stress.transform_input(x, stress.Transform(size, shift, fill))
-    return analysis.trace_image(ckpt.model, x), stress.input_rgb(x, *stress.input_norm(ckpt))
+    return analysis.compact_trace(analysis.trace_image(ckpt.model, x)), stress.input_rgb(x, *stress.input_norm(ckpt))
 
 
 def transformed(name: str, key: str, tf: stress.Transform, img: Image.Image | None = None):
@@ -143,10 +143,10 @@ def stress_section(page: str, ckpt, tr: analysis.Trace, name: str, key: str, cus
     top, p = views.top_class(after)
     before_top = views.top_class(tr)[0]
     moved = f"patch ({patch[0]}, {patch[1]}) → ({sv.patch[0]}, {sv.patch[1]})"
+    prediction = (f". Prediction: **{names[top]}** ({p * 100:.1f} %), " + ("the same as before." if sv.same_prediction
+                  else f"**changed** from {names[before_top]}.")) if names else " (a backbone: no prediction)."
     st.markdown(f"Grid {sv.grid[0]}×{sv.grid[1]}; the chosen {moved} follows its content" +
-                ("" if sv.inside else " (its centre left the image: the nearest edge patch is shown)") +
-                f". Prediction: **{names[top]}** ({p * 100:.1f} %), " +
-                ("the same as before." if sv.same_prediction else f"**changed** from {names[before_top]}."))
+                ("" if sv.inside else " (its centre left the image: the nearest edge patch is shown)") + prediction)
     m = st.columns(3)
     if sv.bias_error is not None:
         m[0].metric("Bias shift error (all layers and heads)", f"{sv.bias_error:.3f}", help=ERROR_HELP)

@@ -40,7 +40,7 @@ MAX_IMAGE_UPLOAD_MB = 20   # the image uploader's own limit (the server allows m
 MAX_UPLOAD_SIDE = 1024   # uploads are shrunk to this after decoding (the model sees 32 px)
 
 
-@st.cache_data(max_entries=8, show_spinner=False)
+@cache.budgeted("decoded uploads", max_items=8)
 def _decode(data: bytes) -> tuple[Image.Image, list[str], tuple[int, int]] | str:
     try:
         img, info = load_image_info(data)

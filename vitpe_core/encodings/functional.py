@@ -30,7 +30,8 @@ allocations of them, not into multiply-adds, so both functions minimise those.
   kernel of `_kernels.py` (built once, cached; docs/encodings.md), which keeps every `N x N`
   intermediate in cache and recomputes the distances in the backward. The eager code below
   is the fallback (`VITPE_NO_CPP=1`, no compiler, other devices and dtypes) and the reference
-  the kernel is tested against.
+  the kernel is tested against. Under `torch.compile` the kernel path runs as `torch.library`
+  custom ops (compiled_ops.py), which inductor keeps as opaque calls.
 * Given `qkv=` (q, k, v as slices of one packed projection, the model's case), the backward
   writes the three gradients into one tensor with `matmul(..., out=)`, instead of returning
   three that autograd then stacks; `q·scale` is written contiguous in one pass (a plain
@@ -46,6 +47,14 @@ from . import _kernels
 from ._interp import check_npos_max, reverse_cumsum
 
 __all__ = ["sape2_attention", "cope_attention"]
+
+
+def fused_under_compile(q: Tensor) -> bool:
+    """Whether the fused attention runs inside a `torch.compile` graph for `q` (as the custom
+    ops of compiled_ops.py: the C++ kernel built, `q` on CPU in float32/64). Call it only while
+    compiling: compiled_ops imports torch._dynamo (a second at start-up, kept out of the app's)."""
+    from . import compiled_ops
+    return compiled_ops.fused_under_compile(q)
 
 
 # ----------------------------------------------------------------------------- shared pieces
@@ -345,6 +354,9 @@ def sape2_attention(q: Tensor, k: Tensor, v: Tensor, e_x: Tensor, e_y: Tensor, g
         if e.shape != (d, npos_max):
             raise ValueError(f"{name} must have shape (d, npos_max) = {(d, npos_max)}, got {tuple(e.shape)}")
     scale = d ** -0.5 if scale is None else scale
+    if torch.compiler.is_compiling() and use_kernel and fused_under_compile(q):
+        from . import compiled_ops
+        return compiled_ops.sape2_attend(q, k, v, e_x, e_y, (H, W), scale, P, npos_max, readout)   # a custom op
     kern = _kernel_for(q, k, v) if use_kernel else None
     if _is_packed(qkv, q, k, v):
         return _SaPE2Attend.apply(qkv, None, None, e_x, e_y, (H, W), scale, P, npos_max, readout, kern)
@@ -442,6 +454,9 @@ def cope_attention(q: Tensor, k: Tensor, v: Tensor, e: Tensor, npos_max: int = 1
     if e.shape != (d, npos_max):
         raise ValueError(f"e must have shape (d, npos_max) = {(d, npos_max)}, got {tuple(e.shape)}")
     scale = d ** -0.5 if scale is None else scale
+    if torch.compiler.is_compiling() and use_kernel and fused_under_compile(q):
+        from . import compiled_ops
+        return compiled_ops.cope_attend(q, k, v, e, scale, npos_max)                              # a custom op
     kern = _kernel_for(q, k, v) if use_kernel else None
     if _is_packed(qkv, q, k, v):
         return _CoPEAttend.apply(qkv, None, None, e, scale, npos_max, kern)

@@ -1,5 +1,6 @@
 """2D rotary position embeddings: `rope_axial` and `rope_mixed` (Heo et al., ECCV 2024,
-"Rotary Position Embedding for Vision Transformer", arXiv 2403.13298).
+"Rotary Position Embedding for Vision Transformer", arXiv 2403.13298), and `rope_dinov3`
+(DINOv3's axial RoPE on normalised patch centres, arXiv 2508.10104; see its class).
 
 Rotation pairs are adjacent channels `(2k, 2k+1)` as in RoPE-ViT's complex view.
 * axial: the first `d/4` pairs rotate by `c*θ_k`, the last `d/4` by `r*θ_k`,
@@ -68,3 +69,32 @@ class RoPEMixed(PositionEncoding):
         r, c = grid_coords(grid, self.rope_freqs.device)
         fx, fy = self.rope_freqs[layer].float()                         # (h, d/2) each
         return c.float()[None, :, None] * fx[:, None] + r.float()[None, :, None] * fy[:, None]  # (h, N, d/2)
+
+
+@register_encoding("rope_dinov3")
+class RoPEDINOv3(PositionEncoding):
+    """DINOv3's 2D RoPE (arXiv 2508.10104; transformers' `DINOv3ViTRopePositionEmbedding`):
+    patch centres normalised to `[-1, 1]` (`y = 2(r + ½)/H − 1`, `x = 2(c + ½)/W − 1`), pair `k`
+    rotating by `2π·y·f_k` for the first `d/4` pairs and `2π·x·f_k` for the last `d/4`,
+    `f_k = θ^(−4k/d)`. Coordinates are relative to the grid, so any grid spans the same range.
+    DINOv3 rotates the pairs `(k, k + d/2)`; the importer reorders each head's query and key
+    channels to vitpe's adjacent pairs, which leaves `q·k` unchanged (vitpe_core/importers/dinov3.py).
+    Eval only: the training-time coordinate jitter is not modelled."""
+
+    hooks = ("rotation",)
+
+    def __init__(self, ctx: EncodingContext, *, theta: float = 100.0) -> None:
+        super().__init__(ctx)
+        _check_head_dim(ctx.head_dim)
+        inv_freq = 1 / theta ** torch.arange(0, 1, 4 / ctx.head_dim, dtype=torch.float32)   # (d/4,)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def angles(self, grid: Grid, layer: int) -> Tensor:
+        H, W = grid
+        dev = self.inv_freq.device
+        ys = torch.arange(0.5, H, dtype=torch.float32, device=dev) / H              # (H,)
+        xs = torch.arange(0.5, W, dtype=torch.float32, device=dev) / W              # (W,)
+        coords = torch.stack(torch.meshgrid(ys, xs, indexing="ij"), dim=-1).flatten(0, 1)  # (N, 2) as (y, x)
+        coords = 2.0 * coords - 1.0
+        ang = 2 * math.pi * coords[:, :, None] * self.inv_freq[None, None, :]        # (N, 2, d/4)
+        return ang.flatten(1, 2)[None]                                               # (1, N, d/2)

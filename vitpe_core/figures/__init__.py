@@ -19,6 +19,8 @@ import overlay_fig`):
 * `film`: Figure 7 over training — `figure7_film_fig` (Plotly animation), `figure7_gif`.
 * `picker`: the patch picker's figure, an image whose patches are chosen by clicking them —
   `patch_centres`, `picker_spec`, `with_outline` (a Plotly spec as a dict).
+* `windows`: Swin's windows — `window_map_fig` (a patch's row over its window, with the block's
+  shifted window grid), `window_lines_path`.
 
 A new builder goes in the module of its kind (or a new one), takes its style from `common`,
 and is added to the imports and `__all__` below.
@@ -39,6 +41,7 @@ from .maps import (DIFF_SCALE, LAYERS_MAX_COLS, figure7_canvas, figure7_grid_fig
 from .maps import _png_data_uri as _png_data_uri   # its cache is checked by tests/test_figures.py
 from .picker import MAX_HEIGHT_PX, patch_centres, picker_spec, with_outline
 from .raster import display_image, figure7_image, figure7_pixel_to_patch, grid_image, pixel_to_patch
+from .windows import window_lines_path, window_map_fig
 
 __all__ = [
     # common
@@ -60,4 +63,6 @@ __all__ = [
     "FILM_LABEL_PX", "FILM_PX", "FILM_CONTROLS_PX", "figure7_film_fig", "figure7_gif",
     # picker
     "MAX_HEIGHT_PX", "patch_centres", "picker_spec", "with_outline",
+    # windows
+    "window_map_fig", "window_lines_path",
 ]

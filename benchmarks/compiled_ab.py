@@ -1,0 +1,75 @@
+"""`python -m benchmarks.compiled_ab`: compact-model training steps eager against `torch.compile`,
+interleaved in one process, for `sape2`, `sape2+ape`, `cope+ape` and `ape` (batch 128). Under
+compile SaPE² and CoPE keep the fused C++ kernel as custom ops (vitpe_core/encodings/compiled_ops.py);
+this measures what compiling gains or costs around it. Prints one line per encoding (images/s
+eager and compiled, the paired median of compiled/eager throughput with its interquartile range)
+and writes nothing; BENCHMARKS.md takes its lines by hand.
+
+    python -m benchmarks.compiled_ab                       # 20 rounds, all four encodings
+    python -m benchmarks.compiled_ab --rounds 5 --encodings sape2 ape
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+
+from benchmarks.training import TRAIN_BATCH, train_step
+from vitpe_core.config import preset_config
+from vitpe_core.model import build_model
+
+ENCODINGS = ("sape2", "sape2+ape", "cope+ape", "ape")
+
+
+def compiled_ab(encodings: tuple[str, ...] = ENCODINGS, rounds: int = 20, *, batch: int = TRAIN_BATCH,
+                warmup: int = 2) -> list[str]:
+    """For each encoding one eager and one compiled model (same seed), their training steps
+    interleaved round by round (wall time); the first `warmup` steps of each (compilation) are
+    not timed."""
+    from vitpe_core.encodings import _kernels
+    steps = {}
+    for enc in encodings:
+        for mode in ("eager", "compiled"):
+            torch.manual_seed(0)
+            model = build_model(preset_config("compact", encoding=enc))
+            steps[(enc, mode)] = train_step(torch.compile(model) if mode == "compiled" else model, batch)
+    for fn in steps.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[tuple[str, str], list[float]] = {k: [] for k in steps}
+    keys = list(steps)
+    for r in range(rounds):
+        for j in range(len(keys)):
+            key = keys[(r + j) % len(keys)]
+            t0 = time.perf_counter()
+            steps[key]()
+            times[key].append(time.perf_counter() - t0)
+    kernel = "built" if _kernels.available() else "NOT available (compiled SaPE²/CoPE use the bias path)"
+    lines = [f"fused kernel: {kernel}; {torch.get_num_threads()} thread(s), batch {batch}, {rounds} rounds"]
+    for enc in encodings:
+        e, c = np.asarray(times[(enc, "eager")]), np.asarray(times[(enc, "compiled")])
+        ratio = e / c                                             # compiled throughput / eager throughput
+        q1, q3 = np.percentile(ratio, [25, 75])
+        lines.append(f"{enc:10s} eager {batch / np.median(e):7.0f} img/s  compiled {batch / np.median(c):7.0f} img/s  "
+                     f"compiled/eager: paired median {np.median(ratio):.3f} (IQR {q1:.3f}-{q3:.3f})")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.compiled_ab", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--batch", type=int, default=TRAIN_BATCH)
+    ap.add_argument("--encodings", nargs="+", default=list(ENCODINGS))
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    for line in compiled_ab(tuple(args.encodings), args.rounds, batch=args.batch):
+        print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,44 @@
+"""Bring your own ViT: turn a pretrained state dict into an ordinary vitpe model and checkpoint.
+
+Families (detected from the keys, and `config.json`'s `model_type` where it lies beside the
+file, with `family="auto"`); one module each, behind the one `import_state_dict` (core.py):
+
+* `timm` (timm.py) — timm's `VisionTransformer` and relatives in timm key names: with or
+  without a class token, `no_embed_class` tables, registers, LayerScale, DeiT distilled,
+  DeiT-III, DINOv2-style models in timm's names.
+* `hf` (hf_vit.py) — Hugging Face `ViTModel` / `ViTForImageClassification`.
+* `rope-vit` (rope_vit.py) — naver-ai/rope-vit's RoPE-Axial / RoPE-Mixed DeiT-III models.
+* `beit`, `data2vec-vision` (beit.py) — relative position bias with CLS entries (`rpb_cls`).
+* `dinov2` (dinov2.py) — DINOv2, with or without registers; `[CLS, mean]` classifier.
+* `dinov3` (dinov3.py) — DINOv3's RoPE (`rope_dinov3`), registers, gated MLPs.
+* `clip`, `siglip` (clip.py) — CLIP's and SigLIP's vision towers (pre-norm, quick-GELU,
+  attention pooling).
+
+The Hugging Face families are read in the `save_pretrained` layout (`model.safetensors` with
+`config.json` beside it) of transformers 5 and the hub's older names. Nothing is imported
+that would compute something else: an unknown layer, an unknown or missing key, or a layout
+the keys cannot decide is refused with the keys that decided it. Reading never runs code from
+the file (`foreign.read_state_dict`); hub ids download through `huggingface_hub` (source.py).
+docs/importing.md lists what maps to what, and how each family is checked.
+
+Arrows: importers -> foreign -> checkpoint -> model; checkpoint knows only vitpe's own format.
+"""
+from __future__ import annotations
+
+from ..checkpoint import CheckpointError
+from ..foreign import read_state_dict
+from .core import (CLIP, DEFAULT_PREPROCESS, IMAGENET, INCEPTION, NORMS, Imported, import_state_dict,
+                   source_dtype)
+from .detect import FAMILIES, HF_FAMILIES, MODEL_TYPES, detect_family
+from .hf_vit import HF4_LAYER, HF5_LAYER
+from .labels import ASSETS, MAX_LABEL_CHARS, MAX_LABELS_BYTES, imagenet_classes, parse_labels, read_labels
+from .rope_vit import rope_freqs
+from .source import HUB_FILES, HUB_HINT, STORED_DTYPES, import_checkpoint, import_file, parse_size, resolve_source
+from .timm import MAX_IMG_SIDE, MAX_PATCHES, UNSUPPORTED, GridUnknownError
+
+__all__ = ["ASSETS", "CLIP", "CheckpointError", "DEFAULT_PREPROCESS", "FAMILIES", "GridUnknownError", "HF4_LAYER",
+           "HF5_LAYER", "HF_FAMILIES", "HUB_FILES", "HUB_HINT", "IMAGENET", "INCEPTION", "Imported", "MAX_IMG_SIDE",
+           "MAX_LABELS_BYTES", "MAX_LABEL_CHARS", "MAX_PATCHES", "MODEL_TYPES", "NORMS", "STORED_DTYPES",
+           "UNSUPPORTED", "detect_family", "imagenet_classes", "import_checkpoint", "import_file",
+           "import_state_dict", "parse_labels", "parse_size", "read_labels", "read_state_dict", "resolve_source",
+           "rope_freqs", "source_dtype"]

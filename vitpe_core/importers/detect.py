@@ -1,0 +1,72 @@
+"""Which family a state dict is: its keys, and `config.json`'s `model_type` where one lies beside it."""
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+import torch
+
+from ..checkpoint import CheckpointError
+
+FAMILIES = ("timm", "hf", "rope-vit", "beit", "data2vec-vision", "dinov2", "dinov3", "clip", "siglip")
+HF_FAMILIES = ("beit", "data2vec-vision", "dinov2", "dinov3", "clip", "siglip")   # importers/<family>.py
+MODEL_TYPES = {"vit": "hf", "beit": "beit", "data2vec-vision": "data2vec-vision", "dinov2": "dinov2",
+               "dinov2_with_registers": "dinov2", "dinov3_vit": "dinov3", "clip": "clip",
+               "clip_vision_model": "clip", "siglip": "siglip", "siglip_vision_model": "siglip"}
+SAME = {"data2vec-vision": "beit"}   # one layout, two names
+
+# Keys only one family has (checked before the older, looser timm / HF ViT rules).
+MARKERS = {
+    "beit": r"(^|\.)relative_position_bias_table$|\.lambda_[12]$|^beit\.|^data2vec_vision\.",
+    "dinov2": r"\.layer_scale1\.lambda1$|^(dinov2|dinov2_with_registers)\.",
+    "dinov3": r"^(model\.)?layer\.\d+\.|^embeddings\.patch_embeddings\.weight$",
+    "clip": r"(^|\.)pre_layrnorm\.|(^|\.)embeddings\.class_embedding$",
+    "siglip": r"(^|\.)head\.probe$|(^|\.)post_layernorm\.",
+}
+
+
+def detect_family(sd: Mapping[str, torch.Tensor], config: Mapping[str, Any] | None = None) -> str:
+    """The family whose key layout `sd` has (and `config`'s `model_type`, when given, agrees
+    with); CheckpointError naming the deciding keys otherwise."""
+    keys = list(sd)
+    marked = {f: [k for k in keys if re.search(p, k)] for f, p in MARKERS.items()}
+    if marked["dinov3"] or marked["beit"]:
+        marked["dinov2"] = [k for k in marked["dinov2"] if k.startswith(("dinov2.", "dinov2_with_registers."))]
+    if marked["clip"]:
+        marked["siglip"] = []
+    hits = [f for f, ks in marked.items() if ks]
+    typed = MODEL_TYPES.get(str((config or {}).get("model_type", "")))
+    if len(hits) > 1:
+        raise CheckpointError(f"ambiguous layout: keys of several families ({', '.join(hits)}): "
+                              + "; ".join(f"{f}: {marked[f][:3]}" for f in hits) + ". Pass --family")
+    family = hits[0] if hits else _older_family(keys, sd)
+    if typed and SAME.get(typed, typed) != SAME.get(family, family):
+        raise CheckpointError(f"config.json beside the file says model_type {config['model_type']!r} ({typed}) but the "
+                              f"keys are {family}'s (e.g. {(marked.get(family) or keys)[:2]}); pass --family")
+    if family == "beit" and (typed == "data2vec-vision" or any(k.startswith("data2vec_vision.") for k in keys)):
+        return "data2vec-vision"
+    return family
+
+
+def _older_family(keys: list[str], sd: Mapping[str, torch.Tensor]) -> str:
+    """timm, Hugging Face ViT or RoPE-ViT, from their keys."""
+    hf = [k for k in keys if k.startswith(("vit.embeddings.", "embeddings.patch_embeddings.",
+                                           "embeddings.position_embeddings"))]
+    rope = [k for k in keys if re.match(r"blocks\.\d+\.gamma_[12]$", k) or k == "freqs"]
+    timm = [k for k in keys if re.match(r"blocks\.\d+\.attn\.qkv\.weight$", k)]
+    found = {"hf": hf, "rope-vit": rope, "timm": timm if not rope else []}
+    hits = [f for f, ks in found.items() if ks]
+    if len(hits) == 1:
+        family = hits[0]
+        if family == "rope-vit" and "freqs" not in sd and "pos_embed" in sd:
+            raise CheckpointError(
+                "ambiguous layout: DeiT-III names (`blocks.N.gamma_1`) with a `pos_embed` and no `freqs` are either "
+                "RoPE-ViT's RoPE-Axial + APE or a plain DeiT-III from facebookresearch/deit; pass --family rope-vit "
+                "(rotary axial + table) or --family timm (table only)")
+        return family
+    if not hits:
+        raise CheckpointError(f"unknown layout: none of the keys names a timm ViT (`blocks.N.attn.qkv.weight`), a "
+                              f"Hugging Face ViT (`vit.embeddings.*`), BEiT, DINOv2/v3, CLIP, SigLIP or a RoPE-ViT "
+                              f"(`blocks.N.gamma_1`, `freqs`); first keys: {keys[:6]}")
+    raise CheckpointError(f"ambiguous layout: keys of several families ({', '.join(hits)}): "
+                          + "; ".join(f"{f}: {found[f][:3]}" for f in hits) + ". Pass --family")

@@ -1,0 +1,176 @@
+"""timm's `VisionTransformer` key layout (`blocks.N.attn.qkv.weight`) -> a vitpe config.
+
+The shared path of the timm, Hugging Face ViT and RoPE-ViT families: those are renamed to
+timm's keys first (hf_vit.py, rope_vit.py). What a state dict does not say (heads, the grid
+of a non-square table, the read-out) comes from the caller; docs/importing.md has the table.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Mapping
+
+import torch
+
+from ..checkpoint import CheckpointError
+from ..config import ViTConfig
+from ..encodings.absolute import resample_abs_pos_embed
+from ..model import ViT
+
+MAX_IMG_SIDE, MAX_PATCHES = 2048, 4096   # a typed image size must not make the server allocate gigabytes
+
+# Layers vitpe's ViT does not have: importing without them would compute something else.
+UNSUPPORTED = {
+    r"\.attn\.(q_norm|k_norm)\.": "query/key normalisation (qk_norm)",
+    r"^norm_pre\.": "a pre-norm before the blocks (CLIP-style)",
+    r"^attn_pool\.": "attention pooling (global_pool='map')",
+    r"\.mlp\.(fc1_g|fc1_x|w12|w3)\.": "a gated MLP (SwiGLU)",
+    r"\.mlp\.norm\.": "a norm inside the MLP (scale_mlp_norm)",
+    r"\.attn\.norm\.": "a norm inside attention (scale_attn_norm)",
+    r"^patch_embed\.norm\.": "a norm after the patch embedding",
+    r"^head\.fc\.|^head_drop": "a multi-layer head",
+}
+
+
+class GridUnknownError(CheckpointError):
+    """The position table's rows fit no grid the keys can decide: the caller must say which
+    (`img_size` in pixels, or `grid` in patches). `table` describes the table (rows, prefix
+    tokens) for callers that name their own option in their message."""
+
+    def __init__(self, table: str) -> None:
+        self.table = table
+        super().__init__(f"{table}; pass --img-size H[xW] (the size the table was trained at) to say which grid "
+                         "it covers")
+
+
+def drop_foreign(sd: dict[str, torch.Tensor], notes: list[str]) -> dict[str, torch.Tensor]:
+    """Tensors outside every model namespace (e.g. `pretrained_in1k.*` kept beside fine-tuned
+    weights, `_notes`) are left out and named; anything inside one stays and must match."""
+    model_roots = {"cls_token", "dist_token", "reg_token", "pos_embed", "patch_embed", "blocks", "norm", "fc_norm",
+                   "head", "head_dist", "freqs", "mask_token"}
+    foreign = sorted({k.split(".")[0] for k in sd} - model_roots)
+    if foreign:
+        notes.append(f"Left out tensors outside the model: {', '.join(f'{r}.*' for r in foreign)}.")
+    dropped = {k for k in sd if k.split(".")[0] in foreign}
+    if "mask_token" in sd:
+        notes.append("Left out `mask_token` (used only for masked pre-training).")
+        dropped.add("mask_token")
+    return {k: v for k, v in sd.items() if k not in dropped}
+
+
+def refuse_unsupported(sd: Mapping[str, torch.Tensor]) -> None:
+    for pattern, what in UNSUPPORTED.items():
+        hit = [k for k in sd if re.search(pattern, k)]
+        if hit:
+            raise CheckpointError(f"this model has {what} ({hit[0]}), which vitpe's ViT does not compute; "
+                                  "importing it without would give different outputs, so it is refused")
+
+
+def _square(n: int) -> int | None:
+    s = math.isqrt(n)
+    return s if s * s == n and n > 0 else None
+
+
+def timm_config(sd: dict[str, torch.Tensor], family: str, *, img_size, heads, pool, notes, eps,
+                 models_v2: bool = False) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+    """The config the timm-named `sd` describes, and `sd` with its table resampled to `img_size`."""
+    need = ["patch_embed.proj.weight", "blocks.0.attn.qkv.weight", "blocks.0.mlp.fc1.weight"]
+    missing = [k for k in need if k not in sd]
+    if missing:
+        raise CheckpointError(f"not a ViT state dict: missing {missing}")
+    proj = sd["patch_embed.proj.weight"]
+    if proj.ndim != 4 or proj.shape[-1] != proj.shape[-2]:
+        raise CheckpointError(f"patch_embed.proj.weight must be (D, C, p, p), got {tuple(proj.shape)}")
+    dim, in_chans, patch = proj.shape[0], proj.shape[1], proj.shape[-1]
+    depth = 1 + max(int(k.split(".")[1]) for k in sd if re.match(r"blocks\.\d+\.", k))
+    class_token, dist_token = "cls_token" in sd, "dist_token" in sd
+    reg = sd["reg_token"].shape[1] if "reg_token" in sd else 0
+    P = int(class_token) + int(dist_token) + reg
+    pos = sd.get("pos_embed")
+    rope = "freqs" in sd or family == "rope-vit"
+    if pos is None and not rope:
+        notes.append("No position table and no rotary frequencies: imported as `none` (no position encoding).")
+    check_img_size(img_size, patch)
+    table_grid, no_embed_class = _grid(pos, P, patch, img_size,
+                                       patches_only=models_v2 or "blocks.0.ls1.gamma" in sd)
+    grid = table_grid if img_size is None else (img_size[0] // patch, img_size[1] // patch)
+    if grid is None:
+        raise CheckpointError("no position table to read the grid from: pass --img-size H[xW]")
+    if table_grid is not None and table_grid != grid:   # as timm's checkpoint_filter_fn does at a new img_size
+        rows = 0 if no_embed_class else P
+        sd = {**sd, "pos_embed": resample_abs_pos_embed(pos.float(), grid, table_grid, rows)}
+        notes.append(f"The table was trained on a {table_grid[0]}x{table_grid[1]} grid; resampled to "
+                     f"{grid[0]}x{grid[1]} (bicubic, prefix rows kept apart, as timm does).")
+    fc_norm = "fc_norm.weight" in sd
+    if pool is None:
+        pool = "avg" if fc_norm or not class_token else "token"
+        if class_token and not fc_norm:
+            notes.append("Read-out: the CLS token (timm's default; the keys cannot tell it from average pooling "
+                         "without fc_norm: import with pool='avg' if the model was trained so).")
+    heads = heads or max(1, dim // 64)
+    if dim % heads:
+        raise CheckpointError(f"width {dim} is not divisible by {heads} heads: pass --heads")
+    head = sd.get("head.weight")
+    encoding = _encoding(family, sd, pos is not None)
+    cfg = ViTConfig(img_size=(grid[0] * patch, grid[1] * patch), patch_size=patch, in_chans=in_chans,
+                    num_classes=0 if head is None else head.shape[0], dim=dim, depth=depth, heads=heads,
+                    mlp_dim=sd["blocks.0.mlp.fc1.weight"].shape[0], qkv_bias="blocks.0.attn.qkv.bias" in sd,
+                    norm_eps=eps or (1e-12 if family == "hf" else 1e-6), encoding=encoding,
+                    class_token=class_token, dist_token=dist_token, reg_tokens=reg, no_embed_class=no_embed_class,
+                    layer_scale="blocks.0.ls1.gamma" in sd, pool=pool, fc_norm=fc_norm)
+    return cfg, sd
+
+
+def _grid(pos: torch.Tensor | None, P: int, patch: int, img_size, patches_only: bool
+          ) -> tuple[tuple[int, int] | None, bool]:
+    """(grid the table was trained on, whether it covers the patches only). A table of
+    `P + N` or `N` rows; N square, or equal to `img_size`'s grid (non-square tables)."""
+    if pos is None:
+        return None, False
+    if pos.ndim != 3 or pos.shape[0] != 1:
+        raise CheckpointError(f"pos_embed must be (1, rows, D), got {tuple(pos.shape)}")
+    rows = pos.shape[1]
+    if img_size is not None:
+        gh, gw = img_size[0] // patch, img_size[1] // patch
+        for prefix_rows in dict.fromkeys((P, 0)):
+            if rows - prefix_rows == gh * gw:
+                return (gh, gw), prefix_rows == 0 and P > 0
+    # timm's register models, DeiT-III (LayerScale) and RoPE-ViT (`models_v2` names) keep their
+    # table for the patches only (no_embed_class); plain ViTs include the prefix rows. Only those
+    # readings are tried: any other needs the user's --img-size.
+    readings = [0, P] if P > 1 or patches_only else [P]
+    for pr in readings:
+        side = _square(rows - pr) if rows > pr else None
+        if side:
+            return (side, side), pr == 0 and P > 0
+    raise GridUnknownError(f"pos_embed has {rows} rows with {P} prefix token(s): not a square grid of patches")
+
+
+def _encoding(family: str, sd: Mapping[str, torch.Tensor], has_table: bool) -> str:
+    if family == "rope-vit":
+        rope = "rope_mixed" if "freqs" in sd else "rope_axial"
+        return rope + ("+ape" if has_table else "")
+    return "ape" if has_table else "none"
+
+
+def place_encoding_params(model: ViT, weights: dict[str, torch.Tensor]) -> None:
+    """Move the table and the rotary frequencies to their names inside `pos_enc`."""
+    named = dict(model.pos_enc.named_parameters())
+    for src, leaf in (("pos_embed", "pos_embed"), ("rope_freqs", "rope_freqs")):
+        if src in weights:
+            targets = [n for n in named if n.split(".")[-1] == leaf]
+            if len(targets) == 1:
+                weights["pos_enc." + targets[0]] = weights.pop(src)
+
+
+
+
+def check_img_size(img_size: tuple[int, int] | None, patch: int) -> None:
+    """CheckpointError unless `img_size` (or None) is a multiple of `patch` and not too large."""
+    if img_size is None:
+        return
+    if img_size[0] % patch or img_size[1] % patch:
+        raise CheckpointError(f"--img-size {img_size} must be a multiple of the patch size {patch}")
+    if max(img_size) > MAX_IMG_SIDE or (img_size[0] // patch) * (img_size[1] // patch) > MAX_PATCHES:
+        raise CheckpointError(f"--img-size {img_size} is too large: at most {MAX_IMG_SIDE} px a side and "
+                              f"{MAX_PATCHES} patches (attention maps grow with the square of the patch count)")
