@@ -24,16 +24,17 @@ ENCODINGS = ("sape2", "sape2+ape", "cope+ape", "ape")
 
 
 def compiled_ab(encodings: tuple[str, ...] = ENCODINGS, rounds: int = 20, *, batch: int = TRAIN_BATCH,
-                warmup: int = 2) -> list[str]:
+                warmup: int = 2, preset: str = "compact") -> list[str]:
     """For each encoding one eager and one compiled model (same seed), their training steps
     interleaved round by round (wall time); the first `warmup` steps of each (compilation) are
-    not timed."""
+    not timed. `preset`: the model size (`compact`, what BENCHMARKS.md reports; `tiny` for a
+    smoke run)."""
     from vitpe_core.encodings import _kernels
     steps = {}
     for enc in encodings:
         for mode in ("eager", "compiled"):
             torch.manual_seed(0)
-            model = build_model(preset_config("compact", encoding=enc))
+            model = build_model(preset_config(preset, encoding=enc))
             steps[(enc, mode)] = train_step(torch.compile(model) if mode == "compiled" else model, batch)
     for fn in steps.values():
         for _ in range(warmup):

@@ -47,8 +47,22 @@ def phone(browser):
 def tap_patch(page, key: str, patch: tuple[int, int]) -> None:
     """Tap the centre of `patch` on the picker `key` (a touch, no mouse event before it)."""
     lt.picker_area(page, key).scroll_into_view_if_needed()
-    pt = picker_point(page, key, patch, GRID)
+    pt = stable_point(page, key, patch)
     page.touchscreen.tap(pt["x"], pt["y"])
+
+
+def stable_point(page, key: str, patch: tuple[int, int], still_ms: int = 300, tries: int = 40) -> dict[str, float]:
+    """`patch`'s centre once the picker stops moving (same place `still_ms` apart): on a busy
+    machine the phone layout may still shift (a late element above, a chart resized) between
+    reading the point and the tap, which then lands on the cell above."""
+    pt = picker_point(page, key, patch, GRID)
+    for _ in range(tries):
+        page.wait_for_timeout(still_ms)
+        again = picker_point(page, key, patch, GRID)
+        if abs(again["x"] - pt["x"]) < 0.5 and abs(again["y"] - pt["y"]) < 0.5:
+            return again
+        pt = again
+    raise AssertionError(f"the picker {key} kept moving: last centre of {patch} at {pt}")
 
 
 def selected(page, patch: tuple[int, int], timeout_ms: float = TIMEOUT_MS) -> None:

@@ -87,7 +87,7 @@ def test_option_values_are_json_or_text_and_need_an_equals_sign(capsys):
 def test_every_command_is_in_the_module_docstring():
     import vitpe_core.__main__ as cli
     sub = next(a for a in build_parser()._actions if a.dest == "cmd")
-    assert set(sub.choices) == {"train", "evaluate", "table", "structure", "import", "analyze", "scale"}
+    assert set(sub.choices) == {"train", "evaluate", "table", "structure", "import", "analyze", "scale", "report"}
     for name in sub.choices:
         assert f"\n  {name} " in cli.__doc__, name
 

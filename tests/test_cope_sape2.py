@@ -524,8 +524,8 @@ class _CountingKernels:
 @pytest.mark.slow
 @needs_kernel
 @pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile's CPU backend needs a C++ compiler (g++)")
-@pytest.mark.parametrize("encoding, options", [("sape2", {"readout": "query"}), ("sape2+ape", {"readout": "key"}),
-                                               ("cope", {})])
+# both custom ops (sape2+ape compiled: tests/test_train.py)
+@pytest.mark.parametrize("encoding, options", [("sape2", {"readout": "query"}), ("cope", {})])
 def test_compiled_model_keeps_the_fused_kernel_and_matches_eager(encoding, options, monkeypatch):
     """Under torch.compile a tiny SaPE² / CoPE model's forward and every parameter's gradient
     equal eager's, the graph has no break and calls the fused attention's custom op
