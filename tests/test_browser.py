@@ -95,6 +95,8 @@ def test_click_changes_patch_and_heatmap(page, app_url):
     raw0, z0 = heatmap(page, "bias_bias_map")
     assert z0.shape == (8, 8)
     assert argmin2(z0) == (3, 4)        # SaPE²'s bias row is 0 at the query patch itself ("0 = near")
+    # no stray value drawn by Streamlit's "magic" (a conditional expression once printed "None")
+    assert page.locator("[data-testid='stMarkdownContainer']").filter(has_text=re.compile(r"^None$")).count() == 0
     shot(page, "bias_1_before_click")
 
     click_patch(page, "bias_click", (1, 6), (8, 8), where=(0.15, 0.85))   # near a corner: anywhere in the patch
