@@ -79,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", default="compact,vit-b", help="comma-separated: compact, vit-b")
     p.add_argument("--checkpoint", type=Path, default=COMPACT, help="the compact case's checkpoint")
     p.add_argument("--vit-b-encoding", default="ape", help="the ViT-B/16's encoding (default ape)")
+    p.add_argument("--markdown", action="store_true", help="print BENCHMARKS.md's section 10 instead of JSON lines")
     args = p.parse_args(argv)
+    rows = []
     for case in [c.strip() for c in args.cases.split(",") if c.strip()]:
         if case == "compact":
             res = compact_case(args.checkpoint)
@@ -87,8 +89,30 @@ def main(argv: list[str] | None = None) -> int:
             res = vit_b_case(args.vit_b_encoding)
         else:
             raise SystemExit(f"unknown case {case!r}; valid: compact, vit-b")
-        print(json.dumps(res), flush=True)
+        rows.append(res)
+        if not args.markdown:
+            print(json.dumps(res), flush=True)
+    if args.markdown:
+        print(markdown(rows))
     return 0
+
+
+def markdown(rows: list[dict]) -> str:
+    """BENCHMARKS.md's section on the HTML report, from this run's results."""
+    m = rows[0]
+    lines = ["## 10. HTML report (size and build time)", "",
+             f"`python -m benchmarks.html_report --markdown` on {m['cpu']} ({m['cpu_id']}), {m['usable_cores']} "
+             f"cores, torch {m['torch']}, {m['torch_threads']} threads: one build of the report "
+             "`python -m vitpe_core report` writes, with its four default images (model loading not included). "
+             "Every layer keeps its mean over heads; the layers below also keep each head (float16 rows, "
+             "vitpe_core/html_report). Target: compact ≤ 10 s on 2 cores.", "",
+             "| case | model | size | budget | wall s | CPU s | layers with every head |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['case']} | `{r['model']}` ({r['grid'][0]}×{r['grid'][1]} grid, {r['depth']} layers) | "
+                     f"{r['bytes'] / 1e6:.2f} MB | {r['budget_bytes'] / 1e6:.0f} MB | {r['wall_s']:.1f} | "
+                     f"{r['cpu_s']:.1f} | {', '.join(map(str, r['heads_layers']))} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
