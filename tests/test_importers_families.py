@@ -64,11 +64,12 @@ def _close(a: torch.Tensor, b: torch.Tensor, rel: float = 1e-5) -> None:
     assert (a - b).abs().max() <= rel * scale, f"max abs diff {(a - b).abs().max():.3g} vs scale {scale:.3g}"
 
 
-def build(case: str):
+def build(case: str, **overrides):
     """The case's transformers model with random weights (every parameter moved off its init, so
-    zero tables, unit LayerScales and zero biases do not hide a mapping error), eval mode."""
+    zero tables, unit LayerScales and zero biases do not hide a mapping error), eval mode;
+    `overrides` change the case's config options."""
     cls_name, cfg_name, options, _ = CASES[case]
-    config = getattr(transformers, cfg_name)(**options)
+    config = getattr(transformers, cfg_name)(**{**options, **overrides})
     torch.manual_seed(0)
     model = getattr(transformers, cls_name)._from_config(config, attn_implementation="eager").eval()
     with torch.no_grad():
@@ -167,14 +168,7 @@ def test_dinov2_runs_at_the_processors_crop_with_the_table_resampled_as_transfor
     transformers resampling the table at every forward: the import does it once, the same way
     (without antialiasing for DINOv2, with it for DINOv2 with registers)."""
     for case in ("dinov2_classifier", "dinov2_registers_classifier"):
-        cls_name, cfg_name, options, _ = CASES[case]
-        options = {**options, "image_size": 64}                                     # an 8x8 table
-        config = getattr(transformers, cfg_name)(**options)
-        torch.manual_seed(0)
-        model = getattr(transformers, cls_name)._from_config(config, attn_implementation="eager").eval()
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(torch.randn_like(p) * 0.2)
+        model = build(case, image_size=64)                                          # an 8x8 table
         folder = tmp_path / case
         path = save(model, folder)
         (folder / "preprocessor_config.json").write_text(json.dumps({

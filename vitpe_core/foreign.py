@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 import torch
@@ -108,3 +109,12 @@ def read_state_dict(path: str | Path, name: str | None = None) -> dict[str, torc
         raise CheckpointError(f"{name} does not hold a flat dict of tensors (a state dict); save the weights with "
                               "torch.save(model.state_dict(), PATH)")
     return sd
+
+
+def source_dtype(sd: Mapping[str, torch.Tensor]) -> torch.dtype:
+    """The widest floating precision among the file's tensors (float32 if it has none)."""
+    found = {v.dtype for v in sd.values() if v.is_floating_point()}
+    for dtype in (torch.float64, torch.float32, torch.bfloat16, torch.float16):
+        if dtype in found:
+            return dtype
+    return torch.float32

@@ -9,6 +9,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from ..checkpoint import CheckpointError, clean_state_dict, load_weights
+from ..foreign import source_dtype
 from ..model import ViT
 from ..swin.convert import import_swin, is_swin
 from . import beit, clip, dinov2, dinov3
@@ -56,15 +57,6 @@ class Imported:
                 "preprocess": self.preprocess, "notes": " ".join(self.notes),
                 "source_dtype": str(self.source_dtype).removeprefix("torch."),
                 "parameters": sum(p.numel() for p in self.model.parameters())}
-
-
-def source_dtype(sd: Mapping[str, torch.Tensor]) -> torch.dtype:
-    """The widest floating precision among the file's tensors (float32 if it has none)."""
-    found = {v.dtype for v in sd.values() if v.is_floating_point()}
-    for dtype in (torch.float64, torch.float32, torch.bfloat16, torch.float16):
-        if dtype in found:
-            return dtype
-    return torch.float32
 
 
 def import_state_dict(state_dict: Mapping[str, torch.Tensor], *, family: str = "auto",

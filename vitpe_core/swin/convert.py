@@ -27,6 +27,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import torch
 
 from ..checkpoint import CheckpointError, clean_state_dict, load_weights
+from ..foreign import source_dtype
 from .config import SwinConfig, build_windows
 from .model import SwinTransformer
 
@@ -77,7 +78,7 @@ def import_swin(state_dict: Mapping[str, torch.Tensor], hf_config: Mapping[str, 
     (`{"mean": [...], "std": [...]}`) and `crop_pct` override the eval transform."""
     notes = [] if notes is None else notes
     sd = clean_state_dict(state_dict)
-    source_dtype = _source_dtype(sd)
+    file_dtype = source_dtype(sd)
     cfg_in = dict(hf_config or {})
     if img_size is not None and cfg_in:
         notes.append(f"Built for {img_size[0]}x{img_size[1]} px; config.json says {cfg_in.get('image_size')}.")
@@ -104,7 +105,7 @@ def import_swin(state_dict: Mapping[str, torch.Tensor], hf_config: Mapping[str, 
         pre["crop_pct"] = float(crop_pct)
     family = "hf-swin" if version == 1 else "hf-swinv2"
     return model, {"family": family, "class_names": names, "preprocess": pre, "notes": notes,
-                   "source_dtype": source_dtype}
+                   "source_dtype": file_dtype}
 
 
 # ----------------------------------------------------------------------------- keys
@@ -269,8 +270,3 @@ def _class_names(n: int, c: Mapping[str, Any], given: Sequence[str] | None, name
     return None
 
 
-def _source_dtype(sd: Mapping[str, torch.Tensor]) -> torch.dtype:
-    """The widest floating precision among the file's tensors (float32 if it has none)."""
-    found = {v.dtype for v in sd.values() if v.is_floating_point()}
-    return next((d for d in (torch.float64, torch.float32, torch.bfloat16, torch.float16) if d in found),
-                torch.float32)
