@@ -55,7 +55,7 @@ _state: dict = {}
 build_seconds: float | None = None
 
 
-STALE_LOCK_S = 600   # a build takes about a minute; a lock file this old was left by a killed build
+STALE_LOCK_S = 600   # a build takes about 15 s (a minute on a slow, busy machine); a lock file this old was left by a killed build
 
 
 def _clear_stale_lock(name: str, max_age_s: float = STALE_LOCK_S) -> None:
@@ -105,7 +105,7 @@ def extension_name() -> str:
     folder and of the source file's path>`. A changed `SOURCE` (or flags) is a new name, hence
     a fresh build, never a stale one loaded. Each virtual environment and each checkout gets its
     own build in the shared extension cache: one name for all made two environments (or two
-    clones) rebuild it in turn, about 40 s each time (torch's build.ninja holds the torch
+    clones) rebuild it in turn, 15-40 s each time (torch's build.ninja holds the torch
     include paths and the source's path, and a different one makes ninja rebuild)."""
     import torch
     build = hashlib.sha256(SOURCE.read_bytes() + repr((_CFLAGS, _LDFLAGS)).encode()).hexdigest()[:8]
@@ -134,12 +134,14 @@ def _build():
     with _held_by_this_process(name) as held:
         if not held:
             _clear_stale_lock(name)
-        return load(name=name, sources=[str(SOURCE)], extra_cflags=_CFLAGS, extra_ldflags=_LDFLAGS,
-                    build_directory=build_directory(name), verbose=False)
+        load(name=name, sources=[str(SOURCE)], extra_cflags=_CFLAGS, extra_ldflags=_LDFLAGS,
+             build_directory=build_directory(name), verbose=False, is_python_module=False)
+    import torch
+    return getattr(torch.ops, name)     # the operators the library registered (TORCH_LIBRARY, no pybind11)
 
 
 def kernels():
-    """The compiled module, or None (eager): `VITPE_NO_CPP=1`, or no compiler / a failed build
+    """The compiled operators (`.sape2_fwd`, `.sape2_bwd`, `.cope_fwd`, `.cope_bwd`), or None (eager): `VITPE_NO_CPP=1`, or no compiler / a failed build
     (warned once)."""
     global build_seconds
     if os.environ.get("VITPE_NO_CPP", "") not in ("", "0"):

@@ -2,7 +2,14 @@
 // `sape2_attention`, `cope_attention`). Built on first use by ../_kernels.py with
 // torch.utils.cpp_extension.load (-O3, OpenMP, no -march); what each kernel fuses is described there.
 // Bound functions: sape2_fwd, sape2_bwd, cope_fwd, cope_bwd (float32 / float64 CPU tensors, contiguous).
-#include <torch/extension.h>
+// Lean headers (the Tensor class, two factory ops, parallel_for, the dtype switch, op registration),
+// not <torch/extension.h>: that pulls in all of libtorch's C++ API and pybind11 and made the one-time
+// build take ~2.5x as long (BENCHMARKS.md, section 1's build time).
+#include <ATen/core/Tensor.h>
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros_like.h>
+#include <torch/library.h>
 #include <ATen/Parallel.h>
 #include <cmath>
 #include <vector>
@@ -288,7 +295,7 @@ void cope_bwd_impl(T* gl, const T* z, const T* gates, T* gz, int64_t BH, int64_t
   at::parallel_for(0, BH * Tt, 16, [&](int64_t r0, int64_t r1) { cope_bwd_one(gl, z, gates, gz, BH, Tt, np, r0, r1); });
 }
 
-void check(const torch::Tensor& t, const char* name) {
+void check(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(), name, " must be a contiguous CPU tensor");
 }
 
@@ -296,15 +303,15 @@ void check(const torch::Tensor& t, const char* name) {
 
 // logits (B, h, T, T) is changed in place; z (B, h, T, 2 np): every token's read-outs of E_x, then
 // E_y (the prefix tokens' rows are not read). Returns s_x (B,h,N,W), s_y (B,h,N,H), gates alike.
-std::vector<torch::Tensor> sape2_fwd(torch::Tensor logits, torch::Tensor z, int64_t P, int64_t H, int64_t W,
+std::vector<at::Tensor> sape2_fwd(at::Tensor logits, at::Tensor z, int64_t P, int64_t H, int64_t W,
                                      int64_t np) {
   check(logits, "logits"); check(z, "z");
   TORCH_CHECK(z.scalar_type() == logits.scalar_type(), "dtype mismatch");
   const int64_t B = logits.size(0), h = logits.size(1), Tt = logits.size(2), N = H * W;
   TORCH_CHECK(Tt == P + N && z.size(2) == Tt && z.size(3) == 2 * np, "shape mismatch");
   auto o = logits.options();
-  auto sx = torch::empty({B, h, N, W}, o), sy = torch::empty({B, h, N, H}, o);
-  auto gx = torch::empty({B, h, N, W}, o), gy = torch::empty({B, h, N, H}, o);
+  auto sx = at::empty({B, h, N, W}, o), sy = at::empty({B, h, N, H}, o);
+  auto gx = at::empty({B, h, N, W}, o), gy = at::empty({B, h, N, H}, o);
   AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "sape2_fwd", [&] {
     sape2_fwd_impl<scalar_t>(logits.data_ptr<scalar_t>(), z.data_ptr<scalar_t>(), sx.data_ptr<scalar_t>(),
                              sy.data_ptr<scalar_t>(), gx.data_ptr<scalar_t>(), gy.data_ptr<scalar_t>(),
@@ -315,11 +322,11 @@ std::vector<torch::Tensor> sape2_fwd(torch::Tensor logits, torch::Tensor z, int6
 
 // grad_logits (B, h, T, T) gets the gates' gradient added in place; returns grad z (B, h, T, 2 np),
 // 0 in the prefix tokens' rows.
-torch::Tensor sape2_bwd(torch::Tensor gl, torch::Tensor z, torch::Tensor sx, torch::Tensor sy, torch::Tensor gx,
-                        torch::Tensor gy, int64_t P, int64_t H, int64_t W, int64_t np) {
+at::Tensor sape2_bwd(at::Tensor gl, at::Tensor z, at::Tensor sx, at::Tensor sy, at::Tensor gx,
+                        at::Tensor gy, int64_t P, int64_t H, int64_t W, int64_t np) {
   check(gl, "grad_logits"); check(z, "z"); check(sx, "s_x"); check(sy, "s_y"); check(gx, "g_x"); check(gy, "g_y");
   const int64_t B = gl.size(0), h = gl.size(1), Tt = gl.size(2);
-  auto gz = torch::zeros_like(z);
+  auto gz = at::zeros_like(z);
   AT_DISPATCH_FLOATING_TYPES(gl.scalar_type(), "sape2_bwd", [&] {
     sape2_bwd_impl<scalar_t>(gl.data_ptr<scalar_t>(), z.data_ptr<scalar_t>(), sx.data_ptr<scalar_t>(),
                              sy.data_ptr<scalar_t>(), gx.data_ptr<scalar_t>(), gy.data_ptr<scalar_t>(),
@@ -330,7 +337,7 @@ torch::Tensor sape2_bwd(torch::Tensor gl, torch::Tensor z, torch::Tensor sx, tor
 
 // logits (B, h, T, T), keys in their own order, gets the CoPE bias added in place; gates = sigmoid(logits)
 // (computed by ATen's vectorised sigmoid: a scalar exp here costs more than that pass).
-void cope_fwd(torch::Tensor logits, torch::Tensor gates, torch::Tensor z, int64_t np) {
+void cope_fwd(at::Tensor logits, at::Tensor gates, at::Tensor z, int64_t np) {
   check(logits, "logits"); check(z, "z"); check(gates, "gates");
   TORCH_CHECK(z.scalar_type() == logits.scalar_type() && gates.scalar_type() == logits.scalar_type()
               && z.size(3) == np && gates.sizes() == logits.sizes(), "z / gates mismatch");
@@ -341,9 +348,9 @@ void cope_fwd(torch::Tensor logits, torch::Tensor gates, torch::Tensor z, int64_
 }
 
 // grad_logits gets the gates' gradient added in place; returns grad z (B, h, T, np).
-torch::Tensor cope_bwd(torch::Tensor gl, torch::Tensor z, torch::Tensor gates, int64_t np) {
+at::Tensor cope_bwd(at::Tensor gl, at::Tensor z, at::Tensor gates, int64_t np) {
   check(gl, "grad_logits"); check(z, "z"); check(gates, "gates");
-  auto gz = torch::zeros_like(z);
+  auto gz = at::zeros_like(z);
   AT_DISPATCH_FLOATING_TYPES(gl.scalar_type(), "cope_bwd", [&] {
     cope_bwd_impl<scalar_t>(gl.data_ptr<scalar_t>(), z.data_ptr<scalar_t>(), gates.data_ptr<scalar_t>(),
                             gz.data_ptr<scalar_t>(), gl.size(0) * gl.size(1), gl.size(2), np);
@@ -351,10 +358,11 @@ torch::Tensor cope_bwd(torch::Tensor gl, torch::Tensor z, torch::Tensor gates, i
   return gz;
 }
 
-// The Python module; torch::wrap_pybind_function raises a C++ error (TORCH_CHECK) as a Python exception.
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("sape2_fwd", torch::wrap_pybind_function(sape2_fwd), "sape2_fwd");
-  m.def("sape2_bwd", torch::wrap_pybind_function(sape2_bwd), "sape2_bwd");
-  m.def("cope_fwd", torch::wrap_pybind_function(cope_fwd), "cope_fwd");
-  m.def("cope_bwd", torch::wrap_pybind_function(cope_bwd), "cope_bwd");
+// Registered as torch operators in a namespace named after the build (`torch.ops.<name>.sape2_fwd`, ...):
+// no pybind11. A failed TORCH_CHECK reaches Python as a RuntimeError.
+TORCH_LIBRARY(TORCH_EXTENSION_NAME, m) {
+  m.def("sape2_fwd", &sape2_fwd);
+  m.def("sape2_bwd", &sape2_bwd);
+  m.def("cope_fwd", &cope_fwd);
+  m.def("cope_bwd", &cope_bwd);
 }
