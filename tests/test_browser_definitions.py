@@ -18,13 +18,6 @@ TIMEOUT_MS = 90_000
 DOC_HEADING = "Position encodings in vitpe"          # docs/encodings.md's title
 
 
-@pytest.fixture(scope="module")
-def server(app_checkpoint_dir, tmp_path_factory):
-    log = tmp_path_factory.mktemp("definitions") / "server.log"
-    with lt.streamlit_server(app_checkpoint_dir, log=log, timeout=90) as srv:
-        yield srv
-
-
 @pytest.fixture
 def page(browser):
     ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
@@ -41,8 +34,8 @@ def _on_definitions(page) -> None:
     assert not page.get_by_role("heading", name="Bias explorer").count()
 
 
-def test_the_compare_pages_definitions_link_opens_the_document_in_the_app(page, server):
-    page.goto(lt.share_url(server.url, page="compare"))
+def test_the_compare_pages_definitions_link_opens_the_document_in_the_app(page, app_url):
+    page.goto(lt.share_url(app_url, page="compare"))
     link = page.get_by_role("link", name="Definitions: how each kernel and score is computed")
     expect(link).to_be_visible()
     pages_before = len(page.context.pages)
@@ -52,9 +45,9 @@ def test_the_compare_pages_definitions_link_opens_the_document_in_the_app(page, 
     expect(page.get_by_text("Compare encodings", exact=True).first).to_be_visible()   # the app's menu is there
 
 
-def test_a_what_am_i_looking_at_link_opens_the_same_page(page, server):
+def test_a_what_am_i_looking_at_link_opens_the_same_page(page, app_url):
     """Streamlit opens a Markdown link in a new tab: a new session, on the Definitions page."""
-    page.goto(lt.share_url(server.url, page="similarity"))
+    page.goto(lt.share_url(app_url, page="similarity"))
     page.get_by_text("What am I looking at?").click()
     link = page.get_by_test_id("stMainBlockContainer").get_by_role("link", name="Definitions", exact=True)
     expect(link).to_be_visible()

@@ -8,7 +8,7 @@ where a touch starts.
 
 Same set-up as tests/test_browser.py: `python -m streamlit run app.py` on loopback driven by
 Debian's chromium through playwright, skipping with a reason where either is missing; conftest's
-tiny random-weight checkpoints (8 x 8 grid).
+tiny random-weight checkpoints (8 x 8 grid), served by conftest's `app_url` (one server per worker).
 """
 from __future__ import annotations
 
@@ -25,13 +25,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 lt.skip_module_without_browser(pytest)
 from playwright.sync_api import expect  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def app_url(app_checkpoint_dir, tmp_path_factory):
-    log = tmp_path_factory.mktemp("touch_streamlit") / "server.log"
-    with lt.streamlit_server(app_checkpoint_dir, log=log, timeout=60) as server:
-        yield server.url
 
 
 @pytest.fixture

@@ -55,7 +55,7 @@ _state: dict = {}
 build_seconds: float | None = None
 
 
-STALE_LOCK_S = 600   # a build takes about 15 s (a minute on a slow, busy machine); a lock file this old was left by a killed build
+STALE_LOCK_S = 600   # a build takes ~15 s (a minute on a slow, busy machine): a lock this old is a killed build's
 
 
 def _clear_stale_lock(name: str, max_age_s: float = STALE_LOCK_S) -> None:
@@ -141,7 +141,8 @@ def _build():
 
 
 def kernels():
-    """The compiled operators (`.sape2_fwd`, `.sape2_bwd`, `.cope_fwd`, `.cope_bwd`), or None (eager): `VITPE_NO_CPP=1`, or no compiler / a failed build
+    """The compiled operators (`.sape2_fwd`, `.sape2_bwd`, `.cope_fwd`, `.cope_bwd`), or None
+    (eager): `VITPE_NO_CPP=1`, or no compiler / a failed build
     (warned once)."""
     global build_seconds
     if os.environ.get("VITPE_NO_CPP", "") not in ("", "0"):
