@@ -1,4 +1,5 @@
-"""Reference outputs of the real implementations, for tests/test_importers.py.
+"""Reference outputs of the real implementations, for tests/test_importers.py and
+tests/test_importers_timm_families.py.
 
 timm cannot be installed beside the project's CPU torch (its torchvision needs another torch),
 so this script runs once in a side environment and writes small random-weight models with
@@ -6,19 +7,34 @@ their outputs to tests/data/import_references.safetensors:
 
     python -m venv /tmp/timm-env
     /tmp/timm-env/bin/pip install torch==2.14.1 torchvision==0.29.1 timm==1.0.31 safetensors
-    /tmp/timm-env/bin/python scripts/make_import_references.py
+    /tmp/timm-env/bin/python scripts/make_import_references.py [--only timm-families]
 
 For every case: the model's state dict in its own key names, a fixed input, the logits (or
 features), every layer's attention weights (timm's non-fused path, read at `attn_drop`),
 and the timm kwargs in the metadata. Also `timm.layers.resample_abs_pos_embed` on random
-tables. The RoPE-ViT cases are not built with a library (naver-ai/rope-vit is a research
-repository on top of timm, not a package): its attention is written out here from its
-published model code (complex rotations, `freqs (2, depth, heads*d/2)`, `gamma_1/2`), on
-timm's DeiT-III blocks, as an independent check of the importer's key and layout mapping.
+tables.
+
+The timm layouts of the other pretrained families go to a second, small file,
+tests/data/import_references_timm_families.safetensors (`--only timm-families` writes it alone;
+the first file's logits move by an ulp between CPUs, so it is kept as committed): `Beit`
+(per-layer and shared tables, mean and CLS read-out), `SwinTransformer` and `SwinTransformerV2`
+(shifted windows, a stage clamped to its grid, pretrained windows), CLIP- and SigLIP-style
+`VisionTransformer`s (`norm_pre` + quick-GELU; `attn_pool` + GELU-tanh), DINOv2-g's packed
+SwiGLU (`SwiGLUPacked`, SiLU) and EVA-02 (`Eva`: RoPE on a reference grid, packed SwiGLU), each
+built by `timm.create_model` from a real architecture name with small overrides, so the
+`config.json` timm itself writes for it (`save_config_for_hf`: `architecture`, `model_args`,
+`pretrained_cfg`) is stored beside the case in the metadata. Swin's attention is read per block
+(`B·nW, h, N, N`) at each `WindowAttention.attn_drop`.
+
+The RoPE-ViT cases are not built with a library (naver-ai/rope-vit is a research repository on
+top of timm, not a package): its attention is written out here from its published model code
+(complex rotations, `freqs (2, depth, heads*d/2)`, `gamma_1/2`), on timm's DeiT-III blocks, as
+an independent check of the importer's key and layout mapping.
 """
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import timm
@@ -30,6 +46,7 @@ from timm.models.vision_transformer import VisionTransformer
 from timm.models.deit import VisionTransformerDistilled
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "import_references.safetensors"
+OUT_FAMILIES = OUT.with_name("import_references_timm_families.safetensors")
 SMALL = dict(embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0, num_classes=7)
 
 TIMM_CASES = {   # name -> (class, kwargs, input (H, W))
@@ -147,8 +164,74 @@ def rope_case(mixed: bool, ape: bool) -> dict[str, torch.Tensor]:
     return out
 
 
+# ----------------------------------------------------------------------------- timm layouts of other families
+VIT = dict(img_size=32, patch_size=8, embed_dim=16, depth=2, num_heads=2, num_classes=7)   # head dim 8
+SWIN = dict(img_size=32, embed_dim=8, depths=(2, 2, 1), num_heads=(1, 2, 2), window_size=4, mlp_ratio=2.0,
+            num_classes=5)   # grids 8, 4, 2: stage 0 shifted (8 > 4), stage 1 one window, stage 2 clamped to 2x2
+FAMILY_CASES = {   # name -> (timm architecture, overrides, family the importer should report)
+    "beit_layer_bias_mean": ("beit_base_patch16_224", dict(VIT, mlp_ratio=2.0), "timm-beit"),
+    "beit_shared_bias_ape_token": ("beitv2_base_patch16_224",
+                                   dict(VIT, mlp_ratio=2.0, use_abs_pos_emb=True, use_rel_pos_bias=False,
+                                        use_shared_rel_pos_bias=True, global_pool="token", init_values=None),
+                                   "timm-beit"),
+    "swin_shift_clamped": ("swin_tiny_patch4_window7_224", dict(SWIN), "timm-swin"),
+    "swinv2_shift_clamped": ("swinv2_tiny_window8_256", dict(SWIN), "timm-swinv2"),
+    "swinv2_pretrained_windows": ("swinv2_tiny_window8_256", dict(SWIN, depths=(2, 2), num_heads=(1, 2),
+                                                                  pretrained_window_sizes=(3, 2)), "timm-swinv2"),
+    "clip_quickgelu": ("vit_base_patch16_clip_quickgelu_224", dict(VIT, mlp_ratio=2.0), "timm-clip"),
+    "siglip_map_gelu_tanh": ("vit_base_patch32_siglip_256", dict(VIT, mlp_ratio=2.0), "timm-siglip"),
+    "dinov2_giant_swiglu_packed": ("vit_giant_patch14_reg4_dinov2", dict(VIT, mlp_ratio=4.0),
+                                   "timm"),   # SwiGLUPacked, SiLU
+    # ref_feat_shape 3x3 on a 4x4 grid: positions scaled by 3/4, as eva02_*_336 (16x16 on 24x24)
+    "eva02_tiny_336_style": ("eva02_tiny_patch14_336", dict(VIT, ref_feat_shape=(3, 3)), "timm-eva02"),
+}
+
+
+def _blocks(model: nn.Module) -> list[nn.Module]:
+    """Every attention block in forward order (Swin: stage by stage)."""
+    if hasattr(model, "layers"):
+        return [blk for stage in model.layers for blk in stage.blocks]
+    return list(model.blocks)
+
+
+def family_case(arch: str, kwargs: dict) -> tuple[dict[str, torch.Tensor], dict]:
+    import tempfile
+
+    from timm.models._hub import save_config_for_hf
+    model = timm.create_model(arch, pretrained=False, **kwargs).eval()
+    _randomise(model)
+    rec = _attn_recorder(_blocks(model))
+    size = model.pretrained_cfg["input_size"][1:] if "img_size" not in kwargs else (kwargs["img_size"],) * 2
+    x = torch.randn(1, 3, *size, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits = model(x)
+    with tempfile.TemporaryDirectory() as tmp:
+        save_config_for_hf(model, f"{tmp}/config.json")
+        config = json.loads(Path(f"{tmp}/config.json").read_text())
+    out = {f"sd.{k}": v.contiguous() for k, v in model.state_dict().items()}
+    out.update({"x": x, "logits": logits, **{f"attn.{i}": a for i, a in enumerate(rec)}})
+    return out, {"class": type(model).__name__, "architecture": arch, "config": config, "input": list(size)}
+
+
+def write_families() -> None:
+    tensors, meta = {}, {}
+    for name, (arch, kwargs, family) in FAMILY_CASES.items():
+        torch.manual_seed(0)
+        case, info = family_case(arch, kwargs)
+        tensors.update({f"{name}.{k}": v for k, v in case.items()})
+        meta[name] = {"family": family, "kwargs": kwargs, **info}
+    save_file({k: v.contiguous().float() for k, v in tensors.items()}, str(OUT_FAMILIES),
+              metadata={"cases": json.dumps(meta), "timm": timm.__version__, "torch": torch.__version__})
+    print(f"wrote {OUT_FAMILIES} ({OUT_FAMILIES.stat().st_size / 1e3:.0f} kB, {len(meta)} cases)")
+
+
 def main() -> None:
+    """Both files; `--only timm-families` writes the second one alone (the first one's logits move
+    by an ulp between CPUs, so a rerun elsewhere would rewrite it without need)."""
     set_fused_attn(False)
+    write_families()
+    if sys.argv[1:] == ["--only", "timm-families"]:
+        return
     tensors, meta = {}, {}
     for name, (cls, kwargs, size) in TIMM_CASES.items():
         torch.manual_seed(0)

@@ -4,7 +4,7 @@
   evaluate   test accuracy of a checkpoint, optionally across input sizes and translations, as one JSON line
   table      the README results table from checkpoints/*.json (or rewrite it in README.md)
   structure  2D-structure score of a checkpoint's (or timm ViT weights') position table, as one JSON line
-  import     a pretrained timm / DeiT / RoPE-ViT / HF (ViT, BEiT, DINOv2/v3, CLIP, SigLIP) model -> a checkpoint
+  import     a pretrained timm / DeiT / RoPE-ViT / HF (ViT, BEiT, DINOv2/v3, CLIP, SigLIP, Swin) model -> a checkpoint
   analyze    how a checkpoint encodes position: position-only kernels, relative score, attention by depth
   scale      how loud an encoding's attention bias is next to the q·k logits, per layer, as one JSON line
   report     one self-contained interactive HTML file of a model (charts and an offline bias explorer)
@@ -261,7 +261,8 @@ def _add_import(sub) -> None:
     from .importers import FAMILIES, NORMS
     i = sub.add_parser("import", help="turn a pretrained ViT into a vitpe checkpoint (docs/importing.md)",
                        description="Import timm / DeiT / Hugging Face ViT / BEiT / data2vec-vision / DINOv2 / DINOv3 / "
-                                   "CLIP / SigLIP / RoPE-ViT weights (Hugging Face: model.safetensors with config.json "
+                                   "CLIP / SigLIP / Swin / Swin-V2 / EVA-02 / RoPE-ViT weights, in Hugging Face's or "
+                                   "timm's layout (model.safetensors with the config.json Hugging Face or timm saves "
                                    "beside it, or a hub id). The file is read without running code (.safetensors, "
                                    ".npz, or a weights-only torch file).")
     i.set_defaults(run=_import)
@@ -272,6 +273,11 @@ def _add_import(sub) -> None:
                                       "model at another size (the table is resampled as timm does)")
     i.add_argument("--heads", type=int, help="attention heads (default: config.json beside the file, else width/64)")
     i.add_argument("--pool", choices=("token", "avg"), help="read-out, where the keys cannot tell (default token)")
+    i.add_argument("--act", choices=("gelu", "gelu_tanh", "quick_gelu", "silu"),
+                   help="MLP activation of a timm ViT whose keys do not record it (CLIP-style norm_pre, SigLIP-style "
+                        "attn_pool, gated MLPs); default: timm's config.json beside the file")
+    i.add_argument("--window", type=int, help="window of a timm Swin-V2 (not in its keys); default: timm's config.json "
+                                              "beside the file")
     i.add_argument("--norm", choices=sorted(NORMS), help="input normalisation (default: the family's usual one)")
     i.add_argument("--crop-pct", type=float, help="centre-crop fraction of the eval transform (timm's crop_pct)")
     i.add_argument("--licence", default="", help="free text recorded in the checkpoint, e.g. 'Apache-2.0 (timm)'")
@@ -297,7 +303,7 @@ def _import(args: argparse.Namespace) -> int:
         args.dtype = "float16"
     imp = import_checkpoint(args.source, out, licence=args.licence, dtype=args.dtype, family=args.family,
                             img_size=args.img_size, heads=args.heads, pool=args.pool, norm=args.norm,
-                            crop_pct=args.crop_pct, labels=args.labels)
+                            crop_pct=args.crop_pct, labels=args.labels, act=args.act, window=args.window)
     cfg = imp.model.cfg
     print(json.dumps({"out": str(out), "family": imp.family, "encoding": cfg.encoding, "grid": list(cfg.grid),
                       "img_size": list(cfg.img_size), "prefix_tokens": imp.model.prefix_names(),

@@ -7,7 +7,8 @@ Rotation pairs are adjacent channels `(2k, 2k+1)` as in RoPE-ViT's complex view.
   `θ_k = 100^(-k/(d/4))`.
 * mixed: pair `k` rotates by `c*f^x_k + r*f^y_k`, learned per layer and head, initialised as
   RoPE-ViT's `init_random_2d_freqs` (θ = 10, random orientation per head).
-Angles are float32; prefix tokens are not rotated; integer positions extrapolate to any grid.
+Angles are float32; prefix tokens are not rotated; integer positions extrapolate to any grid
+(`rope_axial`'s option `ref_grid` instead maps every grid onto a reference grid, as EVA-02 does).
 Checked: q·k after rotation depends only on the offset; rotation preserves norms (tests).
 """
 from __future__ import annotations
@@ -30,17 +31,23 @@ def _check_head_dim(d: int) -> None:
 class RoPEAxial(PositionEncoding):
     hooks = ("rotation",)
 
-    def __init__(self, ctx: EncodingContext, *, theta: float = 100.0) -> None:
+    def __init__(self, ctx: EncodingContext, *, theta: float = 100.0,
+                 ref_grid: tuple[int, int] | list[int] | None = None) -> None:
         super().__init__(ctx)
         _check_head_dim(ctx.head_dim)
         d = ctx.head_dim
         freqs = theta ** (-torch.arange(d // 4, dtype=torch.float32) / (d // 4))   # (d/4,)
         self.register_buffer("freqs", freqs, persistent=False)
+        # EVA-02 (timm's RotaryEmbeddingCat with ref_feat_shape): positions r·R/H, c·C/W on a reference grid
+        self.ref_grid = None if ref_grid is None else (int(ref_grid[0]), int(ref_grid[1]))
 
     def angles(self, grid: Grid, layer: int) -> Tensor:
         r, c = grid_coords(grid, self.freqs.device)
-        ang_x = c.float()[:, None] * self.freqs        # (N, d/4)
-        ang_y = r.float()[:, None] * self.freqs        # (N, d/4)
+        r, c = r.float(), c.float()                    # (N,) each
+        if self.ref_grid is not None:
+            r, c = r / grid[0] * self.ref_grid[0], c / grid[1] * self.ref_grid[1]
+        ang_x = c[:, None] * self.freqs                # (N, d/4)
+        ang_y = r[:, None] * self.freqs                # (N, d/4)
         return torch.cat((ang_x, ang_y), dim=1)[None]  # (1, N, d/2)
 
 

@@ -13,9 +13,15 @@ file, with `family="auto"`); one module each, behind the one `import_state_dict`
 * `dinov3` (dinov3.py) — DINOv3's RoPE (`rope_dinov3`), registers, gated MLPs.
 * `clip`, `siglip` (clip.py) — CLIP's and SigLIP's vision towers (pre-norm, quick-GELU,
   attention pooling).
+* timm's layouts of these: `timm-beit` (timm_beit.py), `timm-eva02` (timm_eva.py: EVA-02 tiny /
+  small, RoPE on a reference grid), `timm-clip` / `timm-siglip` (timm_clip.py: timm's
+  `VisionTransformer` with `norm_pre` / `attn_pool` / gated MLPs, through the `timm` path),
+  `timm-swin` / `timm-swinv2` (swin/timm_layout.py); timm's hub `config.json` (timm_hub.py)
+  gives what their keys do not say (the activation, Swin-V2's window, EVA-02's reference grid).
 
 The Hugging Face families are read in the `save_pretrained` layout (`model.safetensors` with
-`config.json` beside it) of transformers 5 and the hub's older names. Nothing is imported
+`config.json` beside it) of transformers 5 and the hub's older names; timm's from its hub layout
+(`model.safetensors` with timm's `config.json`), or bare with `--act` / `--window` where needed. Nothing is imported
 that would compute something else: an unknown layer, an unknown or missing key, or a layout
 the keys cannot decide is refused with the keys that decided it. Reading never runs code from
 the file (`foreign.read_state_dict`); hub ids download through `huggingface_hub` (source.py).

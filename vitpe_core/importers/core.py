@@ -12,12 +12,12 @@ from ..checkpoint import CheckpointError, clean_state_dict, load_weights
 from ..foreign import source_dtype
 from ..model import ViT
 from ..swin.convert import import_swin, is_swin
-from . import beit, clip, dinov2, dinov3
-from .detect import FAMILIES, HF_FAMILIES, detect_family
+from . import beit, clip, dinov2, dinov3, timm_beit, timm_clip, timm_eva, timm_hub
+from .detect import FAMILIES, HF_FAMILIES, TIMM_FAMILIES, detect_family
 from .hf_vit import from_hf
 from .labels import class_names as _class_names, given_class_names
 from .rope_vit import from_rope_vit, rope_freqs
-from .timm import drop_foreign, place_encoding_params, refuse_unsupported, timm_config
+from .timm import GridUnknownError, drop_foreign, place_encoding_params, refuse_unsupported, timm_config
 
 # Eval transforms: timm's `resolve_data_config` for timm's usual weights, each HF family's image processor.
 IMAGENET = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
@@ -34,9 +34,16 @@ DEFAULT_PREPROCESS = {   # family -> normalisation and centre-crop fraction (res
     "dinov3": {**IMAGENET, "crop_pct": 1.0, "interpolation": "bilinear"},
     "clip": {**CLIP, "crop_pct": 1.0, "interpolation": "bicubic"},
     "siglip": {**INCEPTION, "crop_pct": 1.0, "interpolation": "bicubic"},
+    # timm's layouts of the other families (timm's config.json's pretrained_cfg replaces these where it lies beside)
+    "timm-beit": {**INCEPTION, "crop_pct": 0.9, "interpolation": "bicubic"},
+    "timm-eva02": {**CLIP, "crop_pct": 0.9, "interpolation": "bicubic"},
+    "timm-clip": {**CLIP, "crop_pct": 1.0, "interpolation": "bicubic"},
+    "timm-siglip": {**INCEPTION, "crop_pct": 1.0, "interpolation": "bicubic"},
 }
 CONVERTERS = {"beit": beit.convert, "data2vec-vision": beit.convert, "dinov2": dinov2.convert,
               "dinov3": dinov3.convert, "clip": clip.convert, "siglip": clip.convert}
+TIMM_CONVERTERS = {"timm-beit": timm_beit.convert, "timm-eva02": timm_eva.convert}
+ACT_FAMILIES = ("timm",)   # where --act decides something (timm_clip.py); other families' activation is known
 
 
 @dataclass
@@ -64,7 +71,8 @@ def import_state_dict(state_dict: Mapping[str, torch.Tensor], *, family: str = "
                       hf_config: Mapping[str, Any] | None = None, pool: str | None = None,
                       norm: str | None = None, crop_pct: float | None = None,
                       grid: tuple[int, int] | None = None, class_names: Sequence[str] | None = None,
-                      labels_name: str = "the labels file") -> Imported:
+                      labels_name: str = "the labels file", act: str | None = None,
+                      window: int | None = None) -> Imported:
     """Build the vitpe model of `state_dict` and load its weights (strictly).
 
     `heads`: the state dict does not record it; default `hf_config`'s, else `dim // 64`
@@ -74,20 +82,27 @@ def import_state_dict(state_dict: Mapping[str, torch.Tensor], *, family: str = "
     "token"/"avg", only where the keys cannot tell (timm layout).
     `norm` ("imagenet"/"inception"/"clip") and `crop_pct` override the family's eval transform.
     `class_names` (one per class of the head, in its order; `labels_name` says where they came
-    from in errors) replace the ones the config or the class count gives."""
+    from in errors) replace the ones the config or the class count gives. `act`
+    ("gelu"/"gelu_tanh"/"quick_gelu"/"silu"): the MLP activation of a timm `VisionTransformer`,
+    which its keys do not record (CLIP- / SigLIP-style files need it, or timm's config.json as
+    `hf_config`). `window`: a timm Swin-V2's window, where no timm config.json says it."""
     sd = dict(clean_state_dict(state_dict))
     dtype = source_dtype(sd)
     # Swin / Swin-V2 (hierarchical: their own model class, vitpe_core/swin/), before the key
     # detection: their keys hold `relative_position_bias_table` too, which reads as BEiT's.
     if family in ("auto", "swin") and is_swin(hf_config if hf_config and "model_type" in hf_config else sd):
-        if pool is not None or heads is not None:
-            raise CheckpointError("--pool and --heads are for bare timm-layout files; a Swin model's are its "
-                                  "config.json's (docs/importing.md)")
+        if pool is not None or heads is not None or act is not None:
+            raise CheckpointError("--pool, --heads and --act are for timm-layout ViTs; a Swin's heads are in its keys "
+                                  "(or config.json), its read-out is the mean and its activation GELU "
+                                  "(docs/importing.md)")
         if norm and norm not in NORMS:
             raise CheckpointError(f"unknown norm {norm!r}; valid: {sorted(NORMS)}")
         model, info = import_swin(sd, hf_config, notes=[], class_names=class_names, img_size=img_size,
-                                  norm=NORMS[norm] if norm else None, crop_pct=crop_pct)
+                                  norm=NORMS[norm] if norm else None, crop_pct=crop_pct, window=window)
         return Imported(model.eval(), **info)
+    if window is not None:
+        raise CheckpointError("--window is for timm Swin-V2 files (its window is not in the keys); this file has "
+                              "no Swin keys")
     if family == "swin":
         raise CheckpointError("--family swin: the file has no Swin keys (layers.N.blocks.M.attention...) and "
                               "config.json no swin/swinv2 model_type")
@@ -95,6 +110,9 @@ def import_state_dict(state_dict: Mapping[str, torch.Tensor], *, family: str = "
     if family not in FAMILIES:
         raise CheckpointError(f"unknown family {family!r}; valid: auto, {', '.join(FAMILIES)}")
     notes: list[str] = []
+    if act is not None and family not in ACT_FAMILIES:
+        raise CheckpointError(f"--act is for timm-layout ViTs (CLIP- and SigLIP-style, gated MLPs), whose keys do not "
+                              f"record it; a {family} model's activation is its config's or its family's")
     if grid is not None and img_size is None:
         patch = _patch_size(sd)
         img_size = (grid[0] * patch, grid[1] * patch) if patch else None
@@ -105,14 +123,19 @@ def import_state_dict(state_dict: Mapping[str, torch.Tensor], *, family: str = "
         cfg, weights, family = CONVERTERS[family](sd, hf_config or {}, img_size=img_size, heads=heads, notes=notes)
         model = ViT(cfg)
         weights = _encoding_names(model, {k: v.float() for k, v in weights.items()})
+    elif family in TIMM_FAMILIES:
+        cfg, weights, family = TIMM_CONVERTERS[family](sd, hf_config or {}, img_size=img_size, heads=heads, pool=pool,
+                                                       notes=notes)
+        model = ViT(cfg)
+        weights = _encoding_names(model, {k: v.float() for k, v in weights.items()})
     else:
-        model, weights = _timm_model(sd, family, img_size, heads, hf_config, pool, notes)
+        model, weights, family = _timm_model(sd, family, img_size, heads, hf_config, pool, notes, act)
     place_encoding_params(model, weights)
     load_weights(model, weights, f"{family} state dict")
     pre = _preprocess(family, hf_config, norm, crop_pct)
     n = model.cfg.num_classes
     names = (given_class_names(class_names, n, labels_name) if class_names is not None
-             else _class_names(n, hf_config))
+             else timm_hub.class_names(hf_config, n) or _class_names(n, hf_config))
     if names is None and n:
         notes.append(f"No class names for its {n} classes: predictions say `class k`. Give a labels "
                      "file (one name per line, or config.json's id2label) to name them.")
@@ -138,8 +161,11 @@ def _patch_size(sd: Mapping[str, torch.Tensor]) -> int | None:
     return None
 
 
-def _timm_model(sd, family, img_size, heads, hf_config, pool, notes) -> tuple[ViT, dict[str, torch.Tensor]]:
-    """timm, Hugging Face ViT and RoPE-ViT: renamed to timm's keys, then `timm_config`."""
+def _timm_model(sd, family, img_size, heads, hf_config, pool, notes, act=None
+                ) -> tuple[ViT, dict[str, torch.Tensor], str]:
+    """timm, Hugging Face ViT and RoPE-ViT: renamed to timm's keys, then `timm_config`; timm's CLIP-
+    and SigLIP-style layers and gated MLPs through timm_clip.py (the family becomes timm-clip /
+    timm-siglip)."""
     if family == "hf":
         sd, hf_cfg = from_hf(sd, hf_config or {}, notes)
         heads = heads or hf_cfg.get("heads")
@@ -151,8 +177,20 @@ def _timm_model(sd, family, img_size, heads, hf_config, pool, notes) -> tuple[Vi
         sd = from_rope_vit(sd, notes)
     refuse_unsupported(sd)
     sd = drop_foreign(sd, notes)
-    cfg, sd = timm_config(sd, family, img_size=img_size, heads=heads, pool=pool, notes=notes,
-                          eps=(hf_config or {}).get("layer_norm_eps"), models_v2=models_v2)
+    extra: dict[str, Any] = {}
+    if family == "timm":
+        family, extra, sd = timm_clip.vit_layers(sd, hf_config, act=act, pool=pool, notes=notes)
+        heads = heads or timm_hub.heads(hf_config)
+        if img_size is None and "pos_embed" not in sd:
+            img_size = timm_hub.img_size(hf_config)
+    kw = dict(heads=heads, pool=pool, notes=notes, eps=(hf_config or {}).get("layer_norm_eps"), models_v2=models_v2,
+              extra=extra)
+    try:
+        cfg, sd = timm_config(sd, family, img_size=img_size, **kw)
+    except GridUnknownError:   # a non-square table: the size timm's config.json gives, where one lies beside
+        if img_size is not None or timm_hub.img_size(hf_config) is None:
+            raise
+        cfg, sd = timm_config(sd, family, img_size=timm_hub.img_size(hf_config), **kw)
     model = ViT(cfg)
     weights = {k: v.float() for k, v in sd.items()}
     if "freqs" in weights:
@@ -160,7 +198,7 @@ def _timm_model(sd, family, img_size, heads, hf_config, pool, notes) -> tuple[Vi
     if "patch_embed.proj.bias" not in weights:
         weights["patch_embed.proj.bias"] = torch.zeros(cfg.dim)
         notes.append("The patch embedding has no bias in the file; a zero bias is equivalent.")
-    return model, weights
+    return model, weights, family
 
 
 PIL_RESAMPLE = {2: "bilinear", 3: "bicubic"}   # image processors' `resample` (PIL's codes)
@@ -184,6 +222,8 @@ def _preprocess(family: str, hf_config: Mapping[str, Any] | None, norm: str | No
                 crop_pct: float | None) -> dict[str, Any]:
     """The family's eval transform, with the image processor's mean/std where it lies beside the file."""
     pre = dict(DEFAULT_PREPROCESS[family])
+    if family.startswith("timm"):
+        pre.update(timm_hub.preprocess(hf_config))
     if family in ("hf", *HF_FAMILIES) and hf_config and "image_mean" in hf_config:
         pre.update(mean=list(hf_config["image_mean"]), std=list(hf_config["image_std"]))
     if family in HF_FAMILIES and hf_config:

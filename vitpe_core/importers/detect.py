@@ -8,8 +8,10 @@ import torch
 
 from ..checkpoint import CheckpointError
 
-FAMILIES = ("timm", "hf", "rope-vit", "beit", "data2vec-vision", "dinov2", "dinov3", "clip", "siglip")
+FAMILIES = ("timm", "hf", "rope-vit", "beit", "data2vec-vision", "dinov2", "dinov3", "clip", "siglip", "timm-beit",
+            "timm-eva02")
 HF_FAMILIES = ("beit", "data2vec-vision", "dinov2", "dinov3", "clip", "siglip")   # importers/<family>.py
+TIMM_FAMILIES = ("timm-beit", "timm-eva02")   # importers/timm_beit.py, timm_eva.py (timm-clip / -siglip: "timm")
 MODEL_TYPES = {"vit": "hf", "beit": "beit", "data2vec-vision": "data2vec-vision", "dinov2": "dinov2",
                "dinov2_with_registers": "dinov2", "dinov3_vit": "dinov3", "clip": "clip",
                "clip_vision_model": "clip", "siglip": "siglip", "siglip_vision_model": "siglip"}
@@ -17,6 +19,8 @@ SAME = {"data2vec-vision": "beit"}   # one layout, two names
 
 # Keys only one family has (checked before the older, looser timm / HF ViT rules).
 MARKERS = {
+    "timm-beit": r"^blocks\.\d+\.attn\.(q_bias|v_bias|relative_position_bias_table|q_proj\.weight)$|"
+                 r"^rel_pos_bias\.relative_position_bias_table$",   # timm's Beit (and Eva: EVA-02)
     "beit": r"(^|\.)relative_position_bias_table$|\.lambda_[12]$|^beit\.|^data2vec_vision\.",
     "dinov2": r"\.layer_scale1\.lambda1$|^(dinov2|dinov2_with_registers)\.",
     "dinov3": r"^(model\.)?layer\.\d+\.|^embeddings\.patch_embeddings\.weight$",
@@ -30,6 +34,8 @@ def detect_family(sd: Mapping[str, torch.Tensor], config: Mapping[str, Any] | No
     with); CheckpointError naming the deciding keys otherwise."""
     keys = list(sd)
     marked = {f: [k for k in keys if re.search(p, k)] for f, p in MARKERS.items()}
+    if marked["timm-beit"]:   # timm's names of BEiT's table are not Hugging Face's
+        marked["beit"] = [k for k in marked["beit"] if not k.startswith(("blocks.", "rel_pos_bias."))]
     if marked["dinov3"] or marked["beit"]:
         marked["dinov2"] = [k for k in marked["dinov2"] if k.startswith(("dinov2.", "dinov2_with_registers."))]
     if marked["clip"]:
@@ -45,6 +51,8 @@ def detect_family(sd: Mapping[str, torch.Tensor], config: Mapping[str, Any] | No
                               f"keys are {family}'s (e.g. {(marked.get(family) or keys)[:2]}); pass --family")
     if family == "beit" and (typed == "data2vec-vision" or any(k.startswith("data2vec_vision.") for k in keys)):
         return "data2vec-vision"
+    if family == "timm-beit" and str((config or {}).get("architecture", "")).startswith("eva02_"):
+        return "timm-eva02"   # timm's Eva: BEiT's query / value biases, a rotary embedding the keys do not show
     return family
 
 

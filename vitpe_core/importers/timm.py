@@ -20,11 +20,9 @@ from ..model import ViT
 MAX_IMG_SIDE, MAX_PATCHES = 2048, 4096   # a typed image size must not make the server allocate gigabytes
 
 # Layers vitpe's ViT does not have: importing without them would compute something else.
-UNSUPPORTED = {
+UNSUPPORTED = {   # (CLIP's norm_pre, SigLIP's attn_pool and timm's gated MLPs: timm_clip.py)
     r"\.attn\.(q_norm|k_norm)\.": "query/key normalisation (qk_norm)",
-    r"^norm_pre\.": "a pre-norm before the blocks (CLIP-style)",
-    r"^attn_pool\.": "attention pooling (global_pool='map')",
-    r"\.mlp\.(fc1_g|fc1_x|w12|w3)\.": "a gated MLP (SwiGLU)",
+    r"\.mlp\.(w12|w3)\.": "a gated MLP in xFormers' names (w12, w3)",
     r"\.mlp\.norm\.": "a norm inside the MLP (scale_mlp_norm)",
     r"\.attn\.norm\.": "a norm inside attention (scale_attn_norm)",
     r"^patch_embed\.norm\.": "a norm after the patch embedding",
@@ -47,7 +45,7 @@ def drop_foreign(sd: dict[str, torch.Tensor], notes: list[str]) -> dict[str, tor
     """Tensors outside every model namespace (e.g. `pretrained_in1k.*` kept beside fine-tuned
     weights, `_notes`) are left out and named; anything inside one stays and must match."""
     model_roots = {"cls_token", "dist_token", "reg_token", "pos_embed", "patch_embed", "blocks", "norm", "fc_norm",
-                   "head", "head_dist", "freqs", "mask_token"}
+                   "head", "head_dist", "freqs", "mask_token", "norm_pre", "attn_pool"}
     foreign = sorted({k.split(".")[0] for k in sd} - model_roots)
     if foreign:
         notes.append(f"Left out tensors outside the model: {', '.join(f'{r}.*' for r in foreign)}.")
@@ -72,9 +70,14 @@ def _square(n: int) -> int | None:
 
 
 def timm_config(sd: dict[str, torch.Tensor], family: str, *, img_size, heads, pool, notes, eps,
-                 models_v2: bool = False) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
-    """The config the timm-named `sd` describes, and `sd` with its table resampled to `img_size`."""
-    need = ["patch_embed.proj.weight", "blocks.0.attn.qkv.weight", "blocks.0.mlp.fc1.weight"]
+                models_v2: bool = False, extra: dict | None = None) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+    """The config the timm-named `sd` describes, and `sd` with its table resampled to `img_size`.
+    `extra`: ViTConfig fields the keys do not decide (timm_clip.py: `pre_norm`, `act`, `mlp`,
+    `norm_eps`, and `pool` where the layers or timm's config.json say it)."""
+    extra = dict(extra or {})
+    given_pool, given_eps = extra.pop("pool", None), extra.pop("norm_eps", None)
+    pool, eps = pool or given_pool, eps or given_eps
+    need = ["patch_embed.proj.weight", "blocks.0.attn.qkv.weight", "blocks.0.mlp.fc2.weight"]
     missing = [k for k in need if k not in sd]
     if missing:
         raise CheckpointError(f"not a ViT state dict: missing {missing}")
@@ -114,10 +117,10 @@ def timm_config(sd: dict[str, torch.Tensor], family: str, *, img_size, heads, po
     encoding = _encoding(family, sd, pos is not None)
     cfg = ViTConfig(img_size=(grid[0] * patch, grid[1] * patch), patch_size=patch, in_chans=in_chans,
                     num_classes=0 if head is None else head.shape[0], dim=dim, depth=depth, heads=heads,
-                    mlp_dim=sd["blocks.0.mlp.fc1.weight"].shape[0], qkv_bias="blocks.0.attn.qkv.bias" in sd,
+                    mlp_dim=sd["blocks.0.mlp.fc2.weight"].shape[1], qkv_bias="blocks.0.attn.qkv.bias" in sd,
                     norm_eps=eps or (1e-12 if family == "hf" else 1e-6), encoding=encoding,
                     class_token=class_token, dist_token=dist_token, reg_tokens=reg, no_embed_class=no_embed_class,
-                    layer_scale="blocks.0.ls1.gamma" in sd, pool=pool, fc_norm=fc_norm)
+                    layer_scale="blocks.0.ls1.gamma" in sd, pool=pool, fc_norm=fc_norm, **extra)
     return cfg, sd
 
 

@@ -8,7 +8,8 @@ it: patch merging, shifted windows), with the same `trace` idea as the ViT's.
   stage's grid, with the window grid and the shift (`window_rows`).
 * `convert`: Hugging Face `save_pretrained` weights -> `SwinTransformer` (`import_swin`, `is_swin`);
   imported on its own (`from vitpe_core.swin.convert import import_swin`), since it reads
-  `checkpoint`, which builds Swin models from this package.
+  `checkpoint`, which builds Swin models from this package. `timm_layout`: timm's (and
+  Microsoft's) key names and what timm computes differently (`check_windows`), read by `convert`.
 """
 from __future__ import annotations
 

@@ -14,6 +14,10 @@ absolute table (transformers cannot run one either), a config that contradicts t
 Left out, with a note: the mask token (masked pre-training only) and buffers transformers
 recomputes (`relative_position_index`, `relative_coords_table`).
 
+timm's layout (`layers.S.blocks.I.attn.qkv`, merging at the start of a stage, `head.fc`) and
+Microsoft's original files are read by timm_layout.py, with timm's own config.json (or
+`--img-size` / `--window`) for what their keys do not say; families `timm-swin` / `timm-swinv2`.
+
 Entry points: `is_swin(config_or_keys)` and `import_swin(state_dict, hf_config) -> (model, info)`,
 `info` holding what `importers.Imported` records (family, class_names, preprocess, notes,
 source_dtype).
@@ -30,6 +34,7 @@ from ..checkpoint import CheckpointError, clean_state_dict, load_weights
 from ..foreign import source_dtype
 from .config import SwinConfig, build_windows
 from .model import SwinTransformer
+from .timm_layout import check_windows, convert as convert_timm, is_timm_swin
 
 MODEL_TYPES = {"swin": 1, "swinv2": 2}
 BLOCK_KEY = re.compile(r"(?:^|\.)encoder\.layers\.(\d+)\.blocks\.(\d+)\.(.+)$")
@@ -57,35 +62,48 @@ BUFFERS = ("relative_position_index", "relative_coords_table")
 
 def is_swin(config_or_keys: Mapping[str, Any] | Iterable[str] | None) -> bool:
     """Whether a Hugging Face `config.json` (its `model_type`) or a state dict's keys are a Swin
-    or Swin-V2 in transformers' layout."""
+    or Swin-V2 in transformers' layout, or in timm's (or Microsoft's)."""
     if config_or_keys is None:
         return False
     if isinstance(config_or_keys, Mapping) and "model_type" in config_or_keys:
         return config_or_keys.get("model_type") in MODEL_TYPES
-    return any(SWIN_MARKERS.search(str(k)) for k in config_or_keys)
+    return any(SWIN_MARKERS.search(str(k)) for k in config_or_keys) or is_timm_swin(config_or_keys)
 
 
 def import_swin(state_dict: Mapping[str, torch.Tensor], hf_config: Mapping[str, Any] | None, *,
                 name: str = "Swin state dict", notes: list[str] | None = None,
                 class_names: Sequence[str] | None = None, img_size: tuple[int, int] | None = None,
                 norm: Mapping[str, Sequence[float]] | None = None, crop_pct: float | None = None,
-                ) -> tuple[SwinTransformer, dict[str, Any]]:
+                window: int | None = None) -> tuple[SwinTransformer, dict[str, Any]]:
     """Build the `SwinTransformer` of a transformers Swin / Swin-V2 state dict and load its weights
     strictly (float32; `info["source_dtype"]` is the file's precision, what a checkpoint should
     store). `notes` (appended to, and returned in `info`) says what was left out or assumed;
     `class_names` replace the config's `id2label`; `img_size` (H, W) builds it for another image
     size than the config's (Swin-V2's windows follow it, as transformers' would); `norm`
-    (`{"mean": [...], "std": [...]}`) and `crop_pct` override the eval transform."""
+    (`{"mean": [...], "std": [...]}`) and `crop_pct` override the eval transform.
+    timm's layout (and Microsoft's files) are read too (timm_layout.py), with timm's config.json as
+    `hf_config` where it lies beside the file; `window`: a timm Swin-V2's window, where it does not."""
     notes = [] if notes is None else notes
     sd = clean_state_dict(state_dict)
     file_dtype = source_dtype(sd)
-    cfg_in = dict(hf_config or {})
-    if img_size is not None and cfg_in:
-        notes.append(f"Built for {img_size[0]}x{img_size[1]} px; config.json says {cfg_in.get('image_size')}.")
-        cfg_in["image_size"] = [int(img_size[0]), int(img_size[1])]
-    version = _version(sd, cfg_in, name)
-    weights, tables = _map_keys(sd, version, notes, name)
+    timm = is_timm_swin(sd)
+    if timm:
+        weights, tables, version, cfg_in, family = convert_timm(sd, hf_config, img_size=img_size, window=window,
+                                                                notes=notes, name=name)
+    else:
+        if window is not None:
+            raise CheckpointError(f"{name}: --window is for timm-layout Swin-V2 files; a Hugging Face Swin's window "
+                                  "is its config.json's")
+        cfg_in = dict(hf_config or {})
+        if img_size is not None and cfg_in:
+            notes.append(f"Built for {img_size[0]}x{img_size[1]} px; config.json says {cfg_in.get('image_size')}.")
+            cfg_in["image_size"] = [int(img_size[0]), int(img_size[1])]
+        version = _version(sd, cfg_in, name)
+        weights, tables = _map_keys(sd, version, notes, name)
+        family = "hf-swin" if version == 1 else "hf-swinv2"
     cfg = _config(cfg_in, weights, tables, version, name, notes)
+    if timm:
+        check_windows(cfg, name)
     model = SwinTransformer(cfg, init_weights=False)
     load_weights(model, {k: v.float() for k, v in weights.items()}, name)
     model.eval()
@@ -97,13 +115,14 @@ def import_swin(state_dict: Mapping[str, torch.Tensor], hf_config: Mapping[str, 
         pre.update(mean=list(cfg_in["image_mean"]), std=list(cfg_in["image_std"]))
     if isinstance(cfg_in.get("crop_pct"), (int, float)):
         pre["crop_pct"] = float(cfg_in["crop_pct"])
+    if cfg_in.get("interpolation") in ("bicubic", "bilinear"):   # timm's pretrained_cfg (timm_layout.py)
+        pre["interpolation"] = cfg_in["interpolation"]
     if norm is not None:
         pre.update(mean=list(norm["mean"]), std=list(norm["std"]))
     if crop_pct is not None:
         if not 0.1 <= crop_pct <= 1.0:
             raise CheckpointError(f"crop_pct must lie in [0.1, 1], got {crop_pct}")
         pre["crop_pct"] = float(crop_pct)
-    family = "hf-swin" if version == 1 else "hf-swinv2"
     return model, {"family": family, "class_names": names, "preprocess": pre, "notes": notes,
                    "source_dtype": file_dtype}
 

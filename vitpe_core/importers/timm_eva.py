@@ -1,0 +1,125 @@
+"""EVA-02 in timm's layout (`timm.models.eva.Eva`: `eva02_tiny_*`, `eva02_small_*`) -> a vitpe ViT
+with `rope_axial+ape`, a gated MLP (SiLU) and BEiT's query / value biases.
+
+EVA-02 adds a learned table (with a CLS row) and rotates the patch tokens' queries and keys by
+timm's `RotaryEmbeddingCat` (θ = 10000; `d/4` frequencies; positions `r·R/H`, `c·C/W` on the
+reference grid `ref_feat_shape` (R, C), 16x16 for every `eva02_*`; the CLS token not rotated).
+That is `rope_axial` with `theta=10000, ref_grid=(R, C)`, except for the order of the pairs: timm
+turns the first `d/4` pairs of a head by the row and the last `d/4` by the column, vitpe the other
+way round, so each head's query and key channels swap halves here (a permutation of both, which
+leaves every score unchanged). The MLP is timm's packed `GluMlp` (`mlp.fc1` holds gate and
+value; the first half gates), split into `fc1_g` / `fc1_x`.
+
+The rotary embedding is a buffer, not in the file, and its reference grid is the architecture's:
+timm's `config.json` beside the file must name an `eva02_*` architecture (its `model_args` may
+override `ref_feat_shape`). Refused, naming the key: `blocks.N.mlp.norm` (`scale_mlp`: EVA-02
+base and large), `blocks.N.attn.norm` (`scale_attn_inner`: the EVA-02 CLIP towers), q/k norms,
+separate `q_proj`/`k_proj`/`v_proj` (only the base and large models have them, refused above).
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+import torch
+from torch import Tensor
+
+from ..checkpoint import CheckpointError
+from ..config import ViTConfig
+from ..encodings.absolute import resample_abs_pos_embed
+from . import timm_hub
+from ._hf import Keys, target_grid
+from .timm_beit import packed_glu, read_out, refuse_layers, trained_grid
+
+FAMILY = "timm-eva02"
+REF_GRID = (16, 16)   # ref_feat_shape of every eva02_* architecture in timm 1.0.31 (224 / 14)
+
+
+def is_eva02(config: Mapping[str, Any] | None) -> bool:
+    return timm_hub.architecture(config).startswith("eva02_")
+
+
+def swap_halves(w: Tensor, heads: int) -> Tensor:
+    """Rows of a `(h·d, ...)` query or key projection with each head's two halves swapped."""
+    d = w.shape[0] // heads
+    idx = torch.cat([torch.cat((torch.arange(d // 2, d), torch.arange(d // 2))) + h * d for h in range(heads)])
+    return w[idx]
+
+
+def convert(sd: Mapping[str, Tensor], config: Mapping[str, Any], *, img_size, heads, pool, notes: list[str]
+            ) -> tuple[ViTConfig, dict[str, Tensor], str]:
+    arch = timm_hub.architecture(config)
+    if not is_eva02(config):
+        raise CheckpointError(f"{FAMILY}: timm's Eva computes a rotary embedding that is not in the file; its "
+                              "reference grid is the architecture's: put timm's config.json (architecture eva02_*) "
+                              f"beside the file{f' (it names {arch!r})' if arch else ''}")
+    refuse_layers(sd, FAMILY)
+    split = [k for k in sd if re.match(r"blocks\.\d+\.attn\.(q_proj|k_proj|v_proj)\.", k)]
+    if split:
+        raise CheckpointError(f"{FAMILY}: {sorted(split)[0]}: separate query/key/value projections (qkv_fused=False) "
+                              "are only in EVA-02 base and large, whose MLP norm vitpe does not compute; refused")
+    if not packed_glu(sd):
+        raise CheckpointError(f"{FAMILY}: blocks.0.mlp.fc1.weight is not a packed SwiGLU (twice fc2's input width): "
+                              "not the EVA-02 tiny / small layout vitpe maps")
+    keys = Keys(sd, FAMILY)
+    proj = keys.take("patch_embed.proj.weight", "patch_embed.proj.weight")
+    keys.take("patch_embed.proj.bias", "patch_embed.proj.bias")
+    if keys.take("cls_token", "cls_token") is None or proj is None or proj.ndim != 4:
+        raise CheckpointError(f"{FAMILY}: no convolutional patch embedding or class token in the file")
+    pos = keys.get("pos_embed")
+    if pos is None:
+        raise CheckpointError(f"{FAMILY}: no pos_embed; every EVA-02 has one beside its rotary embedding")
+    if keys.drop(r"^mask_token$"):
+        notes.append("Left out `mask_token` (used only for masked pre-training).")
+    keys.drop(r"^blocks\.\d+\.attn\.k_bias$")   # a zero buffer older files keep
+    if keys.drop(r"^rope\."):                    # buffers older files keep; timm recomputes them too
+        notes.append("Left out the rotary embedding's stored sines and cosines (`rope.*`), which are recomputed.")
+    patch, dim = proj.shape[-1], proj.shape[0]
+    grid0 = trained_grid(config, patch, pos, None, img_size, FAMILY)
+    grid = target_grid(img_size, grid0, patch)
+    n_heads = heads or timm_hub.heads(config) or max(1, dim // 64)
+    if dim % n_heads or (dim // n_heads) % 4:
+        raise CheckpointError(f"{FAMILY}: width {dim} with {n_heads} heads: the head width must be a multiple of 4 "
+                              "(pass --heads)")
+    layers = keys.layers(r"blocks\.(\d+)\.")
+    for i in layers:
+        b = f"blocks.{i}."
+        w = keys.get(f"{b}attn.qkv.weight")
+        q, v = keys.get(f"{b}attn.q_bias"), keys.get(f"{b}attn.v_bias")
+        if w is None or q is None or v is None:
+            raise CheckpointError(f"{FAMILY}: block {i} lacks attn.qkv.weight, attn.q_bias or attn.v_bias")
+        wq, wk, wv = w.chunk(3, dim=0)
+        keys.out[f"{b}attn.qkv.weight"] = torch.cat((swap_halves(wq, n_heads), swap_halves(wk, n_heads), wv))
+        keys.out[f"{b}attn.qkv.bias"] = torch.cat((swap_halves(q, n_heads), torch.zeros_like(q), v))
+        for name in ("norm1", "norm2", "attn.proj", "mlp.fc2"):
+            for p in ("weight", "bias"):
+                keys.take(f"{b}{name}.{p}", f"{b}{name}.{p}")
+        for p in ("weight", "bias"):
+            packed = keys.get(f"{b}mlp.fc1.{p}")
+            if packed is not None:
+                keys.out[f"{b}mlp.fc1_g.{p}"], keys.out[f"{b}mlp.fc1_x.{p}"] = packed.chunk(2, dim=0)
+        for n in (1, 2):
+            keys.take(f"{b}ls{n}.gamma", f"{b}gamma_{n}")
+    for name in ("norm", "fc_norm", "head"):
+        for p in ("weight", "bias"):
+            keys.take(f"{name}.{p}", f"{name}.{p}")
+    keys.refuse_rest()
+    out = keys.out
+    out["pos_embed"] = pos
+    if grid != grid0:
+        out["pos_embed"] = resample_abs_pos_embed(pos.float(), grid, grid0, 1).to(pos.dtype)
+        notes.append(f"The position table was trained on a {grid0[0]}x{grid0[1]} grid; resampled to "
+                     f"{grid[0]}x{grid[1]} (bicubic, antialiased, the CLS row kept apart, as timm does).")
+    ref = timm_hub.model_args(config).get("ref_feat_shape") or REF_GRID
+    ref = (int(ref[0]), int(ref[-1])) if isinstance(ref, (list, tuple)) else (int(ref), int(ref))
+    notes.append(f"EVA-02's rotary embedding: rope_axial with theta 10000 on the {ref[0]}x{ref[1]} reference grid "
+                 "(ref_feat_shape); each head's query and key channels swap halves (timm turns the row pairs first), "
+                 "which leaves every score unchanged.")
+    cfg = ViTConfig(img_size=(grid[0] * patch, grid[1] * patch), patch_size=patch, in_chans=proj.shape[1],
+                    num_classes=out["head.weight"].shape[0] if "head.weight" in out else 0, dim=dim,
+                    depth=len(layers), heads=n_heads, mlp_dim=out["blocks.0.mlp.fc2.weight"].shape[1],
+                    norm_eps=1e-6, encoding="rope_axial+ape",
+                    encoding_options={"theta": 10000.0, "ref_grid": list(ref)},
+                    layer_scale="blocks.0.ls1.gamma" in out, pool=read_out(out, config, pool, notes),
+                    fc_norm="fc_norm.weight" in out, act="silu", mlp="gated")
+    return cfg, out, FAMILY
