@@ -1,16 +1,16 @@
 """Bias explorer: click a patch of an image and see the encoding's attention bias row for it (SaPE² as in the paper's
 Figure 4: x part, y part, their sum; per head or averaged; per layer; normalised to [0, 1]), the full model's
-attention row, the prediction, attention rollout, a live stress test (shift, resize; the patch follows its content)."""
+attention row, the prediction, attention rollout, a live stress test (shift, resize; the patch follows its content).
+A Swin's window bias and attention: pages/common/swin_view.py."""
 from __future__ import annotations
 
 import streamlit as st
 
 from vitpe_core import analysis, figures, views
-from pages.common import cache, explain, loading, messages, picker, report_button, stress_panel, uploads
+from pages.common import cache, explain, loading, messages, picker, report_button, stress_panel, swin_view, uploads
 from pages.common import viewsync, widgets
-from pages.common.output import chart, class_axes, downloads
-from vitpe_core.gallery import gallery_label
-from vitpe_core.inputs import prediction_text
+from pages.common.output import chart, downloads
+from pages.common.prediction import prediction_or_features
 from vitpe_core.views import head_text
 
 PAGE = "bias"
@@ -36,12 +36,14 @@ def main() -> None:
     viewsync.render_share(view, upload_active=is_upload)
     widgets.controls_hint(PAGE, layer, head)
     img, key, custom = uploads.fit_image(PAGE, img, key, ckpt, is_upload)
+    if swin_view.is_swin(cfg):          # windows, patch merging: pages/common/swin_view.py
+        return swin_view.bias_explorer(PAGE, ckpt, view, (img, key, caption, custom), layer, head)
     tr = cache.trace(view.ckpt, key, custom)
     left, right = st.columns([2, 3])
     with left:
         where = f"grid {grid[0]}×{grid[1]}, as the model sees the image"
         display = picker.patch_picker(PAGE, img, ckpt, view.patch, f"{caption} — click a patch ({where})")
-        show_prediction(ckpt, tr, key) if ckpt.config.num_classes else st.caption(messages.no_head(len(tr.logits)))
+        prediction_or_features(PAGE, ckpt, tr, key)
         report_button.offer(PAGE, view.ckpt, ckpt, (img, key, caption))
     maps = analysis.patch_maps(tr, view.patch)                      # name -> (L, h, H, W)
     with right:            # a model without a bias shows its attention row here, not empty space
@@ -51,16 +53,6 @@ def main() -> None:
         show_attention(tr, maps, display, view, layer, head, grid)
     stress_panel.rollout_section(PAGE, ckpt, tr, view.ckpt, key, display, view.patch)
     stress_panel.stress_section(PAGE, ckpt, tr, view.ckpt, key, custom, view.patch, layer, head)
-
-
-def show_prediction(ckpt, tr: analysis.Trace, key: str) -> None:
-    names = cache.class_names(ckpt)
-    top, p = views.top_class(tr)
-    st.markdown(prediction_text(names, top, p, gallery_label(key), imported=bool(ckpt.metrics.get("imported")),
-                                escape=messages.escape_md))
-    chart(figures.topk_fig(tr.probs, names), f"{ckpt.name}_top5", key=f"{PAGE}_top5")
-    downloads(f"{ckpt.name}_probabilities", tr.probs[None], key=f"{PAGE}_probs_dl",
-              shown_what="class probabilities", axes=class_axes(names))
 
 
 def show_bias(ckpt, tr, maps, display, view, layer, head) -> bool:

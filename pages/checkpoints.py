@@ -37,7 +37,7 @@ def main() -> None:
         test, structure = m.get("test") or {}, m.get("structure") or {}
         recipe = m.get("recipe") or {}
         rows.append({"checkpoint": name, "encoding": ckpt.config.encoding,
-                     "options": json.dumps(ckpt.config.encoding_options) if ckpt.config.encoding_options else "",
+                     "options": views.options_text(ckpt.config),      # a Swin's: C, depths, heads, window
                      "parameters": sum(p.numel() for p in ckpt.model.parameters()),
                      "dataset": cache.dataset_of(ckpt), "epochs": m.get("epochs", recipe.get("epochs")),
                      "test top-1 %": test.get("top1"), "test top-5 %": test.get("top5"),
@@ -118,7 +118,7 @@ SCALE_CAPTION = ("How loud the encoding's attention bias is, per layer, after ea
 def encoding_scale(name: str, ckpt, curves: dict) -> None:
     series = views.encoding_scale_series(curves)
     if not series:
-        why = ("its encoding adds no attention bias" if "bias" not in ckpt.model.pos_enc.hooks
+        why = ("its encoding adds no attention bias" if "bias" not in views.position_hooks(ckpt.model)
                else "it was trained before training recorded it")
         st.caption(f"No encoding-scale record (bias against logits by layer): {why}.")
         return

@@ -6,7 +6,9 @@ import pandas as pd
 import streamlit as st
 
 from vitpe_core import figures, views
-from pages.common import cache, explain, loading, messages, picker, position_panel, uploads, viewsync, widgets
+from pages.common import cache, explain, loading, messages, picker, position_panel, swin_view, uploads, viewsync
+from pages.common import widgets
+from pages.common.resolution import resolution_table
 from pages.common.output import chart, downloads
 
 PAGE, COLUMNS = "compare", 2
@@ -52,7 +54,7 @@ def main() -> None:
         if rows:
             st.download_button("Table (CSV)", data=table.to_csv().encode(), file_name="compare_encodings.csv",
                                mime="text/csv", key=f"{PAGE}_table_csv", on_click="ignore")
-        resolution_table(shown, ckpts)
+        resolution_table(PAGE, shown, ckpts)
 
     st.subheader(f"Positional component and attention row of patch r={view.patch[0]}, c={view.patch[1]}")
     for start in range(0, len(shown), COLUMNS):
@@ -68,7 +70,7 @@ def training_curves(names, ckpts, colors) -> None:
     """Test top-1 and the table's 2D-structure score per epoch, every shown checkpoint on one chart each."""
     st.subheader("Training, epoch by epoch")
     accuracy = views.accuracy_runs({n: ckpts[n].metrics for n in names})
-    structure = cache.structure_runs([n for n in names if "table" in ckpts[n].model.pos_enc.hooks])
+    structure = cache.structure_runs([n for n in names if "table" in views.position_hooks(ckpts[n].model)])
     left, right = st.columns(2)
     with left:
         if accuracy:
@@ -88,6 +90,8 @@ def training_curves(names, ckpts, colors) -> None:
 
 
 def summary_row(name, ckpt, key, img, layer, head) -> dict:
+    if swin_view.is_swin(ckpt):          # attention inside windows; no table
+        return swin_view.summary_row(name, ckpt, key, img, layer, head)
     _, layer, head = views.clamp_view(ckpt.config, (0, 0), layer, head)
     stats = cache.attention_stats(name, key, img)                  # name -> (L, h)
     test = ckpt.metrics.get("test") or {}
@@ -98,17 +102,9 @@ def summary_row(name, ckpt, key, img, layer, head) -> dict:
             f"attn entropy L{layer}": round(views.pick_stat(stats, "entropy", layer, head), 3)}
 
 
-def resolution_table(names, ckpts) -> None:
-    rows = views.resolution_rows({n: ckpts[n].metrics for n in names})
-    st.markdown("**Top-1 % at other input resolutions**")
-    if rows:
-        st.dataframe(pd.DataFrame.from_dict(rows, orient="index"), key=f"{PAGE}_resolution", placeholder="—")
-    else:
-        st.caption("Not measured for these checkpoints: run `python -m vitpe_core evaluate "
-                   "checkpoints/NAME.safetensors --sizes 24,32,40,48 --record`.")
-
-
 def panel(name, ckpt, key, img, patch, layer, head, ref_grid) -> None:
+    if swin_view.is_swin(ckpt):          # its offset table as its position-only kernel
+        return swin_view.compare_panel(PAGE, name, ckpt, key, img, patch, layer, head, ref_grid)
     patch, layer, head = views.clamp_view(ckpt.config, patch, layer, head, ref_grid)
     enc = "" if ckpt.config.encoding == name else f" · `{ckpt.config.encoding}`"
     st.markdown(f"**{name}**{enc} · {views.hooks_text(ckpt.model.pos_enc.hooks)}")

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from vitpe_core import analysis, figures
-from pages.common import cache, explain, film, loading, messages, picker, viewsync, widgets
+from vitpe_core import analysis, figures, views
+from pages.common import cache, explain, film, loading, messages, picker, swin_view, viewsync, widgets
 from pages.common.output import chart, downloads, figure7_axes, token_axes
 from vitpe_core.viewstate import ViewState
 
@@ -20,16 +20,19 @@ SCORE_HELP = ("Spearman rank correlation of similarity with minus the spatial di
 def main() -> None:
     explain.render(PAGE)
     names = cache.checkpoint_names()
-    table_names = [n for n, c in loading.load_checkpoints(names).items() if "table" in c.model.pos_enc.hooks]
+    ckpts = loading.load_checkpoints(names)
+    table_names = [n for n, c in ckpts.items() if "table" in views.position_hooks(c.model)]   # a Swin: none
     view = viewsync.current_view(PAGE, names)
     if not names:
         messages.no_checkpoints_info()
     elif not table_names:
         st.info("None of the checkpoints has an absolute position table (encodings `ape`, `ape2d`, `sincos2d`, "
-                "or a composite with one, e.g. `sape2+ape`). Import a pretrained ViT on the Checkpoints page.")
+                "or a composite with one, e.g. `sape2+ape`). Import a pretrained ViT on the Checkpoints page."
+                + swin_view.no_table_note(view.ckpt, ckpts.get(view.ckpt)))
     if view.ckpt not in table_names and table_names:
         if view.ckpt:
-            st.info(f"`{view.ckpt}` has no position table; showing `{table_names[0]}`.")
+            st.info(f"`{view.ckpt}` has no position table; showing `{table_names[0]}`."
+                    + swin_view.no_table_note(view.ckpt, ckpts.get(view.ckpt)))
         view = with_ckpt(view, table_names[0])
     with st.sidebar:
         if table_names:

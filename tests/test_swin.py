@@ -5,7 +5,6 @@ bias explorer's window view places a patch's window where the mask says it atten
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import plotly.graph_objects as go
@@ -370,11 +369,10 @@ def test_another_image_size_builds_what_transformers_builds_there(tmp_path):
 
 
 @pytest.mark.parametrize("version", [1, 2])
-def test_the_cli_imports_a_saved_swin_folder_exactly_and_the_app_says_it_cannot_draw_it(version, tmp_path,
-                                                                                      monkeypatch):
+def test_the_cli_imports_a_saved_swin_folder_exactly_and_the_app_loads_it(version, tmp_path, monkeypatch):
     """`python -m vitpe_core import DIR/model.safetensors`: the importer sends Swin keys (which
     hold `relative_position_bias_table`, as BEiT's do) to vitpe_core.swin, float32 kept; the
-    app's checkpoint cache refuses it with a message instead of drawing a ViT trace of it."""
+    app's checkpoint cache loads it as a Swin (the pages draw its windows: test_app_families)."""
     import subprocess
     import sys
 
@@ -391,9 +389,48 @@ def test_the_cli_imports_a_saved_swin_folder_exactly_and_the_app_says_it_cannot_
     with torch.no_grad():
         assert_rel(ck.model(x), hf(pixel_values=x).logits, "logits after the CLI import")
 
-    from vitpe_core.checkpoint import CheckpointError
     monkeypatch.setenv("VITPE_CHECKPOINTS", str(out.parent))
     from pages.common import cache
-    with pytest.raises(CheckpointError, match="pages do not draw Swin"):
-        cache.refuse_unshown(ck.config, out.name)
-    cache.refuse_unshown(read_config(Path(__file__).resolve().parents[1] / "checkpoints" / "ape.safetensors"), "ape")
+    assert not hasattr(cache, "refuse_unshown")
+    app_ck = cache._load_file(str(out), out.stat().st_mtime_ns)
+    assert isinstance(app_ck.model, SwinTransformer) and app_ck.config == ck.config
+
+
+# ----------------------------------------------------------------------------- what the pages show (swin.explore)
+@pytest.mark.parametrize("version", [1, 2])
+def test_the_app_trace_offset_kernel_and_stats_of_a_swin(version, tmp_path):
+    from vitpe_core.swin import explore
+
+    model, _ = import_swin(*saved(hf_model(version, image_size=40, window_size=3), tmp_path))
+    image = torch.randn(3, 40, 40, generator=torch.Generator().manual_seed(7))
+    tr = explore.trace_image(model, image)
+    assert explore.is_swin_model(model) and explore.is_swin_model(model.cfg) and not explore.is_swin_model(None)
+    with torch.no_grad():
+        np.testing.assert_allclose(tr.logits, model(image[None])[0].numpy(), rtol=1e-6)
+    assert tr.probs.sum() == pytest.approx(1.0) and tr.blocks[0]["attn"].dtype == torch.float32
+    small = explore.trace_image(model, image, compact_above=0)           # a big model's trace: float16 attention
+    assert all(t["attn"].dtype == torch.float16 for t in small.blocks) and small.nbytes < tr.nbytes
+    for patch, layer in [((9, 9), 1), ((4, 8), 3)]:
+        rows = window_rows(model, None, patch, layer, trace=list(tr.blocks))
+        np.testing.assert_array_equal(rows.bias, window_rows(model, image, patch, layer).bias)
+        half = window_rows(model, None, patch, layer, trace=list(small.blocks))
+        np.testing.assert_allclose(half.attn, rows.attn, atol=1e-3)
+        # the offset kernel is the bias row read by offset: query - key, centre = the query itself
+        r, c, w = *rows.token, rows.window
+        kernel = explore.offset_bias(rows, version, 1)
+        for y, x in zip(*np.nonzero(rows.members)):
+            assert kernel[r - y + w - 1, c - x + w - 1] == pytest.approx(rows.bias[1, y, x], rel=1e-5, abs=1e-6)
+        stats = explore.window_attention_stats(tr, layer, None)
+        assert 0 < stats["mean_distance"] <= np.hypot(w - 1, w - 1) * rows.scale and stats["entropy"] > 0
+        assert "attends only inside its window" in explore.window_caption(rows, patch)
+    # the picture is padded to what the stage's tokens cover: 5x5 tokens of 2x2 patches of 4 px cover the
+    # 40-px input exactly; 10x10 patches cover 40 px of a 36-px input: 4 px more, 11 of 100 picture pixels
+    rows = window_rows(model, None, (4, 8), 3, trace=list(tr.blocks))
+    assert explore.pad_display(np.zeros((100, 100, 3), np.uint8), rows, (40, 40), 4).shape == (100, 100, 3)
+    rows0 = window_rows(model, None, (4, 8), 0, trace=list(tr.blocks))
+    assert explore.pad_display(np.zeros((100, 100, 3), np.uint8), rows0, (36, 36), 4).shape == (111, 111, 3)
+    assert explore.stage_head(model.cfg, 0, 3) == (1, " Stage 0 has 2 heads: head 1 is shown for head 3.")
+    assert explore.stage_head(model.cfg, 3, 3) == (3, "") and explore.stage_head(model.cfg, 0, None) == (None, "")
+    assert explore.config_text(model.cfg).startswith(f"{'Swin' if version == 1 else 'Swin-V2'} · C 16 · depths 2-2")
+    assert explore.no_table_text(model.cfg) == explore.NO_TABLE
+    assert "optional absolute table" in explore.no_table_text(SwinConfig(absolute_pos_embed=True))

@@ -180,6 +180,24 @@ def hooks_text(hooks) -> str:
     return ", ".join(HOOK_WORDS.get(h, h) for h in hooks) or "no position information"
 
 
+def position_hooks(model) -> tuple[str, ...]:
+    """How a model brings in position (`PositionEncoding.hooks`); a Swin (no `pos_enc`) biases
+    attention inside its windows: `("bias",)` (no absolute table, no rotation)."""
+    pos_enc = getattr(model, "pos_enc", None)
+    return ("bias",) if pos_enc is None else tuple(pos_enc.hooks)
+
+
+def options_text(cfg) -> str:
+    """The checkpoints table's "options" cell: a ViT's encoding options as JSON (empty without
+    any), a Swin's architecture in one line (`swin.explore.config_text`)."""
+    import json
+
+    if getattr(cfg, "arch", "vit") == "swin":
+        from .swin.explore import config_text
+        return config_text(cfg)
+    return json.dumps(cfg.encoding_options) if cfg.encoding_options else ""
+
+
 def readout_text(encoding_options: dict) -> str:
     """The SaPE² read-out of a checkpoint, with the paper's name for it and its published top-1."""
     from .report import SAPE2_READOUTS

@@ -16,7 +16,8 @@
   arrays (`analysis.patch_maps`). A compact model's trace is about 1 MiB and kept as it is; an
   imported ViT-B/16's (21–85 MiB in float32) is kept in float16 (`analysis.compact_trace`:
   logits, and attention, bias and bias parts of every layer and head, which the pages and their
-  downloads show; nothing else) and recomputed when the budget has evicted it.
+  downloads show; nothing else) and recomputed when the budget has evicted it. A Swin's trace
+  (`swin_trace`, every block's windows) is kept the same way, in the same pool.
 
 The checkpoint folder is `$VITPE_CHECKPOINTS`, default `checkpoints/` in the repository root
 (next to app.py).
@@ -48,6 +49,8 @@ from vitpe_core.inputs import checkpoint_input, class_names, dataset_of, image_k
 from vitpe_core.metrics import sanitize_metrics
 from vitpe_core.model import ViT
 from vitpe_core.store import ImageStore, LRUStore, default_upload_dir, png_bytes
+from vitpe_core.swin.explore import SwinTrace, trace_image as swin_trace_image
+from vitpe_core.views import position_hooks
 from vitpe_core.viewstate import UPLOAD_PREFIX, is_upload_id
 
 # The server log says what the memory budget and the model store keep and evict (Streamlit's format;
@@ -127,7 +130,6 @@ def budget_sizes() -> tuple[int, int, dict[str, dict[str, int]]]:
 @budgeted("checkpoints", max_items=16, spinner="Loading checkpoint…")
 def _load_file(path: str, mtime_ns: int) -> Checkpoint:
     ckpt = load_checkpoint(path)
-    refuse_unshown(ckpt.config, Path(path).name)
     ckpt.metrics, problems = sanitize_metrics(ckpt.metrics)   # pages may rely on the shapes train writes
     if problems:
         ckpt.metrics["metrics_problems"] = problems
@@ -184,18 +186,7 @@ def checkpoint_config(name: str) -> ViTConfig:
     """The model config of checkpoint `name` without loading it (a folder file's header only;
     an imported model is in memory already); raises `CheckpointError` (a ValueError)."""
     ref = model_ref(name)
-    cfg = _config_file(ref.key, ref.mtime_ns) if ref.is_file else load_model(ref).config
-    refuse_unshown(cfg, name)
-    return cfg
-
-
-def refuse_unshown(cfg: Any, name: str) -> None:
-    """A Swin checkpoint (`vitpe_core.swin`: windows, patch merging) is exact in the library, but
-    the pages draw ViT traces only: say so instead of drawing something else."""
-    if getattr(cfg, "arch", "vit") == "swin":
-        raise CheckpointError(f"{name} is a Swin model (windowed attention, patch merging). Its import is exact, "
-                              "but the app's pages do not draw Swin models yet: use the library "
-                              "(vitpe_core.swin.windows.window_rows, figures.window_map_fig; docs/importing.md).")
+    return _config_file(ref.key, ref.mtime_ns) if ref.is_file else load_model(ref).config
 
 
 # ----------------------------------------------------------------------------- uploaded models
@@ -269,7 +260,6 @@ def import_upload(filename: str, data: bytes, *, family: str = "auto", img_size:
                 extra = {} if names is None else {"class_names": names, "labels_name": labels[0]}
                 imp = import_file(tmp, family=family, img_size=img_size or None, heads=heads, name=filename,
                                   config_beside=False, **extra)
-            refuse_unshown(imp.model.cfg, filename)
             stem = re.sub(r"[^\w.+-]", "_", Path(filename).stem)[:40] or "model"
             metrics, _ = sanitize_metrics(imp.metrics(filename, licence))
             ckpt = Checkpoint(imp.model, imp.model.cfg, metrics, {}, f"{stem}-upload")
@@ -388,6 +378,18 @@ def trace(name: str, key: str, img: Image.Image | None = None) -> analysis.Trace
     return _trace(model_ref(name), key, img)
 
 
+@budgeted("traces", max_items=TRACE_CACHE_ENTRIES)
+def _swin_trace(ref: ModelRef, key: str, _img: Image.Image | None) -> SwinTrace:
+    ckpt = load_model(ref)
+    x = checkpoint_input(_img if _img is not None else gallery_image(key), ckpt)
+    return swin_trace_image(ckpt.model, x)
+
+
+def swin_trace(name: str, key: str, img: Image.Image | None = None) -> SwinTrace:
+    """`trace` for a Swin: `swin.explore.trace_image` (every block's windows, bias, attention)."""
+    return _swin_trace(model_ref(name), key, img)
+
+
 @budgeted("positional views", max_items=256)
 def _positional(ref: ModelRef, key: str, patch: tuple[int, int],
                 _img: Image.Image | None) -> tuple[str, np.ndarray] | None:
@@ -411,7 +413,7 @@ def attention_stats(name: str, key: str, img: Image.Image | None = None) -> dict
 
 # ----------------------------------------------------------------------------- tables
 def has_table(name: str) -> bool:
-    return "table" in get_checkpoint(name).model.pos_enc.hooks
+    return "table" in position_hooks(get_checkpoint(name).model)     # a Swin has none
 
 
 def _similarity_of(model: ViT, params: dict | None = None) -> dict[str, Any] | None:
@@ -473,7 +475,6 @@ def structure_runs(names: list[str]) -> dict[str, tuple[list[int], list[float]]]
         if hist:
             runs[name] = (sorted(hist), [hist[e]["spearman"] for e in sorted(hist)])
     return runs
-
 
 
 # ----------------------------------------------------------------------------- how position is encoded

@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from vitpe_core import figures, views
+from vitpe_core.swin.explore import is_swin_model
 
 from . import cache, definitions
 from .output import chart
@@ -37,6 +38,11 @@ def position_section(page: str, names: list[str], ckpts: dict, layer: int, head:
     st.subheader("How is position encoded?")
     st.markdown(EXPLAIN)
     definitions.link("Definitions: how each kernel and score is computed")
+    swin = [n for n in names if is_swin_model(ckpts[n])]
+    if swin:
+        st.caption(f"Not analysed here: {', '.join(swin)} (Swin: attention inside windows, the grid merged at every "
+                   "stage; its position-only kernel is the bias per offset drawn in its panel above).")
+        names = [n for n in names if n not in swin]
     results, bar = {}, st.progress(0.0, text="Position analysis…")
     for i, name in enumerate(names):
         bar.progress(i / max(1, len(names)), text=f"Position analysis: {name} ({i + 1} of {len(names)})")

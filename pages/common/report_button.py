@@ -15,6 +15,7 @@ import dataclasses
 import streamlit as st
 from PIL import Image
 
+from vitpe_core.swin.explore import is_swin_model
 from vitpe_core.viewstate import is_upload_id
 
 from . import cache
@@ -24,6 +25,8 @@ BUILD_LABEL = "Download this model's report (HTML)"
 HELP = ("One HTML file to send or keep: the model card, Figure 7, position-only kernels, attention distance and a "
         "bias explorer that works offline (click any patch of four images). It opens in any browser from disk, "
         "no server, no network. The same as `python -m vitpe_core report`.")
+SWIN_REFUSAL = ("No HTML report for a Swin model: the report's explorer, kernels and Figure 7 are built for ViTs "
+                "(one global grid); the bias explorer shows a Swin's windows.")
 
 
 def report_images(current: tuple[Image.Image, str, str] | None = None) -> list:
@@ -63,7 +66,11 @@ def _build(name: str, ckpt, images: list) -> bytes:
 
 
 def offer(page: str, name: str, ckpt, current: tuple[Image.Image, str, str] | None = None) -> None:
-    """The build button, then (once built for this model and images) the download button."""
+    """The build button, then (once built for this model and images) the download button; for a
+    Swin, a line saying the report covers ViT models only."""
+    if is_swin_model(ckpt):
+        st.caption(SWIN_REFUSAL)
+        return
     held, image_id = st.session_state.get(BUILT), st.session_state.get("image", "")
     ident = (tuple(cache.model_ref(name)), current[1] if current else image_id if is_upload_id(image_id) else None)
     if held is None or held["id"] != ident:

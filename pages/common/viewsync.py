@@ -112,7 +112,8 @@ def stress_limits_of(name: str) -> StressLimits:
     native = tuple(cfg.img_size)
     return StressLimits(shifts=tuple(stress.shift_options(cfg.patch_size)),
                         heights=tuple(h for h, _ in stress.size_options(native, cfg.patch_size)), native=native[0],
-                        sources=tuple(positional.rollout_sources(cfg.num_prefix, ckpt.model.prefix_names())))
+                        sources=tuple(positional.rollout_sources(getattr(cfg, "num_prefix", 0),  # Swin: none
+                                                                 ckpt.model.prefix_names())))
 
 
 def history_navigation() -> bool:

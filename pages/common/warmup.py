@@ -46,7 +46,8 @@ MODULES = ("pandas", "torch", "plotly.graph_objects", "vitpe_core.model", "vitpe
            "pages.common.widgets", "pages.common.explain", "pages.common.loading", "pages.common.output",
            "pages.common.picker", "pages.common.uploads", "pages.common.import_form",
            "pages.common.position_panel", "pages.common.stress_panel", "pages.common.film",
-           "pages.common.report_button")
+           "pages.common.report_button", "pages.common.prediction", "pages.common.resolution",
+           "pages.common.swin_view")
 THREAD = "vitpe-warmup"
 WAIT_S = 120.0                  # a visitor waits at most this long; the imports then run in its own script
 BUILD_WAIT_S = 900.0            # ... or this long while the kernel compiles (its own run would wait for it too)
@@ -206,11 +207,13 @@ def _default_view() -> None:
     from pages.common import cache
     from vitpe_core.checkpoint import listed_checkpoints
     from vitpe_core.gallery import gallery_ids
+    from vitpe_core.swin.explore import is_swin_model
     from vitpe_core.viewstate import default_view
 
     view = default_view(checkpoints=listed_checkpoints(cache.checkpoint_root()), images=gallery_ids())
     if view.ckpt:
-        cache.trace(view.ckpt, view.image)
+        swin = is_swin_model(cache.checkpoint_config(view.ckpt))
+        (cache.swin_trace if swin else cache.trace)(view.ckpt, view.image)
 
 
 def start() -> None:

@@ -181,6 +181,9 @@ def build_report(ckpt: Checkpoint, *, images: Sequence[ReportImage] | None = Non
     (default: as many as fit `max_bytes`, `explorer.choose_heads_layers`); `command`: what made
     the report, for the footer; `position`: `positional.analyze`'s arrays when the caller has
     them (the app's cache); `progress(step)` is told each step (`progress_steps` of them)."""
+    if getattr(ckpt.config, "arch", "vit") == "swin":
+        raise ValueError(f"{ckpt.name} is a Swin model: the HTML report is built for ViTs (one global grid); the "
+                         "app's bias explorer draws a Swin's windows (vitpe_core.swin.windows.window_rows)")
     images = list(images) if images is not None else default_images()
     if not images:
         raise ValueError("a report needs at least one image")
