@@ -50,7 +50,7 @@ def vit_b_checkpoint(encoding: str = "ape", seed: int = 0) -> Checkpoint:
     """A ViT-B/16-sized model (`VIT_B`) with random weights, held as the app holds an imported
     timm model: its metrics are `importers.Imported.metrics` with timm's eval transform
     (ImageNet mean / std, crop_pct 0.875, bicubic), checked by `sanitize_metrics` as
-    `pages.common.cache.import_upload` does."""
+    `pages.common.model_import.import_upload` does."""
     from vitpe_core.importers import DEFAULT_PREPROCESS, Imported
 
     torch.manual_seed(seed)

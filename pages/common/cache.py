@@ -26,12 +26,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import io
 import logging
 import os
-import re
-import tempfile
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
@@ -217,88 +214,6 @@ def uploaded_models() -> dict[str, str]:
     return mine
 
 
-@st.cache_resource(max_entries=4, show_spinner=False)
-def _import_lock(sha: str):
-    import threading
-    return threading.Lock()
-
-
-def import_upload(filename: str, data: bytes, *, family: str = "auto", img_size: str | None = None,
-                  heads: int | None = None, licence: str = "", labels: tuple[str, bytes] | None = None
-                  ) -> tuple[str, list[str]]:
-    """Import an uploaded weights file into this session: (its name in the checkpoint lists,
-    notes for the page: what the importer said, which models were evicted). `labels`: an
-    uploaded labels file (name, bytes) naming the classes (`importers.parse_labels`). Raises
-    CheckpointError with what is wrong, naming the uploaded files (never the temporary file).
-    The bytes go to a file in a temporary folder of its own (so no `config.json` beside it is
-    ever read) that is deleted at once. The model's key is the sha256 of the weights file (and of the labels, when
-    given: the same weights with other names are another model)."""
-    from vitpe_core.importers import import_file, parse_labels
-    from vitpe_core.store import model_bytes
-
-    suffix = Path(filename).suffix.lower()
-    if suffix not in TIMM_SUFFIXES:
-        raise CheckpointError(f"{filename}: expected one of {', '.join(TIMM_SUFFIXES)}")
-    names = None if labels is None else parse_labels(_text_of(*labels), labels[0])
-    digest = hashlib.sha256(data)
-    if names is not None:
-        digest.update(b"\0labels\0" + "\n".join(names).encode())
-    sha = digest.hexdigest()
-    mine = uploaded_models()
-    if sha in mine.values():
-        return next(n for n, s in mine.items() if s == sha), ["Already imported in this session."]
-    store, notes = model_store(), []
-    with _import_lock(sha):
-        ckpt = store.get(sha)
-        if ckpt is None:
-            # room for the model before it is built (float16 weights double in float32): the least
-            # recently used entries go now, not after the import's peak
-            store.budget.make_room(min(2 * len(data), store.max_bytes), f"importing {filename}")
-            with tempfile.TemporaryDirectory(prefix="vitpe-import-") as folder:
-                tmp = Path(folder) / f"weights{suffix}"
-                tmp.write_bytes(data)
-                extra = {} if names is None else {"class_names": names, "labels_name": labels[0]}
-                imp = import_file(tmp, family=family, img_size=img_size or None, heads=heads, name=filename,
-                                  config_beside=False, **extra)
-            stem = re.sub(r"[^\w.+-]", "_", Path(filename).stem)[:40] or "model"
-            metrics, _ = sanitize_metrics(imp.metrics(filename, licence))
-            ckpt = Checkpoint(imp.model, imp.model.cfg, metrics, {}, f"{stem}-upload")
-            notes += imp.notes
-            evicted = store.put(sha, ckpt, model_bytes(imp.model))
-            del imp
-            membudget.release_freed_memory()     # the import's buffers
-            if evicted:
-                notes.append(f"The server made room by removing {len(evicted)} model(s) imported earlier "
-                             "(least recently used).")
-    return _list_in_session(ckpt.name, sha, notes)
-
-
-def _text_of(name: str, data: bytes) -> str:
-    from vitpe_core.importers import MAX_LABELS_BYTES
-    if len(data) > MAX_LABELS_BYTES:
-        raise CheckpointError(f"{name} is larger than {MAX_LABELS_BYTES // 2**20} MiB: not a labels file")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise CheckpointError(f"{name} is not UTF-8 text: give one class name per line, or JSON such as "
-                              "config.json's id2label") from None
-
-
-def _list_in_session(name: str, sha: str, notes: list[str]) -> tuple[str, list[str]]:
-    """List the store's model `sha` in this session as `name` (with `_` appended while another
-    checkpoint has that name), dropping the session's oldest beyond MAX_SESSION_MODELS."""
-    mine = uploaded_models()
-    while name in mine or name in list_checkpoints(checkpoint_root()):
-        name += "_"
-    if len(mine) >= MAX_SESSION_MODELS:
-        oldest = next(iter(mine))
-        del mine[oldest]
-        notes.append(f"Removed `{oldest}` from your list: a session keeps at most {MAX_SESSION_MODELS} imported "
-                     "models.")
-    mine[name] = sha
-    return name, notes
-
-
 def open_shared_model(name: str, sha: str) -> tuple[str | None, list[str]]:
     """A link's imported model (`ckpt=name&model=sha`) in this session: (its name in this
     session's lists, notes). The model is looked up by content hash in the server's store, so
@@ -315,6 +230,21 @@ def open_shared_model(name: str, sha: str) -> tuple[str | None, list[str]]:
                       "it was imported on another server, or removed to make room for newer imports. Import the "
                       "weights file again on the Checkpoints page to see it."]
     return _list_in_session(ckpt.name, sha, [])
+
+
+def _list_in_session(name: str, sha: str, notes: list[str]) -> tuple[str, list[str]]:
+    """List the store's model `sha` in this session as `name` (with `_` appended while another
+    checkpoint has that name), dropping the session's oldest beyond MAX_SESSION_MODELS."""
+    mine = uploaded_models()
+    while name in mine or name in list_checkpoints(checkpoint_root()):
+        name += "_"
+    if len(mine) >= MAX_SESSION_MODELS:
+        oldest = next(iter(mine))
+        del mine[oldest]
+        notes.append(f"Removed `{oldest}` from your list: a session keeps at most {MAX_SESSION_MODELS} imported "
+                     "models.")
+    mine[name] = sha
+    return name, notes
 
 
 # ----------------------------------------------------------------------------- uploaded images

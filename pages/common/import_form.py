@@ -1,6 +1,7 @@
 """Bring your own ViT: the form that uploads a pretrained model's weights (and, optionally, a
-file naming its classes) and imports them into this browser session (`cache.import_upload`;
-the model joins every page's checkpoint list).
+file naming its classes, and its config.json) and imports them into this browser session
+(`model_import.import_upload`;
+the model joins every page's checkpoint list), or a Hugging Face hub id (`model_import.import_hub`).
 
 The import runs in the Import button's callback, before the script: everything the run draws
 before the form (the sidebar's checkpoint count) already counts the new model."""
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from . import cache
+from . import cache, model_import
 from .messages import show_notes
 
 RESULT = "_vitpe_import_result"   # (page, name or None, notes, error or None) of the callback's import
@@ -17,21 +18,30 @@ RESULT = "_vitpe_import_result"   # (page, name or None, notes, error or None) o
 def _import(page: str) -> None:
     """The Import button's callback: import the form's files with its settings (`RESULT`)."""
     ss = st.session_state
-    up, labels = ss.get(f"{page}_model_upload"), ss.get(f"{page}_model_labels")
-    if up is None:
+    up, labels, config = (ss.get(f"{page}_model_{k}") for k in ("upload", "labels", "config"))
+    hub = str(ss.get(f"{page}_model_hub") or "").strip()
+    if up is None and not hub:
         return
+    what = up.name if up is not None else hub
+    settings = dict(family=ss.get(f"{page}_model_family", "auto"),
+                    img_size=str(ss.get(f"{page}_model_size") or "").strip() or None,
+                    heads=int(ss.get(f"{page}_model_heads") or 0) or None, licence=ss.get(f"{page}_model_licence", ""),
+                    labels=None if labels is None else (labels.name, labels.getvalue()),
+                    act=None if ss.get(f"{page}_model_act", "auto") == "auto" else ss[f"{page}_model_act"])
     try:
-        with st.spinner(f"Importing {up.name}…"):
-            name, notes = cache.import_upload(
-                up.name, up.getvalue(), family=ss.get(f"{page}_model_family", "auto"),
-                img_size=str(ss.get(f"{page}_model_size") or "").strip() or None,
-                heads=int(ss.get(f"{page}_model_heads") or 0) or None, licence=ss.get(f"{page}_model_licence", ""),
-                labels=None if labels is None else (labels.name, labels.getvalue()))
+        with st.spinner(f"Importing {what}…"):
+            if up is not None:
+                name, notes = model_import.import_upload(
+                    up.name, up.getvalue(), config=None if config is None else (config.name, config.getvalue()),
+                    **settings)
+            else:
+                name, notes = model_import.import_hub(hub, **settings)
     except ValueError as e:   # CheckpointError: what is wrong with the file, and what to do
-        ss[RESULT] = (page, None, [], f"{up.name} was not imported: {e}")
+        ss[RESULT] = (page, None, [], f"{what} was not imported: {e}")
         return
     ss[RESULT] = (page, name, notes, None)
-    _release_upload(up)
+    if up is not None:
+        _release_upload(up)
 
 
 def _release_upload(up) -> None:
@@ -46,7 +56,7 @@ def _release_upload(up) -> None:
 
 
 def model_import_form(page: str) -> str | None:
-    """Upload and import a pretrained ViT into this session (see `cache.import_upload`); the
+    """Upload and import a pretrained ViT into this session (see `model_import.import_upload`); the
     name it got, or None. Errors and the importer's notes are shown on the page."""
     from vitpe_core.importers import FAMILIES
 
@@ -55,7 +65,8 @@ def model_import_form(page: str) -> str | None:
         st.warning(f"Removed from your list to make room on the server: {', '.join(gone)}. Upload again to use them.")
     result = st.session_state.pop(RESULT, None)
     result = result if result and result[0] == page else None
-    with st.expander("Import your own ViT (timm, DeiT, DINOv2, Hugging Face, RoPE-ViT)", expanded=result is not None):
+    with st.expander("Import your own ViT (timm, DeiT, BEiT, Swin, DINOv2/v3, CLIP, SigLIP, Hugging Face, RoPE-ViT)",
+                     expanded=result is not None):
         st.caption(f"Weights as .safetensors, .npz or a weights-only .pth/.bin, up to {cache.MAX_MODEL_UPLOAD_MB} MB; "
                    "read without running code. The model joins every page's checkpoint list for this browser "
                    f"session only (at most {cache.MAX_SESSION_MODELS}, counted as \"imported in this session\"); it "
@@ -63,18 +74,27 @@ def model_import_form(page: str) -> str | None:
                    "checkpoints/NAME.safetensors` keeps it for good.")
         up = st.file_uploader("Weights file", type=[s[1:] for s in cache.TIMM_SUFFIXES], key=f"{page}_model_upload",
                               max_upload_size=cache.MAX_MODEL_UPLOAD_MB)
-        cols = st.columns(3)
+        st.file_uploader("config.json saved beside the weights (Hugging Face or timm; needed for Swin)", type=["json"],
+                         key=f"{page}_model_config", max_upload_size=1,
+                         help="It says what the weights do not: heads, windows, activation, read-out, image size.")
+        st.text_input("…or a Hugging Face hub id (downloads model.safetensors and config.json)",
+                      key=f"{page}_model_hub", placeholder="microsoft/beit-base-patch16-224",
+                      help="Needs a network on the server; otherwise download the two files and upload them above.")
+        cols = st.columns(4)
         cols[0].selectbox("Family", ["auto", *FAMILIES], key=f"{page}_model_family")
         cols[1].text_input("Image size (H or HxW)", key=f"{page}_model_size",
                            help="Only for a non-square table, or to run the model at another size")
         cols[2].number_input("Heads (0 = width / 64)", min_value=0, max_value=64, step=1, value=0,
                              key=f"{page}_model_heads")
+        cols[3].selectbox("Activation", ["auto", *model_import.ACTIVATIONS], key=f"{page}_model_act",
+                          help="Only for a timm file without its config.json: CLIP's is quick_gelu, SigLIP's often "
+                               "gelu_tanh (the import says when it needs this)")
         st.file_uploader("Class names (optional): one per line, or JSON as config.json's id2label",
                          type=["txt", "json"], key=f"{page}_model_labels", max_upload_size=4,
                          help="In the order of the model's outputs. Without it: the config's id2label, ImageNet-1k's "
                               "names for 1000 classes, else 'class k'.")
         st.text_input("Licence of these weights (recorded with the model)", key=f"{page}_model_licence")
-        if up is not None:
+        if up is not None or str(st.session_state.get(f"{page}_model_hub") or "").strip():
             st.button("Import", key=f"{page}_model_import", type="primary", on_click=_import, args=(page,))
         if result is None:
             return None

@@ -47,7 +47,7 @@ MODULES = ("pandas", "torch", "plotly.graph_objects", "vitpe_core.model", "vitpe
            "pages.common.picker", "pages.common.uploads", "pages.common.import_form",
            "pages.common.position_panel", "pages.common.stress_panel", "pages.common.film",
            "pages.common.report_button", "pages.common.prediction", "pages.common.resolution",
-           "pages.common.swin_view")
+           "pages.common.swin_view", "pages.common.model_import")
 THREAD = "vitpe-warmup"
 WAIT_S = 120.0                  # a visitor waits at most this long; the imports then run in its own script
 BUILD_WAIT_S = 900.0            # ... or this long while the kernel compiles (its own run would wait for it too)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -88,17 +88,19 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def import_file(source: str | Path, *, family: str = "auto", img_size=None, name: str | None = None,
-                labels: str | Path | None = None, config_beside: bool = True, **kw) -> Imported:
+                labels: str | Path | None = None, config_beside: bool = True,
+                config: Mapping[str, Any] | None = None, **kw) -> Imported:
     """`import_state_dict` of a weights file (.safetensors, .npz, weights-only torch file) or hub id.
     `name`: the file's name in messages (an upload's own, where the bytes sit in a temporary
     file); `labels`: a labels file (`read_labels`) naming the classes; `config_beside=False`
-    ignores a `config.json` beside the file (a temporary file's folder is nobody's)."""
+    ignores a `config.json` beside the file (a temporary file's folder is nobody's); `config`: the
+    config to use instead (an uploaded `config.json`, or one a hub download returned)."""
     if labels is not None:
         kw["class_names"] = read_labels(labels)
         kw.setdefault("labels_name", Path(labels).name)
-    path, config = resolve_source(str(source))
-    if not config_beside:
-        config = None
+    path, beside = resolve_source(str(source))
+    if config is None and config_beside:
+        config = beside
     sd = read_state_dict(path, name)
     size = parse_size(img_size) if isinstance(img_size, str) else img_size
     return import_state_dict(sd, family=family, img_size=size, hf_config=config, **kw)

@@ -1,0 +1,166 @@
+"""A visitor's own model into the server's store, for this browser session: an uploaded weights
+file (with, optionally, the `config.json` its library saved beside it and a file naming its
+classes), or a Hugging Face hub id downloaded through `huggingface_hub` where a network exists.
+
+The model's key in `cache.model_store` is the sha256 of what decides it: the weights, the
+config, the class names and the activation asked for (the same weights with another config are
+another model). Errors are `CheckpointError`s naming the visitor's files (never a temporary
+file) and what to do; the import form shows them.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import streamlit as st
+
+from vitpe_core import membudget
+from vitpe_core.checkpoint import Checkpoint, CheckpointError
+from vitpe_core.metrics import sanitize_metrics
+
+from .cache import TIMM_SUFFIXES, _list_in_session, model_store, uploaded_models
+
+MAX_CONFIG_BYTES = 2**20          # a config.json is a few kB
+MAX_HUB_MB = 400                  # a hub download held in memory: a ViT-B/16 in float32 (346 MB) fits
+HUB_ID = re.compile(r"[\w.-]{1,96}/[\w.-]{1,96}")
+ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "silu")   # the CLI's --act
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def _import_lock(sha: str):
+    import threading
+    return threading.Lock()
+
+
+def import_upload(filename: str, data: bytes, *, family: str = "auto", img_size: str | None = None,
+                  heads: int | None = None, licence: str = "", labels: tuple[str, bytes] | None = None,
+                  config: tuple[str, bytes] | None = None, act: str | None = None) -> tuple[str, list[str]]:
+    """Import an uploaded weights file into this session: (its name in the checkpoint lists,
+    notes for the page: what the importer said, which models were evicted). `labels`: an
+    uploaded labels file (name, bytes) naming the classes (`importers.parse_labels`); `config`:
+    the uploaded `config.json` (name, bytes) of a Hugging Face or timm save (heads, windows,
+    activation, read-out: what the keys do not say); `act`: the MLP activation of a bare timm
+    file (the CLI's `--act`). The bytes go to a file in a temporary folder of its own (so no
+    other file beside it is ever read) that is deleted at once."""
+    from vitpe_core.importers import import_file
+
+    suffix = Path(filename).suffix.lower()
+    if suffix not in TIMM_SUFFIXES:
+        raise CheckpointError(f"{filename}: expected one of {', '.join(TIMM_SUFFIXES)}")
+    cfg = None if config is None else parse_config(*config)
+    names, parts = _names_and_key(labels, cfg, act)
+
+    def build():
+        with tempfile.TemporaryDirectory(prefix="vitpe-import-") as folder:
+            tmp = Path(folder) / f"weights{suffix}"
+            tmp.write_bytes(data)
+            return import_file(tmp, family=family, img_size=img_size or None, heads=heads, name=filename,
+                               config_beside=False, config=cfg, act=act or None, **names)
+
+    return _into_store(filename, [data, *parts], build, licence, room=2 * len(data))
+
+
+def import_hub(hub_id: str, *, family: str = "auto", img_size: str | None = None, heads: int | None = None,
+               licence: str = "", labels: tuple[str, bytes] | None = None, act: str | None = None
+               ) -> tuple[str, list[str]]:
+    """Download a Hugging Face hub model (`owner/name`: `model.safetensors` and `config.json`,
+    `importers.resolve_source`) and import it into this session as `import_upload` does. Where
+    no network exists the error names the files to download and upload instead."""
+    from vitpe_core.importers import import_file, resolve_source
+
+    hub_id = hub_id.strip()
+    if not HUB_ID.fullmatch(hub_id):
+        raise CheckpointError(f"{hub_id[:80]!r} is not a Hugging Face hub id: write it as owner/name, e.g. "
+                              "microsoft/beit-base-patch16-224")
+    weights, cfg = resolve_source(hub_id)
+    size = weights.stat().st_size
+    if size > MAX_HUB_MB * 2**20:
+        raise CheckpointError(f"{hub_id}'s weights are {size / 2**20:.0f} MB, more than this server holds for one "
+                              f"visitor ({MAX_HUB_MB} MB): import it from a shell with `python -m vitpe_core import "
+                              f"{hub_id} --out checkpoints/NAME.safetensors` (--half halves it)")
+    data = weights.read_bytes()
+    names, parts = _names_and_key(labels, cfg, act)
+    label = hub_id.replace("/", "__")
+
+    def build():
+        return import_file(weights, family=family, img_size=img_size or None, heads=heads, name=hub_id,
+                           config_beside=False, config=cfg, act=act or None, **names)
+
+    return _into_store(f"{label}{weights.suffix}", [data, *parts], build, licence, room=2 * size, source=hub_id)
+
+
+def parse_config(name: str, data: bytes) -> dict[str, Any]:
+    """An uploaded `config.json` as a dict, or a CheckpointError saying what it is not."""
+    if len(data) > MAX_CONFIG_BYTES:
+        raise CheckpointError(f"{name} is larger than {MAX_CONFIG_BYTES // 2**20} MiB: not a model's config.json")
+    try:
+        cfg = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise CheckpointError(f"{name} is not JSON: upload the config.json that was saved beside the weights "
+                              "(save_pretrained, or timm's hub folder)") from None
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{name} holds JSON but not an object: a model's config.json is one")
+    return cfg
+
+
+def _names_and_key(labels, cfg, act) -> tuple[dict[str, Any], list[bytes]]:
+    """The class-name arguments of the import, and the bytes besides the weights that its key hashes."""
+    from vitpe_core.importers import parse_labels
+    if act and act not in ACTIVATIONS:
+        raise CheckpointError(f"unknown activation {act!r}; valid: {', '.join(ACTIVATIONS)}")
+    names = None if labels is None else parse_labels(_text_of(*labels), labels[0])
+    extra = {} if names is None else {"class_names": names, "labels_name": labels[0]}
+    parts = [b"\0labels\0" + "\n".join(names).encode()] if names is not None else []
+    if cfg is not None:
+        parts.append(b"\0config\0" + json.dumps(cfg, sort_keys=True).encode())
+    if act:
+        parts.append(b"\0act\0" + act.encode())
+    return extra, parts
+
+
+def _into_store(filename: str, parts: list[bytes], build: Callable, licence: str, room: int,
+                source: str | None = None) -> tuple[str, list[str]]:
+    """The model `build()` imports, under the sha256 of `parts`, in the server's store (built once
+    for every session that brings the same bytes) and in this session's list."""
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part)
+    sha = digest.hexdigest()
+    mine = uploaded_models()
+    if sha in mine.values():
+        return next(n for n, s in mine.items() if s == sha), ["Already imported in this session."]
+    store, notes = model_store(), []
+    with _import_lock(sha):
+        ckpt = store.get(sha)
+        if ckpt is None:
+            # room for the model before it is built (float16 weights double in float32): the least
+            # recently used entries go now, not after the import's peak
+            store.budget.make_room(min(room, store.max_bytes), f"importing {filename}")
+            imp = build()
+            from vitpe_core.store import model_bytes
+            stem = re.sub(r"[^\w.+-]", "_", Path(filename).stem)[:40] or "model"
+            metrics, _ = sanitize_metrics(imp.metrics(source or filename, licence))
+            ckpt = Checkpoint(imp.model, imp.model.cfg, metrics, {}, f"{stem}-upload")
+            notes += imp.notes
+            evicted = store.put(sha, ckpt, model_bytes(imp.model))
+            del imp
+            membudget.release_freed_memory()     # the import's buffers
+            if evicted:
+                notes.append(f"The server made room by removing {len(evicted)} model(s) imported earlier "
+                             "(least recently used).")
+    return _list_in_session(ckpt.name, sha, notes)
+
+
+def _text_of(name: str, data: bytes) -> str:
+    from vitpe_core.importers import MAX_LABELS_BYTES
+    if len(data) > MAX_LABELS_BYTES:
+        raise CheckpointError(f"{name} is larger than {MAX_LABELS_BYTES // 2**20} MiB: not a labels file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{name} is not UTF-8 text: give one class name per line, or JSON such as "
+                              "config.json's id2label") from None

@@ -1,0 +1,134 @@
+"""The Checkpoints page's import form with the families of issue 27 (AppTest through app.py): a
+Swin's weights with the config.json saved beside them (a Swin's windows and depths are not in
+its keys), a timm CLIP file with the activation chosen in the form, a Hugging Face hub id (from a
+hub cache the test lays out, offline; and with no network, the files to fetch instead), and
+what a wrong config.json or hub id gets. Each imported model then draws on the bias explorer."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from test_app import ok, run
+
+transformers = pytest.importorskip("transformers", reason="transformers is a test dependency (requirements-dev.txt)")
+
+
+@pytest.fixture(autouse=True)
+def _empty_folder_and_own_uploads(tmp_path, monkeypatch):
+    """No folder checkpoints (the imported model is the only one) and the test's own upload store."""
+    monkeypatch.setenv("VITPE_CHECKPOINTS", str(tmp_path / "empty"))
+    monkeypatch.setenv("VITPE_UPLOAD_DIR", str(tmp_path / "uploads"))
+
+
+def _form(at, *, weights=None, config=None, hub=None, act=None):
+    """Fill the Checkpoints page's import form and press Import (as a visitor does)."""
+    if weights is not None:
+        at.file_uploader(key="checkpoints_model_upload").set_value((weights[0], weights[1], "application/octet-stream"))
+    if config is not None:
+        at.file_uploader(key="checkpoints_model_config").set_value((config[0], config[1], "application/json"))
+    if hub is not None:
+        at.text_input(key="checkpoints_model_hub").set_value(hub)
+    if act is not None:
+        at.selectbox(key="checkpoints_model_act").set_value(act)
+    ok(at.run())
+    at.button(key="checkpoints_model_import").click()
+    return ok(at.run())
+
+
+def _imported_name(at) -> str:
+    [done] = [s.value for s in at.success if s.value.startswith("Imported as")]
+    return done.split("`")[1]
+
+
+@pytest.fixture(scope="module")
+def swin_folder(tmp_path_factory):
+    from test_swin import hf_model
+    folder = tmp_path_factory.mktemp("swin_src")
+    hf_model(2, image_size=40, window_size=3).save_pretrained(folder)
+    return folder
+
+
+def test_a_swin_with_its_config_imports_and_draws_its_windows(swin_folder):
+    weights = ("model.safetensors", (swin_folder / "model.safetensors").read_bytes())
+    at = _form(ok(run({"page": "checkpoints"})), weights=weights,
+               config=("config.json", (swin_folder / "config.json").read_bytes()))
+    assert not at.error, [e.value for e in at.error]
+    name = _imported_name(at)
+    at.switch_page("pages/bias.py")
+    at = ok(at.run())
+    at = ok(at.selectbox(key="bias_ckpt").set_value(name).run())               # the visitor picks it
+    at = ok(at.select_slider(key="bias_layer").set_value(1).run())
+    assert not at.error, [e.value for e in at.error]
+    captions = " ".join(c.value for c in at.caption)
+    assert "attends only inside its window" in captions and "block 1 (stage 0, block 1), shifted" in captions, captions
+    other = ok(run({"page": "bias", "ckpt": name}))          # another session does not list this one's import
+    assert any(name in w.value for w in other.warning), [w.value for w in other.warning]
+
+
+def test_a_swin_without_its_config_is_refused_naming_the_file_to_add(swin_folder):
+    weights = ("model.safetensors", (swin_folder / "model.safetensors").read_bytes())
+    at = _form(ok(run({"page": "checkpoints"})), weights=weights)
+    [error] = [e.value for e in at.error]
+    assert error.startswith("model.safetensors was not imported") and "config.json" in error, error
+
+
+@pytest.mark.parametrize("config, said", [(b"{not json", "is not JSON"), (b"[1, 2]", "not an object"),
+                                          (b"\xff\xfe", "is not JSON")])
+def test_a_config_that_is_not_a_config_gets_a_plain_message(swin_folder, config, said):
+    weights = ("model.safetensors", (swin_folder / "model.safetensors").read_bytes())
+    at = _form(ok(run({"page": "checkpoints"})), weights=weights, config=("config.json", config))
+    [error] = [e.value for e in at.error]
+    assert said in error and "config.json" in error, error
+
+
+def test_a_hub_id_imports_from_the_hub_cache_and_without_a_network_names_the_files(tmp_path,
+                                                                                     monkeypatch):
+    import huggingface_hub.constants as hub
+    from test_importers_families import _hub_cache, build, save
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)          # read at call time; the env var only at import
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    src = save(build("beit_layer_bias_mean"), tmp_path / "beit")
+    _hub_cache(tmp_path / "hub", "someone/tiny-beit", src.parent)
+
+    at = _form(ok(run({"page": "checkpoints"})), hub="someone/tiny-beit")
+    assert not at.error, [e.value for e in at.error]
+    name = _imported_name(at)
+    assert name.startswith("someone__tiny-beit")
+
+    at = _form(ok(run({"page": "checkpoints"})), hub="nobody/not-cached")
+    [error] = [e.value for e in at.error]
+    assert "model.safetensors" in error and "config.json" in error and "huggingface.co/nobody/not-cached" in error
+
+    at = _form(ok(run({"page": "checkpoints"})), hub="../../etc/passwd")
+    [error] = [e.value for e in at.error]
+    assert "is not a Hugging Face hub id" in error
+
+
+def test_a_bare_timm_clip_file_takes_the_activation_from_the_form():
+    """A timm CLIP-style file (pre-norm) without its config: refused with the option to set; with
+    quick_gelu chosen in the form, imported."""
+    from safetensors.torch import save as st_save
+
+    ref = _timm_case("clip_quickgelu")
+    data = st_save({k: v.contiguous() for k, v in ref.items()})
+    at = _form(ok(run({"page": "checkpoints"})), weights=("clip.safetensors", data))
+    [error] = [e.value for e in at.error]
+    assert "--act" in error or "activation" in error.lower(), error
+    at = _form(ok(run({"page": "checkpoints"})), weights=("clip.safetensors", data), act="quick_gelu")
+    assert not at.error, [e.value for e in at.error]
+
+
+def _timm_case(case: str) -> dict:
+    """A timm-layout state dict from the committed reference vectors (tests/data, written by
+    scripts/make_import_references.py with timm itself)."""
+    from pathlib import Path
+
+    from safetensors import safe_open
+    path = Path(__file__).parent / "data" / "import_references_timm_families.safetensors"
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+        prefix = f"{case}.sd."
+        sd = {k[len(prefix):]: f.get_tensor(k) for k in f.keys() if k.startswith(prefix)}
+    assert sd, (case, json.loads(meta["cases"]))
+    return sd
