@@ -2,8 +2,10 @@
 by transformers and imported with the CLI, on `streamlit run app.py` through Debian's chromium.
 A click on the picker moves the Swin's window map to the clicked patch's window (the values
 `swin.windows.window_rows` gives, read out of the drawn Plotly chart) and the BEiT's learned bias
-row to the clicked patch's; no page shows an exception. AppTest covers the values per block and
-head (tests/test_app_families.py); this checks what a visitor's click does.
+row to the clicked patch's; no page shows an exception. A visitor uploads a Swin's weights with
+its config.json through the Checkpoints page's import form and uses it on the bias explorer in
+the same session. AppTest covers the values per block and head (tests/test_app_families.py);
+this checks what a visitor's clicks and uploads do.
 Skips with a reason where chromium, playwright or transformers is missing."""
 from __future__ import annotations
 
@@ -41,6 +43,11 @@ def folder(tmp_path_factory):
     src = save(build("beit_layer_bias_mean"), root / "src" / "beit")
     assert main(["import", str(src), "--out", str(root / "ckpts" / "beit.safetensors")]) == 0
     return root / "ckpts"
+
+
+@pytest.fixture(scope="module")
+def swin_src(folder):
+    return folder.parent / "src" / "swinv2"
 
 
 @pytest.fixture(scope="module")
@@ -123,3 +130,35 @@ def test_a_click_moves_the_beit_learned_bias_row_and_every_page_opens(page, serv
             expect(page.get_by_role("heading", name=TITLES[name])).to_be_visible()
             lt.wait_script_run(page, TIMEOUT_MS / 1000)
             no_exception(page)
+
+
+def test_a_swin_uploaded_with_its_config_through_the_form_draws_its_windows(page, server, swin_src):
+    from test_browser import open_import_form, sidebar_link
+    uploader = open_import_form(page, server.url)
+    uploader.locator("input[type=file]").set_input_files(str(swin_src / "model.safetensors"))
+    config = page.locator(".st-key-checkpoints_model_config")
+    config.locator("input[type=file]").set_input_files(str(swin_src / "config.json"))
+    for box in (uploader, config):
+        expect(box.locator("[data-testid='stFileChip']")).to_have_count(1)
+        expect(box.locator("[data-testid='stFileChipIconError']")).to_have_count(0)
+    button = page.locator(".st-key-checkpoints_model_import button")
+    expect(button).to_be_visible()
+    lt.wait_script_run(page, TIMEOUT_MS / 1000)
+    button.click()
+    success = page.locator("[data-testid='stAlertContentSuccess']")
+    expect(success).to_contain_text("Imported as")
+    lt.wait_script_run(page, TIMEOUT_MS / 1000)
+    name = success.locator("code").first.inner_text()
+    assert name.startswith("model-upload")
+    no_exception(page)
+    expect(page.locator("[data-testid='stAlertContentError']")).to_have_count(0)
+
+    sidebar_link(page, "Bias explorer")                   # same session: the import is in its lists
+    expect(page.get_by_role("heading", name="Bias explorer", level=1)).to_be_visible()
+    page.locator(".st-key-bias_ckpt input").click()
+    page.get_by_role("option", name=name).click()
+    expect(page.get_by_text("attends only inside its window", exact=False).first).to_be_visible()
+    lt.wait_script_run(page, TIMEOUT_MS / 1000)
+    _, z = heat(page, "bias_swin_bias")
+    assert z.shape == SWIN_GRID and np.isfinite(z).sum() >= 1
+    no_exception(page)
