@@ -3,6 +3,8 @@
     python scripts/screenshots.py                    # checkpoints/ -> docs/screenshot_{bias,similarity,compare}.png
     python scripts/screenshots.py --checkpoints DIR --out docs
     python scripts/screenshots.py --own FOLDER/vit_tiny.safetensors   # -> docs/screenshot_own_model.png
+    python scripts/screenshots.py --own FOLDER/swin.safetensors --name swin --layer 1   # -> docs/screenshot_swin.png
+    python scripts/screenshots.py --random-swin --layer 1             # -> docs/screenshot_swin.png
 
 * docs/screenshot_bias.png: the bias explorer on a photo with a clicked patch (`sape2+ape` if
   the folder has it, else its first checkpoint), the bias row over the image and the full
@@ -12,6 +14,13 @@
 * docs/screenshot_compare.png: the compare page, every checkpoint on one photo and query patch.
 * docs/screenshot_own_model.png (`--own`): the bias explorer on an imported pretrained ViT
   (`python -m vitpe_core import`), at its own resolution and grid, on the astronaut photo.
+  `--name NAME` writes docs/screenshot_NAME.png instead; `--layer L` shows block/layer L.
+* `--random-swin`: a Swin-V2 of swinv2-tiny's shape (transformers' `Swinv2Config()` defaults: 224
+  px, 4-px patches, 7x7 windows) with transformers' random initial weights, saved with
+  `save_pretrained` and imported: the Swin window view's layout (window grid, shift, the clicked
+  patch's window) where no pretrained Swin can be downloaded; its bias is the untrained CPB MLP's,
+  not a learned one. With a network, import `microsoft/swinv2-tiny-patch4-window8-256` and pass it
+  to `--own` instead.
 
 1400 px wide, whole page (Streamlit scrolls inside its main block: the viewport is grown to
 the content), quantised to a 256-colour palette when that keeps a PNG under 400 KB. If the
@@ -21,6 +30,7 @@ once the trained checkpoints exist). Needs Debian's chromium and python playwrig
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import shutil
 import sys
@@ -109,21 +119,40 @@ def shoot_compare(page, base: str, ckpt: str, grid: tuple[int, int], out: Path) 
     harness.full_page_screenshot(page, out)
 
 
-def shoot_own(page, base: str, ckpt: str, grid: tuple[int, int], out: Path) -> None:
+def shoot_own(page, base: str, ckpt: str, grid: tuple[int, int], out: Path, layer: int = 0) -> None:
     H, W = grid
-    page.goto(harness.share_url(base, ckpt=ckpt, image="photo-astronaut", patch=(H // 2, W // 2), layer=0,
+    page.goto(harness.share_url(base, ckpt=ckpt, image="photo-astronaut", patch=(H // 2, W // 2), layer=layer,
                                 head="mean"))
     wait_ready(page, (H // 2, W // 2))
-    target = (3, W // 2 - 2)                                             # the astronaut's face
+    target = (round(3 * H / 14), round(5 * W / 14))                      # the astronaut's face
     click(page, target, grid)
     wait_ready(page, target)
     harness.full_page_screenshot(page, out)
+
+
+def random_swin(tmp: Path) -> Path:
+    """`transformers.Swinv2ForImageClassification(Swinv2Config())` (random weights, seed 0), saved
+    and imported with the CLI; the checkpoint's path."""
+    import torch
+    import transformers
+
+    from vitpe_core.__main__ import main as cli
+    torch.manual_seed(0)
+    transformers.Swinv2ForImageClassification(transformers.Swinv2Config()).save_pretrained(tmp / "swinv2_src")
+    out = tmp / "swinv2_random_tiny.safetensors"
+    assert cli(["import", str(tmp / "swinv2_src" / "model.safetensors"), "--out", str(out),
+                "--licence", "random weights (transformers Swinv2Config defaults)"]) == 0
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoints", default="checkpoints", help="checkpoint folder (relative to the repository)")
     ap.add_argument("--own", help="an imported checkpoint (python -m vitpe_core import): shoot only its bias explorer")
+    ap.add_argument("--name", default="own_model", help="with --own: writes docs/screenshot_NAME.png")
+    ap.add_argument("--layer", type=int, default=0, help="with --own / --random-swin: the layer (Swin: block) shown")
+    ap.add_argument("--random-swin", action="store_true", help="shoot a random-weight Swin-V2 of swinv2-tiny's shape "
+                                                                   "(the window view's layout; needs transformers)")
     ap.add_argument("--out", default=str(REPO / "docs"))
     ap.add_argument("--port", type=int, default=None)
     args = ap.parse_args(argv)
@@ -138,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="vitpe-shots-") as tmp:
         folder = Path(args.checkpoints)
+        if args.random_swin:
+            args.own, args.name = str(random_swin(Path(tmp))), "swin"
         if args.own:
             own = Path(args.own).resolve()
             folder = Path(tmp) / "own"
@@ -162,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                      "screenshot_similarity.png": (shoot_similarity, table[0]),
                      "screenshot_compare.png": (shoot_compare, bias_ckpt)}
             if args.own:
-                shots = {"screenshot_own_model.png": (shoot_own, names[0])}
+                shots = {f"screenshot_{args.name}.png": (functools.partial(shoot_own, layer=args.layer), names[0])}
             for name, (shoot, ckpt) in shots.items():
                 shoot(page, base, ckpt, grids[ckpt], out / name)
                 size = save_small(out / name)
