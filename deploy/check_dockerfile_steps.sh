@@ -37,6 +37,10 @@ PIP_NO_CACHE_DIR=1 "$VENV/bin/pip" install -q -r "$APP/requirements.txt"
 mkdir -p "$HOME_1000/uploads"
 chown -R "$UID_:$UID_" "$APP" "$HOME_1000"
 
+# RUN python -m vitpe_core kernel   (as uid 1000, into its own torch extension cache)
+(cd "$APP" && setpriv --reuid "$UID_" --regid "$UID_" --clear-groups \
+  env -i PATH="$VENV/bin:/usr/bin:/bin" HOME="$HOME_1000" "$VENV/bin/python" -m vitpe_core kernel)
+
 # CMD ["streamlit", "run", "app.py", "--server.address", "0.0.0.0", "--server.port", "8501", "--server.fileWatcherType", "none"]
 cd "$APP"
 setpriv --reuid "$UID_" --regid "$UID_" --clear-groups \

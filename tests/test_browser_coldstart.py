@@ -1,5 +1,5 @@
 """A fresh install's first visitor, in a real browser: with an empty torch extension cache the
-server's warm-up (pages/common/warmup.py) compiles the fused C++ kernel, about a minute on 2
+server's warm-up (pages/common/warmup.py) compiles the fused C++ kernel, 10–15 s on 2
 cores. The page said nothing meanwhile (the title and Streamlit's running indicator for 25 s),
 nor did the server log. Now the page says what it waits for ("Preparing the app: compiling the
 fused SaPE²/CoPE attention kernel …… 12 s") right after its title, the page replaces it when the
@@ -97,7 +97,7 @@ def test_a_fresh_install_says_what_it_prepares_then_shows_the_page(browser, app_
             # It says what it waits for (the visitor may have come during the imports before the
             # build), and counts the seconds.
             compiling = page.get_by_text(re.compile(r"Preparing the app: compiling the fused SaPE²/CoPE attention "
-                                                    r"kernel \(once per install, about a minute\)… \d+ s"))
+                                                    r"kernel \(once per install, 10–30 s\)… \d+ s"))
             expect(compiling).to_be_visible(timeout=120_000)
             first = compiling.inner_text()
             page.wait_for_function("(t) => document.body.innerText.includes('compiling the fused') && "

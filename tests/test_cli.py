@@ -2,6 +2,11 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -87,9 +92,29 @@ def test_option_values_are_json_or_text_and_need_an_equals_sign(capsys):
 def test_every_command_is_in_the_module_docstring():
     import vitpe_core.__main__ as cli
     sub = next(a for a in build_parser()._actions if a.dest == "cmd")
-    assert set(sub.choices) == {"train", "evaluate", "table", "structure", "import", "analyze", "scale", "report"}
+    assert set(sub.choices) == {"train", "evaluate", "table", "structure", "import", "analyze", "scale", "report",
+                                "kernel"}
     for name in sub.choices:
         assert f"\n  {name} " in cli.__doc__, name
+
+
+def test_kernel_loads_the_cached_build_and_says_where(monkeypatch, capsys):
+    """`python -m vitpe_core kernel` (the Dockerfile runs it at image build time): builds the fused
+    kernel into the extension cache if it is not there (a fresh cache: tests/test_browser_coldstart.py),
+    then a second run finds it there and only loads it; exit 1 when it is disabled."""
+    import shutil
+
+    from vitpe_core.__main__ import main
+    if shutil.which("g++") is None or os.environ.get("VITPE_NO_CPP", "") not in ("", "0"):
+        pytest.skip("no C++ compiler, or the kernel is disabled (VITPE_NO_CPP)")
+    runs = [subprocess.run([sys.executable, "-m", "vitpe_core", "kernel"], capture_output=True, text=True, timeout=900)
+            for _ in range(2)]
+    first, second = (json.loads(r.stdout.strip().splitlines()[-1]) for r in runs)
+    assert [r.returncode for r in runs] == [0, 0] and first["available"], runs[0].stderr[-2000:]
+    assert second["was_cached"] and second["folder"] == first["folder"] and second["name"] == first["name"]
+    assert any(f.suffix == ".so" for f in Path(second["folder"]).iterdir())
+    monkeypatch.setenv("VITPE_NO_CPP", "1")
+    assert main(["kernel"]) == 1 and json.loads(capsys.readouterr().out)["disabled"] is True
 
 
 def test_import_takes_a_labels_file():

@@ -8,6 +8,7 @@
   analyze    how a checkpoint encodes position: position-only kernels, relative score, attention by depth
   scale      how loud an encoding's attention bias is next to the q·k logits, per layer, as one JSON line
   report     one self-contained interactive HTML file of a model (charts and an offline bias explorer)
+  kernel     build (once per install) and load the fused SaPE²/CoPE CPU kernel; where it is cached, as one JSON line
 """
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     for add in (_add_train, _add_evaluate, _add_table, _add_structure, _add_import,
-                _add_analyze, _add_scale, _add_report):
+                _add_analyze, _add_scale, _add_report, _add_kernel):
         add(sub)
     return p
 
@@ -424,6 +425,31 @@ def _report(args: argparse.Namespace) -> int:
     print(json.dumps({"out": str(out), "bytes": out.stat().st_size, "checkpoint": m.name,
                       "content_hash": m.content_hash}))
     return 0
+
+
+def _add_kernel(sub) -> None:
+    k = sub.add_parser("kernel", help="build and load the fused SaPE²/CoPE CPU kernel (once per install)",
+                       description="Builds the fused C++ kernel (vitpe_core/encodings/csrc/attend.cpp) into the "
+                                   "torch extension cache if it is not there, loads it, and prints where it is: run "
+                                   "at install or image build time so that no visitor or first training step waits "
+                                   "for the compiler. Exit status 1 when it cannot be built (no C++ compiler): "
+                                   "SaPE²/CoPE then run their eager PyTorch path.")
+    k.set_defaults(run=_kernel)
+
+
+def _kernel(args: argparse.Namespace) -> int:
+    import time
+
+    from .encodings import _kernels
+    name = _kernels.extension_name()
+    folder = _kernels.build_directory(name)
+    cached = any(f.endswith(".so") for f in os.listdir(folder))
+    t0 = time.perf_counter()
+    ok = _kernels.available()
+    print(json.dumps({"available": ok, "name": name, "folder": folder, "was_cached": cached,
+                      "seconds": round(time.perf_counter() - t0, 2),
+                      "disabled": os.environ.get("VITPE_NO_CPP", "") not in ("", "0")}))
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -12,10 +12,10 @@ imports, so the two never import the same modules at once (a half-imported modul
 another thread broke Plotly once; RELIABILITY.md).
 
 A visitor who arrives before it is done sees what it waits for (`wait_visibly`: "Preparing the
-app: compiling the fused SaPE²/CoPE attention kernel (once per install, about a minute)… 12 s"
+app: compiling the fused SaPE²/CoPE attention kernel (once per install, 10–30 s)… 12 s"
 under the title, replaced by the page when ready), not a blank page: on a fresh install (an
 empty torch extension cache, or a cached build torch finds out of date) the warm-up compiles the
-fused C++ kernel, about a minute on 2 cores. The server log says when that build starts and ends
+fused C++ kernel, 10–15 s on 2 cores (a minute under load). The server log says when that build starts and ends
 ("warm-up: compiling the fused SaPE²/CoPE kernel …", "… built in 41.2 s"), and how long the whole
 warm-up took ("warm-up done in 2.9 s").
 
@@ -56,7 +56,7 @@ SHOW_EVERY_S = 0.5              # how often the waiting page's message is brough
 # What the warm-up is doing, as the waiting page says it ("Preparing the app: <stage>… 12 s").
 IMPORTING = "loading PyTorch, Plotly and the app's modules"
 KERNEL = "loading the fused SaPE²/CoPE attention kernel"
-COMPILING = "compiling the fused SaPE²/CoPE attention kernel (once per install, about a minute)"
+COMPILING = "compiling the fused SaPE²/CoPE attention kernel (once per install, 10–30 s)"
 FORWARD = "running a first forward pass"
 DEFAULT_VIEW = "loading the default checkpoint and tracing its image"
 
@@ -140,7 +140,7 @@ class _Build:
             return
         self.t0 = time.perf_counter()
         _set_stage(COMPILING)
-        log.info("warm-up: compiling the fused SaPE²/CoPE kernel (%s; about a minute) in %s …", why, self.folder)
+        log.info("warm-up: compiling the fused SaPE²/CoPE kernel (%s; 10–30 s) in %s …", why, self.folder)
 
     def ended(self, built: bool) -> None:
         if self.t0 is None:
@@ -153,7 +153,7 @@ class _Build:
 
 
 def _load_kernel() -> None:
-    """Load the fused kernel, compiling it where no build of it is cached (about a minute on 2
+    """Load the fused kernel, compiling it where no build of it is cached (10–15 s on 2
     cores: the longest part of a first start), or where torch finds the cached build out of date
     (a compiler then runs under this process): the log and the waiting page say so."""
     from vitpe_core.encodings import _kernels
