@@ -24,18 +24,20 @@ ENCODINGS = ("sape2", "sape2+ape", "cope+ape", "ape")
 
 
 def compiled_ab(encodings: tuple[str, ...] = ENCODINGS, rounds: int = 20, *, batch: int = TRAIN_BATCH,
-                warmup: int = 2, preset: str = "compact") -> list[str]:
+                warmup: int = 2, preset: str = "compact", backend: str = "inductor") -> list[str]:
     """For each encoding one eager and one compiled model (same seed), their training steps
     interleaved round by round (wall time); the first `warmup` steps of each (compilation) are
     not timed. `preset`: the model size (`compact`, what BENCHMARKS.md reports; `tiny` for a
-    smoke run)."""
+    smoke run); `backend`: torch.compile's (inductor, what `--compile` uses; the test's smoke run
+    takes `aot_eager`, the same graph capture without inductor's ~30 s of C++ code generation)."""
     from vitpe_core.encodings import _kernels
     steps = {}
     for enc in encodings:
         for mode in ("eager", "compiled"):
             torch.manual_seed(0)
             model = build_model(preset_config(preset, encoding=enc))
-            steps[(enc, mode)] = train_step(torch.compile(model) if mode == "compiled" else model, batch)
+            steps[(enc, mode)] = train_step(torch.compile(model, backend=backend) if mode == "compiled" else model,
+                                            batch)
     for fn in steps.values():
         for _ in range(warmup):
             fn()
