@@ -238,9 +238,11 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
     return Checkpoint(model, cfg, metrics, dict(sorted(history.items())), path.stem)
 
 
-def load_weights(model: torch.nn.Module, weights: Mapping[str, torch.Tensor], name: str) -> None:
+def load_weights(model: torch.nn.Module, weights: Mapping[str, torch.Tensor], name: str, assign: bool = False
+                 ) -> None:
     """`load_state_dict(strict=True)` with one message naming every missing, unexpected and
-    mis-shaped key."""
+    mis-shaped key. `assign`: the model takes the tensors themselves (no copy; a `model.empty_model`
+    is filled this way), and none of its tensors may be left on the meta device."""
     own = model.state_dict()
     missing = sorted(set(own) - set(weights))
     unexpected = sorted(set(weights) - set(own))
@@ -255,7 +257,11 @@ def load_weights(model: torch.nn.Module, weights: Mapping[str, torch.Tensor], na
         problems.append(f"wrong shapes {shapes[:8]}")
     if problems:
         raise CheckpointError(f"{name} does not match its model: " + "; ".join(problems))
-    model.load_state_dict(weights, strict=True)
+    model.load_state_dict(weights, strict=True, assign=assign)
+    if assign:
+        empty = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
+        if empty:
+            raise CheckpointError(f"{name}: no values for {empty[:8]} (the model was built without them)")
 
 
 def update_metrics(path: str | Path, updates: dict[str, Any]) -> dict[str, Any]:

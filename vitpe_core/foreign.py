@@ -88,9 +88,13 @@ def read_state_dict(path: str | Path, name: str | None = None) -> dict[str, torc
     try:
         if path.suffix == ".npz":
             _check_npz(path, name)
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in z.files}
-            return {k: torch.from_numpy(a.copy()) for k, a in arrays.items() if a.dtype.kind in "fiub"}
+            out = {}
+            with np.load(path, allow_pickle=False) as z:   # one array at a time: never the file twice in memory
+                for k in z.files:
+                    a = z[k]
+                    if a.dtype.kind in "fiub":
+                        out[k] = torch.from_numpy(a if a.flags.writeable and a.flags.aligned else a.copy())
+            return out
         if path.suffix == SUFFIX:
             with safe_open(str(path), framework="pt") as f:
                 return {k: f.get_tensor(k) for k in f.keys()}

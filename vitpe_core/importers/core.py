@@ -10,7 +10,7 @@ import torch
 
 from ..checkpoint import CheckpointError, clean_state_dict, load_weights
 from ..foreign import source_dtype
-from ..model import ViT
+from ..model import ViT, empty_model
 from ..swin.convert import import_swin, is_swin
 from . import beit, clip, dinov2, dinov3, timm_beit, timm_clip, timm_eva, timm_hub
 from .detect import FAMILIES, HF_FAMILIES, TIMM_FAMILIES, detect_family
@@ -121,17 +121,17 @@ def import_state_dict(state_dict: Mapping[str, torch.Tensor], *, family: str = "
             raise CheckpointError(f"--pool is for bare timm-layout files; a {family} model's read-out is its config's "
                                   "and its keys' (docs/importing.md)")
         cfg, weights, family = CONVERTERS[family](sd, hf_config or {}, img_size=img_size, heads=heads, notes=notes)
-        model = ViT(cfg)
+        model = empty_model(cfg)           # filled by assignment below: never held twice
         weights = _encoding_names(model, {k: v.float() for k, v in weights.items()})
     elif family in TIMM_FAMILIES:
         cfg, weights, family = TIMM_CONVERTERS[family](sd, hf_config or {}, img_size=img_size, heads=heads, pool=pool,
                                                        notes=notes)
-        model = ViT(cfg)
+        model = empty_model(cfg)           # filled by assignment below: never held twice
         weights = _encoding_names(model, {k: v.float() for k, v in weights.items()})
     else:
         model, weights, family = _timm_model(sd, family, img_size, heads, hf_config, pool, notes, act)
     place_encoding_params(model, weights)
-    load_weights(model, weights, f"{family} state dict")
+    load_weights(model, weights, f"{family} state dict", assign=True)
     pre = _preprocess(family, hf_config, norm, crop_pct)
     n = model.cfg.num_classes
     names = (given_class_names(class_names, n, labels_name) if class_names is not None
@@ -191,7 +191,7 @@ def _timm_model(sd, family, img_size, heads, hf_config, pool, notes, act=None
         if img_size is not None or timm_hub.img_size(hf_config) is None:
             raise
         cfg, sd = timm_config(sd, family, img_size=timm_hub.img_size(hf_config), **kw)
-    model = ViT(cfg)
+    model = empty_model(cfg)
     weights = {k: v.float() for k, v in sd.items()}
     if "freqs" in weights:
         weights["rope_freqs"] = rope_freqs(weights.pop("freqs"), cfg.heads)
