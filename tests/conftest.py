@@ -87,21 +87,33 @@ def pytest_report_header(config) -> list[str]:
 
 # ----------------------------------------------------------------------------- workers
 # pyproject's addopts run the suite under pytest-xdist, one test module at a time per worker
-# (`--dist loadfile`: a module's server and browser are started once). At most MAX_WORKERS: each
+# (`--dist loadfile`: a module's server and browser are started once). One worker more than the
+# cores (a worker waiting on its server and browser leaves a core free), at most MAX_WORKERS: each
 # may hold a Streamlit server and a chromium. `-n 0` runs the suite in one process.
 MAX_WORKERS = 4
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
-    return max(1, min(MAX_WORKERS, os.cpu_count() or 1))
+    return max(1, min(MAX_WORKERS, (os.cpu_count() or 1) + 1))
 
 
-# The longest module first: on a fresh machine (one worker) its server compiles the kernel for all.
-FIRST_MODULES = ("test_browser_coldstart.py",)
+# The longest modules first (measured in a fresh clone on 2 cores), so that the short ones fill
+# the workers' last minutes instead of one long module running alone at the end. The cold-start
+# module leads: on a fresh machine its server compiles the kernel.
+FIRST_MODULES = ("test_browser_coldstart.py", "test_browser_share.py", "test_browser.py", "test_browser_ux.py",
+                 "test_browser_touch.py", "test_memory_walk.py", "test_browser_families.py", "test_bench.py",
+                 "test_browser_stress.py", "test_shipped_checkpoints.py", "test_app.py", "test_train.py",
+                 "test_cope_sape2.py", "test_browser_definitions.py", "test_app_fuzz.py", "test_browser_views.py",
+                 "test_load.py")
+
+
+def _module_rank(item) -> int:
+    name = item.path.name
+    return FIRST_MODULES.index(name) if name in FIRST_MODULES else len(FIRST_MODULES)
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    items.sort(key=lambda item: item.path.name not in FIRST_MODULES)   # stable: the rest keep their order
+    items.sort(key=_module_rank)   # stable: the rest keep their order
     release = _release_requested(config)
     skip_release = pytest.mark.skip(reason=f"release check (full CIFAR-10 test set, minutes): run with --release "
                                            f"or {RELEASE_ENV}=1")
