@@ -65,7 +65,7 @@ from benchmarks.harness import REPO, background_jobs
 from benchmarks.kernel_ab import kernel_ab
 from benchmarks.layer_profile import bench_profile
 from benchmarks.memory import bench_train_memory
-from benchmarks.report import md_targets, render_markdown, replace_section, written_whys
+from benchmarks.report import kept_sections, md_targets, render_markdown, replace_section, written_whys
 from benchmarks.report_vit_b import VIT_B_HEADING, md_vit_b
 from benchmarks.targets import fmt, target_records, targets, vit_b_targets
 from benchmarks.timing import FULL, QUICK, Plan
@@ -121,7 +121,8 @@ def run(plan: Plan, *, out: Path, skip_app: bool, argv: list[str], checkpoints: 
     out.mkdir(parents=True, exist_ok=True)
     (out / "benchmarks.json").write_text(json.dumps(_jsonable(res), indent=1) + "\n")
     whys = written_whys(out / "BENCHMARKS.md")
-    (out / "BENCHMARKS.md").write_text(render_markdown(res, tgts, whys) + "\n")
+    old = (out / "BENCHMARKS.md").read_text() if (out / "BENCHMARKS.md").is_file() else ""
+    (out / "BENCHMARKS.md").write_text(kept_sections(old, render_markdown(res, tgts, whys)))
     return res
 
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from benchmarks.report import replace_section
 from benchmarks.training import TRAIN_BATCH, train_step
 from vitpe_core.config import preset_config
 from vitpe_core.model import build_model
@@ -66,12 +68,42 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=TRAIN_BATCH)
     ap.add_argument("--encodings", nargs="+", default=list(ENCODINGS))
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    ap.add_argument("--write", metavar="BENCHMARKS.md", help="also write the results as that file's section 11")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    for line in compiled_ab(tuple(args.encodings), args.rounds, batch=args.batch):
+    lines = compiled_ab(tuple(args.encodings), args.rounds, batch=args.batch)
+    if args.write:
+        path = Path(args.write)
+        path.write_text(replace_section(path.read_text(), SECTION, markdown(lines, args)))
+        print(f"{path}: section {SECTION!r} written", flush=True)
+    for line in lines:
         print(line, flush=True)
     return 0
+
+
+SECTION = "## 11. Compiled training"
+
+
+def markdown(lines: list[str], args: argparse.Namespace) -> list[str]:
+    """BENCHMARKS.md's section on `torch.compile` training, from this run's lines."""
+    from benchmarks.environment import environment
+    from vitpe_core.encodings import _kernels
+    env = environment([])
+    words = ["python -m benchmarks.compiled_ab", "--rounds", str(args.rounds), "--write", "BENCHMARKS.md"]
+    out = [SECTION + " (`--compile`: inductor, fused kernel as custom ops)", "",
+           f"`{' '.join(words)}` on {env['cpu']} ({env['cpu_id']}), {env['usable_cores']} cores, "
+           f"torch {env['torch']}, {torch.get_num_threads()} threads, {env['date'][:10]}, fused kernel "
+           f"{'built' if _kernels.available() else 'NOT available'}. Compact preset, batch {args.batch}, a whole "
+           "training step (train.py's); one eager and one `torch.compile`d model per encoding, their steps "
+           f"interleaved round by round ({args.rounds} rounds after 2 untimed warm-up steps, which compile); "
+           "ratio = compiled throughput / eager throughput, paired per round. SaPE² and CoPE keep the fused "
+           "kernel under inductor (`vitpe_core/encodings/compiled_ops.py`).", "",
+           "| encoding | eager img/s | compiled img/s | compiled / eager (paired median, IQR) |", "|---|---|---|---|"]
+    for line in lines[1:]:
+        w = line.split()
+        out.append(f"| `{w[0]}` | {w[2]} | {w[5]} | {w[10]} {w[11]} {w[12]} |")
+    return out
 
 
 if __name__ == "__main__":

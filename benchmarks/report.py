@@ -46,6 +46,16 @@ def render_markdown(res: dict, tgts: list[Target], whys: dict[str, str] | None =
     return "\n".join(line for section in sections for line in section)
 
 
+def kept_sections(old: str, new: str) -> str:
+    """`new` with the numbered `## N.` sections of `old` that `new` lacks appended: the sections
+    other commands write (10: `benchmarks.html_report`, 11: `benchmarks.compiled_ab`) survive a
+    rerun of `benchmarks.bench`, which writes the others."""
+    have = set(re.findall(r"^## (\d+)\.", new, re.M))
+    parts = re.split(r"(?=^## )", old, flags=re.M)
+    extra = [p.rstrip("\n") for p in parts if (m := re.match(r"## (\d+)\.", p)) and m.group(1) not in have]
+    return new.rstrip("\n") + "".join("\n\n" + p for p in extra) + "\n"
+
+
 def replace_section(md: str, heading: str, lines: list[str]) -> str:
     """`md` with its section that starts with the line `heading...` (up to the next `## `
     heading) replaced by `lines`; appended at the end when it has none."""

@@ -454,3 +454,27 @@ def test_compiled_ab_prints_eager_and_compiled_throughput():
     lines = compiled_ab(("sape2",), rounds=1, batch=2, warmup=1, preset="tiny", backend="aot_eager")
     assert lines[0].startswith("fused kernel:") and len(lines) == 2
     assert lines[1].split()[0] == "sape2" and "compiled/eager: paired median" in lines[1]
+
+
+def test_a_bench_rerun_keeps_the_sections_other_commands_write():
+    from benchmarks.report import kept_sections
+    old = "# Benchmarks\n\n## 1. Attention\nold\n\n## 10. HTML report\nsizes\n\n## 11. Compiled training\nratios\n"
+    new = "# Benchmarks\n\n## 1. Attention\nnew\n\n## 2. Training\nrows\n"
+    got = kept_sections(old, new)
+    assert got == "# Benchmarks\n\n## 1. Attention\nnew\n\n## 2. Training\nrows\n\n## 10. HTML report\nsizes\n\n" \
+                  "## 11. Compiled training\nratios\n"
+    assert kept_sections("", new) == new
+
+
+def test_the_compiled_section_has_a_row_per_encoding_with_its_paired_ratio():
+    import argparse
+
+    from benchmarks.compiled_ab import SECTION, markdown
+    tail = "img/s  compiled/eager: paired median"
+    lines = ["fused kernel: built",
+             f"sape2      eager     262 img/s  compiled     301 {tail} 1.149 (IQR 1.120-1.170)",
+             f"ape        eager     306 img/s  compiled     330 {tail} 1.078 (IQR 1.050-1.100)"]
+    md = markdown(lines, argparse.Namespace(rounds=20, batch=128))
+    assert md[0].startswith(SECTION) and "--rounds 20 --write BENCHMARKS.md" in md[2]
+    assert md[-2:] == ["| `sape2` | 262 | 301 | 1.149 (IQR 1.120-1.170) |",
+                       "| `ape` | 306 | 330 | 1.078 (IQR 1.050-1.100) |"]
