@@ -89,7 +89,7 @@ def markdown(lines: list[str], args: argparse.Namespace) -> list[str]:
     """BENCHMARKS.md's section on `torch.compile` training, from this run's lines."""
     from benchmarks.environment import environment
     from vitpe_core.encodings import _kernels
-    env = environment([])
+    env = environment([], torch.get_num_threads())
     words = ["python -m benchmarks.compiled_ab", "--rounds", str(args.rounds), "--write", "BENCHMARKS.md"]
     out = [SECTION + " (`--compile`: inductor, fused kernel as custom ops)", "",
            f"`{' '.join(words)}` on {env['cpu']} ({env['cpu_id']}), {env['usable_cores']} cores, "
