@@ -103,6 +103,10 @@ def markdown(lines: list[str], args: argparse.Namespace) -> list[str]:
     for line in lines[1:]:
         w = line.split()
         out.append(f"| `{w[0]}` | {w[2]} | {w[5]} | {w[10]} {w[11]} {w[12]} |")
+    out += ["", "A ratio near 1 means `--compile` buys little for this model on this CPU (its time is in the "
+                "matrix products and, for SaPE² and CoPE, the fused kernel, which inductor calls as it is); what "
+                "it guarantees is that compiled SaPE² and CoPE run the fused kernel instead of the unfused bias "
+                "path (tests/test_train.py, tests/test_cope_sape2.py)."]
     return out
 
 

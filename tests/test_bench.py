@@ -476,5 +476,5 @@ def test_the_compiled_section_has_a_row_per_encoding_with_its_paired_ratio():
              f"ape        eager     306 img/s  compiled     330 {tail} 1.078 (IQR 1.050-1.100)"]
     md = markdown(lines, argparse.Namespace(rounds=20, batch=128))
     assert md[0].startswith(SECTION) and "--rounds 20 --write BENCHMARKS.md" in md[2]
-    assert md[-2:] == ["| `sape2` | 262 | 301 | 1.149 (IQR 1.120-1.170) |",
-                       "| `ape` | 306 | 330 | 1.078 (IQR 1.050-1.100) |"]
+    assert [r for r in md if r.startswith("| `")] == ["| `sape2` | 262 | 301 | 1.149 (IQR 1.120-1.170) |",
+                                                      "| `ape` | 306 | 330 | 1.078 (IQR 1.050-1.100) |"]
