@@ -20,7 +20,8 @@ the first file's logits move by an ulp between CPUs, so it is kept as committed)
 (per-layer and shared tables, mean and CLS read-out), `SwinTransformer` and `SwinTransformerV2`
 (shifted windows, a stage clamped to its grid, pretrained windows), CLIP- and SigLIP-style
 `VisionTransformer`s (`norm_pre` + quick-GELU; `attn_pool` + GELU-tanh), DINOv2-g's packed
-SwiGLU (`SwiGLUPacked`, SiLU) and EVA-02 (`Eva`: RoPE on a reference grid, packed SwiGLU), each
+SwiGLU (`SwiGLUPacked`, SiLU), EVA-02 (`Eva`: RoPE on a reference grid, packed SwiGLU) and DINOv3
+(`Eva` with DINOv3's rotary embedding, registers, LayerScale; plain and SwiGLU MLPs), each
 built by `timm.create_model` from a real architecture name with small overrides, so the
 `config.json` timm itself writes for it (`save_config_for_hf`: `architecture`, `model_args`,
 `pretrained_cfg`) is stored beside the case in the metadata. Swin's attention is read per block
@@ -168,6 +169,7 @@ def rope_case(mixed: bool, ape: bool) -> dict[str, torch.Tensor]:
 VIT = dict(img_size=32, patch_size=8, embed_dim=16, depth=2, num_heads=2, num_classes=7)   # head dim 8
 SWIN = dict(img_size=32, embed_dim=8, depths=(2, 2, 1), num_heads=(1, 2, 2), window_size=4, mlp_ratio=2.0,
             num_classes=5)   # grids 8, 4, 2: stage 0 shifted (8 > 4), stage 1 one window, stage 2 clamped to 2x2
+DINO = dict(patch_size=8, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0, num_classes=7)   # head dim 16
 FAMILY_CASES = {   # name -> (timm architecture, overrides, family the importer should report)
     "beit_layer_bias_mean": ("beit_base_patch16_224", dict(VIT, mlp_ratio=2.0), "timm-beit"),
     "beit_shared_bias_ape_token": ("beitv2_base_patch16_224",
@@ -184,6 +186,12 @@ FAMILY_CASES = {   # name -> (timm architecture, overrides, family the importer 
                                    "timm"),   # SwiGLUPacked, SiLU
     # ref_feat_shape 3x3 on a 4x4 grid: positions scaled by 3/4, as eva02_*_336 (16x16 on 24x24)
     "eva02_tiny_336_style": ("eva02_tiny_patch14_336", dict(VIT, ref_feat_shape=(3, 3)), "timm-eva02"),
+    # DINOv3 (`Eva`, rope_type 'dinov3': rotate-half pairs on normalised patch centres, temperature 100), 4
+    # registers, LayerScale: plain GELU MLP and the mean of the patches (timm's default) on a 4x6 grid; SwiGLU
+    # (separate fc1_g / fc1_x), query / value biases and the CLS read-out on 4x4
+    "dinov3_small_reg4_nonsquare": ("vit_small_patch16_dinov3", dict(DINO, img_size=(32, 48)), "timm-dinov3"),
+    "dinov3_small_plus_swiglu_qkvb_token": ("vit_small_plus_patch16_dinov3_qkvb",
+                                            dict(DINO, img_size=32, global_pool="token"), "timm-dinov3"),
 }
 
 
@@ -201,7 +209,8 @@ def family_case(arch: str, kwargs: dict) -> tuple[dict[str, torch.Tensor], dict]
     model = timm.create_model(arch, pretrained=False, **kwargs).eval()
     _randomise(model)
     rec = _attn_recorder(_blocks(model))
-    size = model.pretrained_cfg["input_size"][1:] if "img_size" not in kwargs else (kwargs["img_size"],) * 2
+    size = kwargs.get("img_size", model.pretrained_cfg["input_size"][1:])
+    size = tuple(size) if isinstance(size, (tuple, list)) else (size, size)
     x = torch.randn(1, 3, *size, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         logits = model(x)

@@ -1,5 +1,5 @@
-"""timm's layouts of BEiT, Swin, Swin-V2, CLIP, SigLIP, DINOv2-g (packed SwiGLU) and EVA-02 import
-exactly.
+"""timm's layouts of BEiT, Swin, Swin-V2, CLIP, SigLIP, DINOv2-g (packed SwiGLU), EVA-02 and DINOv3
+import exactly.
 
 Against vectors of timm 1.0.31 itself (scripts/make_import_references.py, run in a side
 environment: timm cannot be installed beside the project's torch; tests/data/
@@ -125,6 +125,12 @@ def test_what_each_timm_family_becomes(tmp_path):
     c = cfg["eva02_tiny_336_style"]
     assert (c.encoding, c.encoding_options, c.mlp, c.act) == ("rope_axial+ape", {"theta": 10000.0, "ref_grid": [3, 3]},
                                                               "gated", "silu")
+    c = cfg["dinov3_small_reg4_nonsquare"]
+    assert (c.encoding, c.encoding_options, c.grid, c.reg_tokens, c.layer_scale, c.pool, c.mlp, c.act, c.qkv_bias,
+            c.norm_eps) == ("rope_dinov3", {"theta": 100.0}, (4, 6), 4, True, "avg", "mlp", "gelu", False, 1e-5)
+    c = cfg["dinov3_small_plus_swiglu_qkvb_token"]
+    assert (c.encoding, c.reg_tokens, c.pool, c.mlp, c.act, c.qkv_bias) == ("rope_dinov3", 4, "token", "gated", "silu",
+                                                                            True)
     s = cfg["swin_shift_clamped"]
     assert (s.version, s.depths, s.num_heads, s.stage_windows, s.stage_shifts) == (1, (2, 2, 1), (1, 2, 2), (4, 4, 2),
                                                                                    (2, 0, 0))
@@ -136,6 +142,9 @@ def test_detection_tells_timm_layouts_from_hugging_faces():
     assert detect_family(_sd("beit_shared_bias_ape_token")) == "timm-beit"
     assert detect_family(_sd("eva02_tiny_336_style"), META["eva02_tiny_336_style"]["config"]) == "timm-eva02"
     assert detect_family(_sd("clip_quickgelu")) == "timm"
+    for case in ("dinov3_small_reg4_nonsquare", "dinov3_small_plus_swiglu_qkvb_token"):
+        assert detect_family(_sd(case), META[case]["config"]) == "timm-dinov3"
+        assert detect_family(_sd(case)) == "timm-dinov3"   # registers + `gamma_1`: timm's Eva (refused without config)
     assert is_swin(_sd("swin_shift_clamped")) and is_swin(_sd("swinv2_shift_clamped"))
 
 
@@ -273,3 +282,38 @@ def test_unplaced_timm_keys_are_named():
                           img_size=(32, 32))
     with pytest.raises(CheckpointError, match="--act is for timm-layout ViTs"):
         import_state_dict(_sd("beit_layer_bias_mean"), act="gelu")
+
+
+def test_timms_dinov3_needs_its_config_and_other_rotary_options_are_refused(tmp_path):
+    """A bare DINOv3 file looks like other Eva models with registers (`vit_*_rope_reg*`, another
+    rotary embedding): refused naming the config.json; what vitpe does not compute is refused by name."""
+    case = "dinov3_small_reg4_nonsquare"
+    path = _folder(case, tmp_path, config={})
+    with pytest.raises(CheckpointError, match=r"reg_token.*config.json \(architecture vit_\*_dinov3\*\)"):
+        import_file(path)
+    assert main(["import", str(path), "--out", str(tmp_path / "no.safetensors")]) == 2
+    config = dict(META[case]["config"], architecture="vit_base_patch16_rope_reg1_gap_256")
+    with pytest.raises(CheckpointError, match="vit_base_patch16_rope_reg1_gap_256"):
+        import_file(_folder(case, tmp_path, config=config))
+    for arg, value in (("rope_grid_indexing", "xy"), ("rope_rotate_half", False), ("rope_type", "cat")):
+        config = dict(META[case]["config"])
+        config["model_args"] = {**config["model_args"], arg: value}
+        with pytest.raises(CheckpointError, match=f"{arg}="):
+            import_file(_folder(case, tmp_path, config=config))
+    sd = {**_sd(case), "blocks.0.attn.q_norm.weight": torch.ones(16)}
+    with pytest.raises(CheckpointError, match="blocks.0.attn.q_norm.weight is a norm inside attention"):
+        import_state_dict(sd, hf_config=META[case]["config"])
+    sd = {**_sd(case), "pos_embed": torch.zeros(1, 29, 32)}
+    with pytest.raises(CheckpointError, match="pos_embed beside DINOv3's rotary embedding"):
+        import_state_dict(sd, hf_config=META[case]["config"])
+
+
+def test_timms_dinov3_runs_at_another_size_and_reads_out_as_asked(tmp_path):
+    """No table: the rotary embedding is computed on any grid (timm's `dynamic_img_size`); `--pool`
+    overrides the config's `global_pool`."""
+    case = "dinov3_small_reg4_nonsquare"
+    imp = import_file(_folder(case, tmp_path), img_size="48x32")
+    assert imp.model.cfg.grid == (6, 4)
+    with torch.no_grad():
+        assert imp.model(torch.zeros(1, 3, 48, 32)).shape == (1, 7)
+    assert import_file(_folder(case, tmp_path), pool="token").model.cfg.pool == "token"

@@ -16,7 +16,8 @@ file, with `family="auto"`); one module each, behind the one `import_state_dict`
 * timm's layouts of these: `timm-beit` (timm_beit.py), `timm-eva02` (timm_eva.py: EVA-02 tiny /
   small, RoPE on a reference grid), `timm-clip` / `timm-siglip` (timm_clip.py: timm's
   `VisionTransformer` with `norm_pre` / `attn_pool` / gated MLPs, through the `timm` path),
-  `timm-swin` / `timm-swinv2` (swin/timm_layout.py); timm's hub `config.json` (timm_hub.py)
+  `timm-swin` / `timm-swinv2` (swin/timm_layout.py), `timm-dinov3` (timm_dinov3.py: timm's `Eva`
+  DINOv3 models, `rope_dinov3`); timm's hub `config.json` (timm_hub.py)
   gives what their keys do not say (the activation, Swin-V2's window, EVA-02's reference grid).
 
 The Hugging Face families are read in the `save_pretrained` layout (`model.safetensors` with

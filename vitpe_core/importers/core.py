@@ -12,7 +12,7 @@ from ..checkpoint import CheckpointError, clean_state_dict, load_weights
 from ..foreign import source_dtype
 from ..model import ViT, empty_model
 from ..swin.convert import import_swin, is_swin
-from . import beit, clip, dinov2, dinov3, timm_beit, timm_clip, timm_eva, timm_hub
+from . import beit, clip, dinov2, dinov3, timm_beit, timm_clip, timm_dinov3, timm_eva, timm_hub
 from .detect import FAMILIES, HF_FAMILIES, TIMM_FAMILIES, detect_family
 from .hf_vit import from_hf
 from .labels import class_names as _class_names, given_class_names
@@ -37,12 +37,14 @@ DEFAULT_PREPROCESS = {   # family -> normalisation and centre-crop fraction (res
     # timm's layouts of the other families (timm's config.json's pretrained_cfg replaces these where it lies beside)
     "timm-beit": {**INCEPTION, "crop_pct": 0.9, "interpolation": "bicubic"},
     "timm-eva02": {**CLIP, "crop_pct": 0.9, "interpolation": "bicubic"},
+    "timm-dinov3": {**IMAGENET, "crop_pct": 1.0, "interpolation": "bicubic"},
     "timm-clip": {**CLIP, "crop_pct": 1.0, "interpolation": "bicubic"},
     "timm-siglip": {**INCEPTION, "crop_pct": 1.0, "interpolation": "bicubic"},
 }
 CONVERTERS = {"beit": beit.convert, "data2vec-vision": beit.convert, "dinov2": dinov2.convert,
               "dinov3": dinov3.convert, "clip": clip.convert, "siglip": clip.convert}
-TIMM_CONVERTERS = {"timm-beit": timm_beit.convert, "timm-eva02": timm_eva.convert}
+TIMM_CONVERTERS = {"timm-beit": timm_beit.convert, "timm-eva02": timm_eva.convert,
+                   "timm-dinov3": timm_dinov3.convert}
 ACT_FAMILIES = ("timm",)   # where --act decides something (timm_clip.py); other families' activation is known
 
 

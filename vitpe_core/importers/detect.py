@@ -7,11 +7,13 @@ from typing import Any, Mapping
 import torch
 
 from ..checkpoint import CheckpointError
+from .timm_dinov3 import eva_with_registers, is_dinov3
 
 FAMILIES = ("timm", "hf", "rope-vit", "beit", "data2vec-vision", "dinov2", "dinov3", "clip", "siglip", "timm-beit",
-            "timm-eva02")
+            "timm-eva02", "timm-dinov3")
 HF_FAMILIES = ("beit", "data2vec-vision", "dinov2", "dinov3", "clip", "siglip")   # importers/<family>.py
-TIMM_FAMILIES = ("timm-beit", "timm-eva02")   # importers/timm_beit.py, timm_eva.py (timm-clip / -siglip: "timm")
+TIMM_FAMILIES = ("timm-beit", "timm-eva02", "timm-dinov3")   # importers/timm_beit.py, timm_eva.py, timm_dinov3.py
+# (timm-clip / -siglip: "timm")
 MODEL_TYPES = {"vit": "hf", "beit": "beit", "data2vec-vision": "data2vec-vision", "dinov2": "dinov2",
                "dinov2_with_registers": "dinov2", "dinov3_vit": "dinov3", "clip": "clip",
                "clip_vision_model": "clip", "siglip": "siglip", "siglip_vision_model": "siglip"}
@@ -33,6 +35,10 @@ def detect_family(sd: Mapping[str, torch.Tensor], config: Mapping[str, Any] | No
     """The family whose key layout `sd` has (and `config`'s `model_type`, when given, agrees
     with); CheckpointError naming the deciding keys otherwise."""
     keys = list(sd)
+    if is_dinov3(config) and any(re.match(r"blocks\.\d+\.attn\.qkv\.weight$", k) for k in keys):
+        return "timm-dinov3"   # timm's Eva: timm ViT's or BEiT's names, a rotary embedding the keys do not show
+    if eva_with_registers(sd):
+        return "timm-dinov3"   # registers and DeiT-III's LayerScale names: timm's Eva (refused without its config)
     marked = {f: [k for k in keys if re.search(p, k)] for f, p in MARKERS.items()}
     if marked["timm-beit"]:   # timm's names of BEiT's table are not Hugging Face's
         marked["beit"] = [k for k in marked["beit"] if not k.startswith(("blocks.", "rel_pos_bias."))]

@@ -1,0 +1,167 @@
+"""DINOv3 in timm's layout (`timm.models.eva.Eva`, `vit_*_dinov3*`: `vit_small_patch16_dinov3`,
+`vit_base_patch16_dinov3`, the `*_qkvb` and `*_plus` variants, `vit_7b_patch16_dinov3`) -> a vitpe
+ViT with `rope_dinov3`, the same encoding as the Hugging Face importer (dinov3.py).
+
+timm 1.0.31 builds every DINOv3 with `rope_type='dinov3'` (`RotaryEmbeddingDinoV3`): periods
+`T^(4k/d)` (`rope_temperature` T = 100), patch centres normalised per axis to `[-1, 1]`, the first
+`d/4` frequencies turned by the row and the last `d/4` by the column, on the pairs `(k, k + d/2)`
+(`rope_rotate_half=True`): what `rope_dinov3` computes on vitpe's adjacent pairs once each head's
+query and key channels are reordered as the HF importer does (`half_to_adjacent`; the scores are
+unchanged). The prefix tokens (CLS, then the 4 registers `reg_token`) are not rotated, in both.
+Keys: `blocks.N.attn.qkv.weight` with `q_bias` / `v_bias` in the `*_qkvb` models (the key has no
+bias: zero), `gamma_1` / `gamma_2` (LayerScale), a plain GELU MLP (`mlp.fc1`, `mlp.fc2`) or SwiGLU
+(`mlp.fc1_g`, `mlp.fc1_x`, SiLU; timm's packed `GluMlp` is split too), LayerNorm eps 1e-5, no
+position table. The read-out is timm's `global_pool` (the mean of the patch tokens after `norm` by
+default, `'token'` the CLS token as upstream DINOv3).
+
+The rotary embedding is a buffer, not in the file, and the keys look like other `Eva` models with
+registers (`vit_*_rope_reg*`, whose rotary embedding differs): timm's `config.json` beside the file
+must name a DINOv3 architecture. Its `model_args` may set `rope_temperature`; other rotary options
+(offset, `xy` indexing, the interleaved layout), post-norm blocks and a position table are refused.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+import torch
+from torch import Tensor
+
+from ..checkpoint import CheckpointError
+from ..config import ViTConfig
+from . import timm_hub
+from ._hf import Keys, target_grid
+from .dinov3 import half_to_adjacent
+from .timm_beit import REFUSED
+
+FAMILY = "timm-dinov3"
+ARCH = r"_dinov3(_|$)"
+HEADS = {"vit_7b_patch16_dinov3": 32}   # timm 1.0.31: the one DINOv3 whose heads are not width / 64
+DEFAULT_SIZE = (256, 256)              # pretrained_cfg input_size of every DINOv3 in timm 1.0.31
+# model_args that change what timm computes, with the value every DINOv3 architecture has
+FIXED = {"rope_type": "dinov3", "rope_grid_offset": 0, "rope_grid_indexing": "ij", "rope_rotate_half": True,
+         "attn_type": "eva", "use_post_norm": False, "use_abs_pos_emb": False, "use_pre_transformer_norm": False,
+         "qk_norm": False, "scale_attn_inner": False, "scale_mlp": False, "no_embed_class": False,
+         "class_token": True}
+
+
+def is_dinov3(config: Mapping[str, Any] | None) -> bool:
+    return bool(re.search(ARCH, timm_hub.architecture(config)))
+
+
+def eva_with_registers(sd: Mapping[str, Tensor]) -> bool:
+    """The keys of timm's `Eva` with register tokens: `reg_token` and `blocks.N.gamma_1`, no relative
+    table or `freqs` (RoPE-ViT names LayerScale `gamma_1` too, but has no registers)."""
+    return ("reg_token" in sd and any(re.match(r"blocks\.\d+\.gamma_[12]$", k) for k in sd)
+            and not any(k.endswith("relative_position_bias_table") or k == "freqs" for k in sd))
+
+
+def convert(sd: Mapping[str, Tensor], config: Mapping[str, Any], *, img_size, heads, pool, notes: list[str]
+            ) -> tuple[ViTConfig, dict[str, Tensor], str]:
+    arch = timm_hub.architecture(config)
+    if not is_dinov3(config):
+        raise CheckpointError(f"{FAMILY}: timm's Eva class with register tokens (`reg_token`, `blocks.N.gamma_1`): "
+                              "timm's DINOv3 or another Eva (`vit_*_rope_reg*`), whose rotary embeddings differ and "
+                              "are not in the file; put timm's config.json (architecture vit_*_dinov3*) beside the file"
+                              f"{f' (it names {arch!r})' if arch else ''}")
+    args = timm_hub.model_args(config)
+    for name, value in FIXED.items():
+        if name in args and args[name] != value and not (value is False and args[name] is None):
+            raise CheckpointError(f"{FAMILY}: timm's config.json sets {name}={args[name]!r} (DINOv3: {value!r}), which "
+                                  "vitpe's import of timm's DINOv3 does not compute; refused")
+    for pattern, what in REFUSED.items():
+        hit = sorted(k for k in sd if re.search(pattern, k)) if "fc1_g" not in pattern else []   # SwiGLU: mapped
+        if hit:
+            raise CheckpointError(f"{FAMILY}: {hit[0]} is {what}, which vitpe's ViT does not compute; refused")
+    split = sorted(k for k in sd if re.match(r"blocks\.\d+\.attn\.(q_proj|k_proj|v_proj)\.", k))
+    if split:
+        raise CheckpointError(f"{FAMILY}: {split[0]}: separate query/key/value projections (qkv_fused=False); every "
+                              "timm DINOv3 packs them in attn.qkv; refused")
+    if "pos_embed" in sd:
+        raise CheckpointError(f"{FAMILY}: pos_embed beside DINOv3's rotary embedding (use_abs_pos_emb): not a DINOv3 "
+                              "vitpe maps; refused")
+    keys = Keys(sd, FAMILY)
+    proj = keys.take("patch_embed.proj.weight", "patch_embed.proj.weight")
+    keys.take("patch_embed.proj.bias", "patch_embed.proj.bias")
+    if keys.take("cls_token", "cls_token") is None or proj is None or proj.ndim != 4:
+        raise CheckpointError(f"{FAMILY}: no convolutional patch embedding or class token in the file")
+    reg = keys.take("reg_token", "reg_token")
+    if keys.drop(r"^mask_token$"):
+        notes.append("Left out `mask_token` (used only for masked pre-training).")
+    keys.drop(r"^blocks\.\d+\.attn\.k_bias$")   # a zero buffer
+    if keys.drop(r"^rope\."):                    # buffers (periods, cached sines and cosines), recomputed
+        notes.append("Left out the rotary embedding's stored buffers (`rope.*`), which are recomputed.")
+    patch, dim = proj.shape[-1], proj.shape[0]
+    n_heads = heads or timm_hub.heads(config) or HEADS.get(arch) or max(1, dim // 64)
+    if dim % n_heads or (dim // n_heads) % 4:
+        raise CheckpointError(f"{FAMILY}: width {dim} with {n_heads} heads: the head width must be a multiple of 4 "
+                              "(pass --heads)")
+    layers = keys.layers(r"blocks\.(\d+)\.")
+    for i in layers:
+        b = f"blocks.{i}."
+        w = keys.get(f"{b}attn.qkv.weight")
+        q, v = keys.get(f"{b}attn.q_bias"), keys.get(f"{b}attn.v_bias")
+        if w is None or (q is None) != (v is None):
+            what = "no attn.qkv.weight" if w is None else "only one of attn.q_bias and attn.v_bias"
+            raise CheckpointError(f"{FAMILY}: block {i} has {what}")
+        wq, wk, wv = w.chunk(3, dim=0)
+        keys.out[f"{b}attn.qkv.weight"] = torch.cat((half_to_adjacent(wq, n_heads), half_to_adjacent(wk, n_heads), wv))
+        if q is not None:
+            keys.out[f"{b}attn.qkv.bias"] = torch.cat((half_to_adjacent(q, n_heads), torch.zeros_like(q), v))
+        for name in ("norm1", "norm2", "attn.proj", "mlp.fc1_g", "mlp.fc1_x", "mlp.fc2"):
+            for p in ("weight", "bias"):
+                keys.take(f"{b}{name}.{p}", f"{b}{name}.{p}")
+        packed = keys.get(f"{b}mlp.fc1.weight")
+        fc2 = keys.out.get(f"{b}mlp.fc2.weight")
+        for p in ("weight", "bias"):
+            t = packed if p == "weight" else keys.get(f"{b}mlp.fc1.bias")
+            if t is None:
+                continue
+            if fc2 is not None and packed is not None and packed.shape[0] == 2 * fc2.shape[1]:   # GluMlp, gate first
+                keys.out[f"{b}mlp.fc1_g.{p}"], keys.out[f"{b}mlp.fc1_x.{p}"] = t.chunk(2, dim=0)
+            else:
+                keys.out[f"{b}mlp.fc1.{p}"] = t
+        for n in (1, 2):
+            keys.take(f"{b}ls{n}.gamma", f"{b}gamma_{n}")
+    for name in ("norm", "fc_norm", "head"):
+        for p in ("weight", "bias"):
+            keys.take(f"{name}.{p}", f"{name}.{p}")
+    keys.refuse_rest()
+    out = keys.out
+    gated = "blocks.0.mlp.fc1_g.weight" in out
+    if f"blocks.0.mlp.{'fc1_g' if gated else 'fc1'}.weight" not in out:
+        raise CheckpointError(f"{FAMILY}: block 0 lacks mlp.fc1.weight (or fc1_g / fc1_x)")
+    ls = [sum(f"blocks.{i}.ls{n}.gamma" in out for i in layers) for n in (1, 2)]
+    if ls not in ([0, 0], [len(layers)] * 2):
+        raise CheckpointError(f"{FAMILY}: LayerScale in {ls[0]} attention and {ls[1]} MLP branches of {len(layers)} "
+                              "blocks; vitpe's LayerScale is in both branches of every block")
+    if "patch_embed.proj.bias" not in out:
+        out["patch_embed.proj.bias"] = torch.zeros(dim)
+        notes.append("The patch embedding has no bias in the file; a zero bias is equivalent.")
+    size = timm_hub.img_size(config) or DEFAULT_SIZE
+    grid = target_grid(img_size, (size[0] // patch, size[1] // patch), patch)
+    theta = float(args.get("rope_temperature", 100.0))
+    notes.append(f"timm's DINOv3 rotary embedding: rope_dinov3 with theta {theta:g}; each head's query and key "
+                 "channels reordered from timm's (k, k + d/2) rotation pairs to adjacent pairs (the attention is the "
+                 "same).")
+    cfg = ViTConfig(img_size=(grid[0] * patch, grid[1] * patch), patch_size=patch, in_chans=proj.shape[1],
+                    num_classes=out["head.weight"].shape[0] if "head.weight" in out else 0, dim=dim,
+                    depth=len(layers), heads=n_heads,
+                    mlp_dim=out[f"blocks.0.mlp.{'fc1_g' if gated else 'fc1'}.weight"].shape[0],
+                    qkv_bias="blocks.0.attn.qkv.bias" in out, norm_eps=1e-5, encoding="rope_dinov3",
+                    encoding_options={"theta": theta}, reg_tokens=0 if reg is None else reg.shape[1],
+                    layer_scale=bool(ls[0]), pool=_read_out(out, config, pool, notes),
+                    fc_norm="fc_norm.weight" in out, act="silu" if gated else "gelu", mlp="gated" if gated else "mlp")
+    return cfg, out, FAMILY
+
+
+def _read_out(out: Mapping[str, Tensor], config: Mapping[str, Any], pool: str | None, notes: list[str]) -> str:
+    """`pool`, else timm's config.json's `global_pool`, else timm's default for its DINOv3s: the mean."""
+    given = pool or timm_hub.arg(config, "global_pool")
+    if given in ("token", "avg"):
+        return given
+    if given:
+        raise CheckpointError(f"global_pool {given!r}: vitpe reads timm's DINOv3 out by 'token' or 'avg'")
+    notes.append("Read-out: the mean of the patch tokens after `norm` (timm's default for its DINOv3 architectures; "
+                 "upstream DINOv3 reads the CLS token: import with --pool token for that).")
+    return "avg"
