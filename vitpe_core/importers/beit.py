@@ -41,6 +41,20 @@ def _table(t: Tensor, grid: tuple[int, int], family: str, key: str) -> tuple[Ten
     return t[:-3].T.reshape(-1, 2 * H - 1, 2 * W - 1), t[-3:].T
 
 
+
+def one_table_scheme(tables: list, shared: Tensor | None, n_layers: int, grid: tuple[int, int], family: str,
+                     shared_key: str, unit: str) -> list:
+    """The `_table`s of every layer, or the one shared table (`shared`, its name in the file
+    `shared_key`): never both, and per-layer tables in every layer (`unit`: "layers" / "blocks")."""
+    if tables and shared is not None:
+        raise CheckpointError(f"{family}: both per-layer and shared relative position bias tables; vitpe's `rpb_cls` "
+                              "holds one or the other")
+    if shared is not None:
+        return [_table(shared, grid, family, shared_key)]
+    if tables and len(tables) != n_layers:
+        raise CheckpointError(f"{family}: {len(tables)} of {n_layers} {unit} have a relative position bias table")
+    return tables
+
 def _table_patches(t: Tensor | None) -> int | None:
     """The patch count of the square grid a `((2s-1)² + 3, h)` table covers (None: no table or no square)."""
     if t is None:
@@ -88,13 +102,8 @@ def convert(sd: Mapping[str, Tensor], config: Mapping[str, Any], *, img_size, he
                        for r in ("", "attention.attention.")))
         if t is not None:
             tables.append(_table(t, grid0, family, f"layer {i}'s relative_position_bias_table"))
-    if tables and shared is not None:
-        raise CheckpointError(f"{family}: both per-layer and shared relative position bias tables; vitpe's `rpb_cls` "
-                              "holds one or the other")
-    if shared is not None:
-        tables = [_table(shared, grid0, family, "the shared relative_position_bias_table")]
-    elif tables and len(tables) != len(layers):
-        raise CheckpointError(f"{family}: {len(tables)} of {len(layers)} layers have a relative position bias table")
+    tables = one_table_scheme(tables, shared, len(layers), grid0, family, "the shared relative_position_bias_table",
+                              "layers")
     for p in ("weight", "bias"):
         keys.take(f"norm.{p}", f"layernorm.{p}")
         keys.take(f"fc_norm.{p}", f"pooler.layernorm.{p}")

@@ -29,7 +29,7 @@ from ..config import ViTConfig
 from ..encodings.absolute import resample_abs_pos_embed
 from . import timm_hub
 from ._hf import Keys, config_grid, target_grid
-from .beit import _table
+from .beit import _table, one_table_scheme
 
 FAMILY = "timm-beit"
 REFUSED = {   # layers of timm's Beit (or Eva) vitpe's ViT does not compute
@@ -73,6 +73,39 @@ def _square_table(t: Tensor | None) -> int | None:
     return side * side if (2 * side - 1) ** 2 + 3 == t.shape[0] else None
 
 
+
+def take_embedding(keys: Keys, family: str, notes: list[str]) -> Tensor:
+    """The patch embedding and class token of timm's BEiT / Eva layouts (the projection weight,
+    checked convolutional), `mask_token` left out with a note."""
+    proj = keys.take("patch_embed.proj.weight", "patch_embed.proj.weight")
+    keys.take("patch_embed.proj.bias", "patch_embed.proj.bias")
+    if keys.take("cls_token", "cls_token") is None or proj is None or proj.ndim != 4:
+        raise CheckpointError(f"{family}: no convolutional patch embedding or class token in the file")
+    if keys.drop(r"^mask_token$"):
+        notes.append("Left out `mask_token` (used only for masked pre-training).")
+    return proj
+
+
+def take_qkv(keys: Keys, i: int, family: str, reorder=None, biases_required: bool = False) -> None:
+    """Block `i`'s fused `attn.qkv.weight` and its separate `q_bias` / `v_bias` (timm's BEiT and
+    Eva: the key has no bias; a zero one is equivalent) as vitpe's `qkv` weight and bias.
+    `reorder(t)`: applied to the query and key parts (a rotary layout's channel order)."""
+    b = f"blocks.{i}."
+    w = keys.get(f"{b}attn.qkv.weight")
+    q, v = keys.get(f"{b}attn.q_bias"), keys.get(f"{b}attn.v_bias")
+    if biases_required and (w is None or q is None or v is None):
+        raise CheckpointError(f"{family}: block {i} lacks attn.qkv.weight, attn.q_bias or attn.v_bias")
+    if w is None or (q is None) != (v is None):
+        what = "no attn.qkv.weight" if w is None else "only one of attn.q_bias and attn.v_bias"
+        raise CheckpointError(f"{family}: block {i} has {what}")
+    if reorder is None:
+        keys.out[f"{b}attn.qkv.weight"] = w
+    else:
+        wq, wk, wv = w.chunk(3, dim=0)
+        keys.out[f"{b}attn.qkv.weight"] = torch.cat((reorder(wq), reorder(wk), wv))
+    if q is not None:
+        keys.out[f"{b}attn.qkv.bias"] = torch.cat((q if reorder is None else reorder(q), torch.zeros_like(q), v))
+
 def convert(sd: Mapping[str, Tensor], config: Mapping[str, Any], *, img_size, heads, pool, notes: list[str]
             ) -> tuple[ViTConfig, dict[str, Tensor], str]:
     refuse_layers(sd, FAMILY)
@@ -81,13 +114,8 @@ def convert(sd: Mapping[str, Tensor], config: Mapping[str, Any], *, img_size, he
                               "beside attn.q_bias: timm's Eva (EVA-02), not a BEiT. Its rotary embedding is not in the "
                               "file; put timm's config.json (architecture eva02_*) beside it")
     keys = Keys(sd, FAMILY)
-    proj = keys.take("patch_embed.proj.weight", "patch_embed.proj.weight")
-    keys.take("patch_embed.proj.bias", "patch_embed.proj.bias")
-    if keys.take("cls_token", "cls_token") is None or proj is None or proj.ndim != 4:
-        raise CheckpointError(f"{FAMILY}: no convolutional patch embedding or class token in the file")
+    proj = take_embedding(keys, FAMILY, notes)
     pos = keys.get("pos_embed")
-    if keys.drop(r"^mask_token$"):
-        notes.append("Left out `mask_token` (used only for masked pre-training).")
     keys.drop(r"relative_position_index$|^blocks\.\d+\.attn\.k_bias$")   # buffers older files keep
     patch, dim = proj.shape[-1], proj.shape[0]
     layers = keys.layers(r"blocks\.(\d+)\.")
@@ -103,13 +131,7 @@ def convert(sd: Mapping[str, Tensor], config: Mapping[str, Any], *, img_size, he
     tables = []
     for i in layers:
         b = f"blocks.{i}."
-        w = keys.take(f"{b}attn.qkv.weight", f"{b}attn.qkv.weight")
-        q, v = keys.get(f"{b}attn.q_bias"), keys.get(f"{b}attn.v_bias")
-        if w is None or (q is None) != (v is None):
-            what = "no attn.qkv.weight" if w is None else "only one of attn.q_bias and attn.v_bias"
-            raise CheckpointError(f"{FAMILY}: block {i} has {what}")
-        if q is not None:
-            keys.out[f"{b}attn.qkv.bias"] = torch.cat((q, torch.zeros_like(q), v))
+        take_qkv(keys, i, FAMILY)
         for name in ("norm1", "norm2", "attn.proj", "mlp.fc1", "mlp.fc2"):
             for p in ("weight", "bias"):
                 keys.take(f"{b}{name}.{p}", f"{b}{name}.{p}")
@@ -118,13 +140,8 @@ def convert(sd: Mapping[str, Tensor], config: Mapping[str, Any], *, img_size, he
         t = keys.get(f"{b}attn.relative_position_bias_table")
         if t is not None:
             tables.append(_table(t, grid0, FAMILY, f"{b}attn.relative_position_bias_table"))
-    if tables and shared is not None:
-        raise CheckpointError(f"{FAMILY}: both per-layer and shared relative position bias tables; vitpe's `rpb_cls` "
-                              "holds one or the other")
-    if shared is not None:
-        tables = [_table(shared, grid0, FAMILY, "rel_pos_bias.relative_position_bias_table")]
-    elif tables and len(tables) != len(layers):
-        raise CheckpointError(f"{FAMILY}: {len(tables)} of {len(layers)} blocks have a relative position bias table")
+    tables = one_table_scheme(tables, shared, len(layers), grid0, FAMILY, "rel_pos_bias.relative_position_bias_table",
+                              "blocks")
     for name in ("norm", "fc_norm", "head"):
         for p in ("weight", "bias"):
             keys.take(f"{name}.{p}", f"{name}.{p}")

@@ -32,7 +32,7 @@ from ..config import ViTConfig
 from . import timm_hub
 from ._hf import Keys, target_grid
 from .dinov3 import half_to_adjacent
-from .timm_beit import REFUSED
+from .timm_beit import REFUSED, take_embedding, take_qkv
 
 FAMILY = "timm-dinov3"
 ARCH = r"_dinov3(_|$)"
@@ -81,13 +81,8 @@ def convert(sd: Mapping[str, Tensor], config: Mapping[str, Any], *, img_size, he
         raise CheckpointError(f"{FAMILY}: pos_embed beside DINOv3's rotary embedding (use_abs_pos_emb): not a DINOv3 "
                               "vitpe maps; refused")
     keys = Keys(sd, FAMILY)
-    proj = keys.take("patch_embed.proj.weight", "patch_embed.proj.weight")
-    keys.take("patch_embed.proj.bias", "patch_embed.proj.bias")
-    if keys.take("cls_token", "cls_token") is None or proj is None or proj.ndim != 4:
-        raise CheckpointError(f"{FAMILY}: no convolutional patch embedding or class token in the file")
+    proj = take_embedding(keys, FAMILY, notes)
     reg = keys.take("reg_token", "reg_token")
-    if keys.drop(r"^mask_token$"):
-        notes.append("Left out `mask_token` (used only for masked pre-training).")
     keys.drop(r"^blocks\.\d+\.attn\.k_bias$")   # a zero buffer
     if keys.drop(r"^rope\."):                    # buffers (periods, cached sines and cosines), recomputed
         notes.append("Left out the rotary embedding's stored buffers (`rope.*`), which are recomputed.")
@@ -99,15 +94,7 @@ def convert(sd: Mapping[str, Tensor], config: Mapping[str, Any], *, img_size, he
     layers = keys.layers(r"blocks\.(\d+)\.")
     for i in layers:
         b = f"blocks.{i}."
-        w = keys.get(f"{b}attn.qkv.weight")
-        q, v = keys.get(f"{b}attn.q_bias"), keys.get(f"{b}attn.v_bias")
-        if w is None or (q is None) != (v is None):
-            what = "no attn.qkv.weight" if w is None else "only one of attn.q_bias and attn.v_bias"
-            raise CheckpointError(f"{FAMILY}: block {i} has {what}")
-        wq, wk, wv = w.chunk(3, dim=0)
-        keys.out[f"{b}attn.qkv.weight"] = torch.cat((half_to_adjacent(wq, n_heads), half_to_adjacent(wk, n_heads), wv))
-        if q is not None:
-            keys.out[f"{b}attn.qkv.bias"] = torch.cat((half_to_adjacent(q, n_heads), torch.zeros_like(q), v))
+        take_qkv(keys, i, FAMILY, lambda t: half_to_adjacent(t, n_heads))
         for name in ("norm1", "norm2", "attn.proj", "mlp.fc1_g", "mlp.fc1_x", "mlp.fc2"):
             for p in ("weight", "bias"):
                 keys.take(f"{b}{name}.{p}", f"{b}{name}.{p}")

@@ -29,7 +29,7 @@ from ..config import ViTConfig
 from ..encodings.absolute import resample_abs_pos_embed
 from . import timm_hub
 from ._hf import Keys, target_grid
-from .timm_beit import packed_glu, read_out, refuse_layers, trained_grid
+from .timm_beit import packed_glu, read_out, refuse_layers, take_embedding, take_qkv, trained_grid
 
 FAMILY = "timm-eva02"
 REF_GRID = (16, 16)   # ref_feat_shape of every eva02_* architecture in timm 1.0.31 (224 / 14)
@@ -62,15 +62,10 @@ def convert(sd: Mapping[str, Tensor], config: Mapping[str, Any], *, img_size, he
         raise CheckpointError(f"{FAMILY}: blocks.0.mlp.fc1.weight is not a packed SwiGLU (twice fc2's input width): "
                               "not the EVA-02 tiny / small layout vitpe maps")
     keys = Keys(sd, FAMILY)
-    proj = keys.take("patch_embed.proj.weight", "patch_embed.proj.weight")
-    keys.take("patch_embed.proj.bias", "patch_embed.proj.bias")
-    if keys.take("cls_token", "cls_token") is None or proj is None or proj.ndim != 4:
-        raise CheckpointError(f"{FAMILY}: no convolutional patch embedding or class token in the file")
+    proj = take_embedding(keys, FAMILY, notes)
     pos = keys.get("pos_embed")
     if pos is None:
         raise CheckpointError(f"{FAMILY}: no pos_embed; every EVA-02 has one beside its rotary embedding")
-    if keys.drop(r"^mask_token$"):
-        notes.append("Left out `mask_token` (used only for masked pre-training).")
     keys.drop(r"^blocks\.\d+\.attn\.k_bias$")   # a zero buffer older files keep
     if keys.drop(r"^rope\."):                    # buffers older files keep; timm recomputes them too
         notes.append("Left out the rotary embedding's stored sines and cosines (`rope.*`), which are recomputed.")
@@ -84,13 +79,7 @@ def convert(sd: Mapping[str, Tensor], config: Mapping[str, Any], *, img_size, he
     layers = keys.layers(r"blocks\.(\d+)\.")
     for i in layers:
         b = f"blocks.{i}."
-        w = keys.get(f"{b}attn.qkv.weight")
-        q, v = keys.get(f"{b}attn.q_bias"), keys.get(f"{b}attn.v_bias")
-        if w is None or q is None or v is None:
-            raise CheckpointError(f"{FAMILY}: block {i} lacks attn.qkv.weight, attn.q_bias or attn.v_bias")
-        wq, wk, wv = w.chunk(3, dim=0)
-        keys.out[f"{b}attn.qkv.weight"] = torch.cat((swap_halves(wq, n_heads), swap_halves(wk, n_heads), wv))
-        keys.out[f"{b}attn.qkv.bias"] = torch.cat((swap_halves(q, n_heads), torch.zeros_like(q), v))
+        take_qkv(keys, i, FAMILY, lambda t: swap_halves(t, n_heads), biases_required=True)
         for name in ("norm1", "norm2", "attn.proj", "mlp.fc2"):
             for p in ("weight", "bias"):
                 keys.take(f"{b}{name}.{p}", f"{b}{name}.{p}")
