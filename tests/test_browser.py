@@ -70,10 +70,10 @@ def no_exception(page) -> None:
 HEATMAP_Z = "e => JSON.stringify(e.data[0].z)"
 
 
-def heatmap(page, key: str) -> tuple[str, np.ndarray]:
-    """The first trace's z of the chart with widget key `key`, as sent (JSON) and decoded;
-    Plotly >= 6 sends numpy arrays as base64 typed arrays."""
-    raw = page.locator(f".st-key-{key} .js-plotly-plot").evaluate(HEATMAP_Z)
+def heatmap(page, key: str, js: str = HEATMAP_Z) -> tuple[str, np.ndarray]:
+    """The first trace's z (or what `js` reads from the plot element) of the chart with widget key
+    `key`, as sent (JSON) and decoded; Plotly >= 6 sends numpy arrays as base64 typed arrays."""
+    raw = page.locator(f".st-key-{key} .js-plotly-plot").evaluate(js)
     z = json.loads(raw)
     if isinstance(z, dict):
         shape = [int(s) for s in str(z.get("shape", "-1")).split(",")]

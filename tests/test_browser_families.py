@@ -9,9 +9,6 @@ this checks what a visitor's clicks and uploads do.
 Skips with a reason where chromium, playwright or transformers is missing."""
 from __future__ import annotations
 
-import base64
-import json
-
 import numpy as np
 import pytest
 
@@ -70,12 +67,8 @@ HEAT_Z = "e => JSON.stringify((e.data.find(t => t.type === 'heatmap') || {}).z)"
 
 
 def heat(page, key: str) -> tuple[str, np.ndarray]:
-    raw = page.locator(f".st-key-{key} .js-plotly-plot").evaluate(HEAT_Z)
-    z = json.loads(raw)
-    if isinstance(z, dict):           # Plotly >= 6: numpy arrays travel as base64 typed arrays
-        shape = [int(s) for s in str(z.get("shape", "-1")).split(",")]
-        return raw, np.frombuffer(base64.b64decode(z["bdata"]), dtype=np.dtype(z["dtype"])).reshape(shape)
-    return raw, np.array([[np.nan if v is None else v for v in row] for row in z], dtype=float)
+    from test_browser import heatmap
+    return heatmap(page, key, HEAT_Z)
 
 
 def changed(page, key: str, before: str) -> np.ndarray:
