@@ -5,7 +5,6 @@ hub cache the test lays out, offline; and with no network, the files to fetch in
 what a wrong config.json or hub id gets. Each imported model then draws on the bias explorer."""
 from __future__ import annotations
 
-import json
 
 import pytest
 
@@ -122,13 +121,5 @@ def test_a_bare_timm_clip_file_takes_the_activation_from_the_form():
 def _timm_case(case: str) -> dict:
     """A timm-layout state dict from the committed reference vectors (tests/data, written by
     scripts/make_import_references.py with timm itself)."""
-    from pathlib import Path
-
-    from safetensors import safe_open
-    path = Path(__file__).parent / "data" / "import_references_timm_families.safetensors"
-    with safe_open(str(path), "pt") as f:
-        meta = f.metadata()
-        prefix = f"{case}.sd."
-        sd = {k[len(prefix):]: f.get_tensor(k) for k in f.keys() if k.startswith(prefix)}
-    assert sd, (case, json.loads(meta["cases"]))
-    return sd
+    from test_importers_timm_families import CASES
+    return {k.removeprefix("sd."): v for k, v in CASES[case].items() if k.startswith("sd.")}

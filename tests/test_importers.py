@@ -23,8 +23,9 @@ from vitpe_core.importers import GridUnknownError, detect_family, import_checkpo
 REFS = Path(__file__).parent / "data" / "import_references.safetensors"
 
 
-def _refs() -> tuple[dict, dict[str, dict[str, torch.Tensor]]]:
-    with safe_open(str(REFS), framework="pt") as f:
+def _refs(path: Path = REFS) -> tuple[dict, dict[str, dict[str, torch.Tensor]]]:
+    """A reference file of scripts/make_import_references.py: (its cases' metadata, case -> tensors)."""
+    with safe_open(str(path), framework="pt") as f:
         meta = json.loads(f.metadata()["cases"])
         cases: dict[str, dict[str, torch.Tensor]] = {}
         for key in f.keys():

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
+from test_importers import _refs
 from vitpe_core.__main__ import main
 from vitpe_core.checkpoint import CheckpointError, load_checkpoint
 from vitpe_core.importers import detect_family, import_file, import_state_dict
@@ -31,17 +31,7 @@ from vitpe_core.swin.convert import is_swin
 REFS = Path(__file__).parent / "data" / "import_references_timm_families.safetensors"
 
 
-def _refs() -> tuple[dict, dict[str, dict[str, torch.Tensor]]]:
-    with safe_open(str(REFS), framework="pt") as f:
-        meta = json.loads(f.metadata()["cases"])
-        cases: dict[str, dict[str, torch.Tensor]] = {}
-        for key in f.keys():
-            case, rest = key.split(".", 1)
-            cases.setdefault(case, {})[rest] = f.get_tensor(key)
-    return meta, cases
-
-
-META, CASES = _refs()
+META, CASES = _refs(REFS)
 REL = 1e-5
 
 
