@@ -123,3 +123,77 @@ def _timm_case(case: str) -> dict:
     scripts/make_import_references.py with timm itself)."""
     from test_importers_timm_families import CASES
     return {k.removeprefix("sd."): v for k, v in CASES[case].items() if k.startswith("sd.")}
+
+
+def _spy_on_the_build(monkeypatch, name: str, fail: bool = False) -> list[int]:
+    """`importers.import_file` wrapped: what it appends, when the model is about to be built, is how
+    many `UploadedFile`s of `name` still hold its bytes, and whether Streamlit's upload manager
+    does; with `fail` the import then fails as a file the importer refuses does."""
+    import gc
+
+    import vitpe_core.importers as importers
+    from streamlit.runtime.uploaded_file_manager import UploadedFile
+    from vitpe_core.checkpoint import CheckpointError
+
+    from pages.common import import_form
+    seen, real = [], importers.import_file
+
+    def spy(path, **kw):
+        mgr, session = import_form._upload_manager()
+        seen.append(sum(type(o) is UploadedFile and o.name == name and not o.closed for o in gc.get_objects()))
+        seen.append(any(r.name == name for r in mgr.file_storage.get(session, {}).values()))
+        if fail:
+            raise CheckpointError(f"{name}: refused")
+        return real(path, **kw)
+
+    monkeypatch.setattr(importers, "import_file", spy)
+    return seen
+
+
+def test_the_uploaded_bytes_are_let_go_before_the_model_is_built_and_put_back_when_it_fails(monkeypatch):
+    """Issue 30: the upload's bytes (a ViT-B/16 in float16: 173 MB, in Streamlit's upload manager
+    and in the uploader's session state, this run's value and the last run's) and its float32
+    model were held at once, the server's peak. They go before the build; an import that fails
+    puts the file back in the upload manager, for another try."""
+    from pages.common import import_form
+    from test_app import _small_vit, _timm_npz
+
+    data = _timm_npz(_small_vit())
+    seen = _spy_on_the_build(monkeypatch, "held.npz")
+    at = _form(ok(run({"page": "checkpoints"})), weights=("held.npz", data))
+    assert not at.error and _imported_name(at) == "held-upload"
+    assert seen == [0, False], seen
+
+    data = _timm_npz(_small_vit(4))                       # another file: the first is in the store already
+    seen, back = _spy_on_the_build(monkeypatch, "refused.npz", fail=True), []
+    restore = import_form._restore_upload
+
+    def spy_restore(up, copy):
+        restore(up, copy)
+        mgr, session = import_form._upload_manager()
+        back.extend(r.data == data for r in mgr.get_files(session, [up.file_id]))
+
+    monkeypatch.setattr(import_form, "_restore_upload", spy_restore)
+    at = _form(ok(run({"page": "checkpoints"})), weights=("refused.npz", data))
+    [error] = [e.value for e in at.error]
+    assert error == "refused.npz was not imported: refused.npz: refused", error
+    assert seen == [0, False] and back == [True], (seen, back)
+
+
+def test_a_copy_of_an_uploaded_file_shares_its_bytes_and_is_still_a_file_of_its_own():
+    """Streamlit deep-copies a widget's value on every run that draws it: a weights file in the
+    uploader was copied whole on each rerun (173 MB for a ViT-B/16 in float16, issue 30)."""
+    import copy
+
+    from streamlit.proto.Common_pb2 import FileURLs
+    from streamlit.runtime.uploaded_file_manager import UploadedFile, UploadedFileRec
+
+    from pages.common import import_form
+    import_form.share_uploads_on_copy()
+    data = bytes(range(256)) * 4
+    up = UploadedFile(UploadedFileRec("id", "vit.npz", "application/octet-stream", data), FileURLs())
+    up.seek(10)
+    twin = copy.deepcopy(up)
+    assert twin.getvalue() is data and (twin.name, twin.file_id, twin.size, twin.tell()) == ("vit.npz", "id", 1024, 10)
+    twin.write(b"changed")
+    assert up.getvalue() is data and twin.getvalue()[10:17] == b"changed" and up.tell() == 10

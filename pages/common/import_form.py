@@ -15,6 +15,34 @@ from .messages import show_notes
 RESULT = "_vitpe_import_result"   # (page, name or None, notes, error or None) of the callback's import
 
 
+def share_uploads_on_copy() -> bool:
+    """Make a copy of an `UploadedFile` share its bytes instead of copying them (False where
+    Streamlit's class already says how it is copied). Streamlit deep-copies every widget's value
+    on every run that draws it (`SessionState.register_widget`), so a weights file in the uploader
+    was copied whole on each rerun of the page until it was imported: 173 MB more for a ViT-B/16
+    in float16, the server's peak (issue 30). The twin is still a file of its own (its own
+    position; `io.BytesIO` copies the shared bytes before a write), as the copy was meant to be."""
+    import copy
+    import io
+
+    from streamlit.runtime.uploaded_file_manager import UploadedFile
+    if "__deepcopy__" in vars(UploadedFile):
+        return False
+
+    def __deepcopy__(self, memo):
+        twin = type(self).__new__(type(self))
+        io.BytesIO.__init__(twin, self.getvalue())     # the same bytes object, not a copy of it
+        twin.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        twin.seek(self.tell())
+        return twin
+
+    UploadedFile.__deepcopy__ = __deepcopy__
+    return True
+
+
+share_uploads_on_copy()
+
+
 def _import(page: str) -> None:
     """The Import button's callback: import the form's files with its settings (`RESULT`)."""
     ss = st.session_state
@@ -32,7 +60,8 @@ def _import(page: str) -> None:
         with st.spinner(f"Importing {what}…"):
             if up is not None:
                 name, notes = model_import.import_upload(
-                    up.name, up.getvalue(), config=None if config is None else (config.name, config.getvalue()),
+                    up.name, up, config=None if config is None else (config.name, config.getvalue()),
+                    release=lambda: _release_upload(page, up), restore=lambda copy: _restore_upload(up, copy),
                     **settings)
             else:
                 name, notes = model_import.import_hub(hub, **settings)
@@ -40,19 +69,38 @@ def _import(page: str) -> None:
         ss[RESULT] = (page, None, [], f"{what} was not imported: {e}")
         return
     ss[RESULT] = (page, name, notes, None)
-    if up is not None:
-        _release_upload(up)
 
 
-def _release_upload(up) -> None:
-    """Drop an imported weights file's bytes from Streamlit's upload manager, which would keep
-    them for the rest of the session (a ViT-B/16 in float16: 173 MB outside the memory budget);
-    the model itself is in the server's store now. The uploader then holds no file."""
+def _release_upload(page: str, up) -> None:
+    """Drop the weights file's bytes before its model is built (issue 30: the file and its float32
+    model both in memory were the server's peak; a ViT-B/16 in float16 is 173 MB): from Streamlit's
+    upload manager, which would keep them for the rest of the session, from the uploader's session
+    state (its value there, and the last run's, each an `UploadedFile` holding them) and from `up`.
+    The uploader then holds no file; a model that is imported is in the server's store."""
+    mgr, session_id = _upload_manager()
+    if mgr is not None and getattr(up, "file_id", None):
+        mgr.remove_file(session_id, up.file_id)
+    key = f"{page}_model_upload"
+    if key in st.session_state:
+        del st.session_state[key]
+    up.close()
+
+
+def _restore_upload(up, copy) -> None:
+    """Put a weights file whose import failed back in Streamlit's upload manager (read from the
+    import's temporary `copy`): the browser still shows it in the uploader and sends it with the
+    visitor's next change, so that Import can be pressed again with other settings."""
+    from streamlit.runtime.uploaded_file_manager import UploadedFileRec
+    mgr, session_id = _upload_manager()
+    if mgr is not None and getattr(up, "file_id", None):
+        mgr.add_file(session_id, UploadedFileRec(up.file_id, up.name, up.type, copy.read_bytes()))
+
+
+def _upload_manager():
+    """(Streamlit's uploaded-file manager, this session's id), or (None, None) outside a script run."""
     from streamlit.runtime.scriptrunner import get_script_run_ctx
     ctx = get_script_run_ctx(suppress_warning=True)
-    mgr = getattr(ctx, "uploaded_file_mgr", None)
-    if mgr is not None and getattr(up, "file_id", None):
-        mgr.remove_file(ctx.session_id, up.file_id)
+    return getattr(ctx, "uploaded_file_mgr", None), getattr(ctx, "session_id", None)
 
 
 def model_import_form(page: str) -> str | None:

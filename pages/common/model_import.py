@@ -14,7 +14,7 @@ import json
 import re
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, BinaryIO, Callable
 
 import streamlit as st
 
@@ -28,6 +28,7 @@ MAX_CONFIG_BYTES = 2**20          # a config.json is a few kB
 MAX_HUB_MB = 400                  # a hub download held in memory: a ViT-B/16 in float32 (346 MB) fits
 HUB_ID = re.compile(r"[\w.-]{1,96}/[\w.-]{1,96}")
 ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "silu")   # the CLI's --act
+COPY_CHUNK = 8 * 2**20            # an upload is copied to its temporary file, and a file hashed, this much at a time
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
@@ -36,16 +37,23 @@ def _import_lock(sha: str):
     return threading.Lock()
 
 
-def import_upload(filename: str, data: bytes, *, family: str = "auto", img_size: str | None = None,
+def import_upload(filename: str, data: bytes | BinaryIO, *, family: str = "auto", img_size: str | None = None,
                   heads: int | None = None, licence: str = "", labels: tuple[str, bytes] | None = None,
-                  config: tuple[str, bytes] | None = None, act: str | None = None) -> tuple[str, list[str]]:
+                  config: tuple[str, bytes] | None = None, act: str | None = None,
+                  release: Callable[[], None] | None = None,
+                  restore: Callable[[Path], None] | None = None) -> tuple[str, list[str]]:
     """Import an uploaded weights file into this session: (its name in the checkpoint lists,
-    notes for the page: what the importer said, which models were evicted). `labels`: an
-    uploaded labels file (name, bytes) naming the classes (`importers.parse_labels`); `config`:
-    the uploaded `config.json` (name, bytes) of a Hugging Face or timm save (heads, windows,
-    activation, read-out: what the keys do not say); `act`: the MLP activation of a bare timm
-    file (the CLI's `--act`). The bytes go to a file in a temporary folder of its own (so no
-    other file beside it is ever read) that is deleted at once."""
+    notes for the page: what the importer said, which models were evicted). `data`: its bytes, or
+    a binary file holding them (an `UploadedFile`); `labels`: an uploaded labels file (name,
+    bytes) naming the classes (`importers.parse_labels`); `config`: the uploaded `config.json`
+    (name, bytes) of a Hugging Face or timm save (heads, windows, activation, read-out: what the
+    keys do not say); `act`: the MLP activation of a bare timm file (the CLI's `--act`). The bytes
+    are copied to a file in a temporary folder of its own (so no other file beside it is ever
+    read), deleted when the import is over. `release()` is called once that copy is made, before
+    the model is built: the caller lets go of the bytes then (the import form: Streamlit's upload
+    manager), so that the upload and its float32 model are never both in memory (issue 30: a
+    ViT-B/16 in float16 is 173 MB). `restore(copy)` is called with the copy when the import fails
+    (the form puts the file back, for another try with other settings)."""
     from vitpe_core.importers import import_file
 
     suffix = Path(filename).suffix.lower()
@@ -53,15 +61,48 @@ def import_upload(filename: str, data: bytes, *, family: str = "auto", img_size:
         raise CheckpointError(f"{filename}: expected one of {', '.join(TIMM_SUFFIXES)}")
     cfg = None if config is None else parse_config(*config)
     names, parts = _names_and_key(labels, cfg, act)
+    with tempfile.TemporaryDirectory(prefix="vitpe-import-") as folder:
+        tmp = Path(folder) / f"weights{suffix}"
+        digest, size = _copy_hashed(data, tmp)
+        del data
+        if release is not None:
+            release()
 
-    def build():
-        with tempfile.TemporaryDirectory(prefix="vitpe-import-") as folder:
-            tmp = Path(folder) / f"weights{suffix}"
-            tmp.write_bytes(data)
+        def build():
             return import_file(tmp, family=family, img_size=img_size or None, heads=heads, name=filename,
                                config_beside=False, config=cfg, act=act or None, **names)
 
-    return _into_store(filename, [data, *parts], build, licence, room=2 * len(data))
+        try:
+            return _into_store(filename, digest, parts, build, licence, room=2 * size)
+        except BaseException:
+            if restore is not None:
+                restore(tmp)
+            raise
+
+
+def _copy_hashed(data: bytes | BinaryIO, path: Path) -> tuple[Any, int]:
+    """Write `data` (bytes, or a binary file read from its start in chunks: never a second copy
+    of it in memory) to `path`; its sha256 (a running `hashlib` object) and size."""
+    digest, size = hashlib.sha256(), 0
+    with open(path, "wb") as out:
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            digest.update(data)
+            size = out.write(data)
+        else:
+            data.seek(0)
+            while chunk := data.read(COPY_CHUNK):
+                digest.update(chunk)
+                size += out.write(chunk)
+    return digest, size
+
+
+def _file_digest(path: Path) -> Any:
+    """The sha256 of a file, read in chunks (a hub download is never held whole for its key)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(COPY_CHUNK):
+            digest.update(chunk)
+    return digest
 
 
 def import_hub(hub_id: str, *, family: str = "auto", img_size: str | None = None, heads: int | None = None,
@@ -82,7 +123,6 @@ def import_hub(hub_id: str, *, family: str = "auto", img_size: str | None = None
         raise CheckpointError(f"{hub_id}'s weights are {size / 2**20:.0f} MB, more than this server holds for one "
                               f"visitor ({MAX_HUB_MB} MB): import it from a shell with `python -m vitpe_core import "
                               f"{hub_id} --out checkpoints/NAME.safetensors` (--half halves it)")
-    data = weights.read_bytes()
     names, parts = _names_and_key(labels, cfg, act)
     label = hub_id.replace("/", "__")
 
@@ -90,7 +130,8 @@ def import_hub(hub_id: str, *, family: str = "auto", img_size: str | None = None
         return import_file(weights, family=family, img_size=img_size or None, heads=heads, name=hub_id,
                            config_beside=False, config=cfg, act=act or None, **names)
 
-    return _into_store(f"{label}{weights.suffix}", [data, *parts], build, licence, room=2 * size, source=hub_id)
+    return _into_store(f"{label}{weights.suffix}", _file_digest(weights), parts, build, licence, room=2 * size,
+                       source=hub_id)
 
 
 def parse_config(name: str, data: bytes) -> dict[str, Any]:
@@ -122,11 +163,11 @@ def _names_and_key(labels, cfg, act) -> tuple[dict[str, Any], list[bytes]]:
     return extra, parts
 
 
-def _into_store(filename: str, parts: list[bytes], build: Callable, licence: str, room: int,
+def _into_store(filename: str, digest, parts: list[bytes], build: Callable, licence: str, room: int,
                 source: str | None = None) -> tuple[str, list[str]]:
-    """The model `build()` imports, under the sha256 of `parts`, in the server's store (built once
-    for every session that brings the same bytes) and in this session's list."""
-    digest = hashlib.sha256()
+    """The model `build()` imports, under the sha256 of the weights (`digest`, a `hashlib` object
+    fed with them) followed by `parts`, in the server's store (built once for every session that
+    brings the same bytes) and in this session's list."""
     for part in parts:
         digest.update(part)
     sha = digest.hexdigest()

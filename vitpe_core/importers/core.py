@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -74,7 +75,7 @@ def import_state_dict(state_dict: Mapping[str, torch.Tensor], *, family: str = "
                       norm: str | None = None, crop_pct: float | None = None,
                       grid: tuple[int, int] | None = None, class_names: Sequence[str] | None = None,
                       labels_name: str = "the labels file", act: str | None = None,
-                      window: int | None = None) -> Imported:
+                      window: int | None = None, consume: bool = False) -> Imported:
     """Build the vitpe model of `state_dict` and load its weights (strictly).
 
     `heads`: the state dict does not record it; default `hf_config`'s, else `dim // 64`
@@ -87,7 +88,9 @@ def import_state_dict(state_dict: Mapping[str, torch.Tensor], *, family: str = "
     from in errors) replace the ones the config or the class count gives. `act`
     ("gelu"/"gelu_tanh"/"quick_gelu"/"silu"): the MLP activation of a timm `VisionTransformer`,
     which its keys do not record (CLIP- / SigLIP-style files need it, or timm's config.json as
-    `hf_config`). `window`: a timm Swin-V2's window, where no timm config.json says it."""
+    `hf_config`). `window`: a timm Swin-V2's window, where no timm config.json says it.
+    `consume`: `state_dict` is the importer's to spend (`import_file`'s, read from a file; never a
+    caller's own): a ViT's tensors are emptied as their float32 copies are made (`upcast`)."""
     sd = dict(clean_state_dict(state_dict))
     dtype = source_dtype(sd)
     # Swin / Swin-V2 (hierarchical: their own model class, vitpe_core/swin/), before the key
@@ -124,14 +127,14 @@ def import_state_dict(state_dict: Mapping[str, torch.Tensor], *, family: str = "
                                   "and its keys' (docs/importing.md)")
         cfg, weights, family = CONVERTERS[family](sd, hf_config or {}, img_size=img_size, heads=heads, notes=notes)
         model = empty_model(cfg)           # filled by assignment below: never held twice
-        weights = _encoding_names(model, {k: v.float() for k, v in weights.items()})
+        weights = _encoding_names(model, upcast(weights, sd if consume else None))
     elif family in TIMM_FAMILIES:
         cfg, weights, family = TIMM_CONVERTERS[family](sd, hf_config or {}, img_size=img_size, heads=heads, pool=pool,
                                                        notes=notes)
         model = empty_model(cfg)           # filled by assignment below: never held twice
-        weights = _encoding_names(model, {k: v.float() for k, v in weights.items()})
+        weights = _encoding_names(model, upcast(weights, sd if consume else None))
     else:
-        model, weights, family = _timm_model(sd, family, img_size, heads, hf_config, pool, notes, act)
+        model, weights, family = _timm_model(sd, family, img_size, heads, hf_config, pool, notes, act, consume)
     place_encoding_params(model, weights)
     load_weights(model, weights, f"{family} state dict", assign=True)
     pre = _preprocess(family, hf_config, norm, crop_pct)
@@ -142,6 +145,44 @@ def import_state_dict(state_dict: Mapping[str, torch.Tensor], *, family: str = "
         notes.append(f"No class names for its {n} classes: predictions say `class k`. Give a labels "
                      "file (one name per line, or config.json's id2label) to name them.")
     return Imported(model.eval(), family, names, pre, notes, dtype)
+
+
+def upcast(weights: Mapping[str, torch.Tensor], spent: Mapping[str, torch.Tensor] | None = None
+           ) -> dict[str, torch.Tensor]:
+    """`{k: v.float()}` (float16 / bfloat16 -> float32 is exact), one tensor at a time. `spent`:
+    the state dict the weights were made from, where the importer owns it: its tensors and the
+    weights' sources are emptied (`Tensor.set_()`) once no weight still to convert shares their
+    memory, so that the file's half-precision tensors leave as their float32 copies arrive
+    (issue 30: a ViT-B/16 in float16 held 165 + 330 MiB at once, the server's peak)."""
+    if spent is None:
+        return {k: v.float() for k, v in weights.items()}
+    pending = Counter(_memory(v) for v in weights.values())
+    holders: dict[int, list[torch.Tensor]] = {}
+    for t in {id(t): t for t in (*spent.values(), *weights.values())}.values():
+        holders.setdefault(_memory(t), []).append(t)
+    out: dict[str, torch.Tensor] = {}
+    kept: set[int] = set()                                   # weights that were float32 already: the model's now
+    for mem in [m for m in holders if not pending[m]]:      # what no weight was made from (renamed, left out)
+        _empty(holders.pop(mem), kept)
+    for k, v in weights.items():
+        out[k] = v.float()
+        if out[k] is v:
+            kept.add(id(v))
+        mem = _memory(v)
+        pending[mem] -= 1
+        if not pending[mem]:
+            _empty(holders.pop(mem, []), kept)
+    return out
+
+
+def _memory(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _empty(tensors: list[torch.Tensor], kept: set[int]) -> None:
+    for t in tensors:
+        if id(t) not in kept and t.numel():
+            t.set_()
 
 
 def _encoding_names(model: ViT, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -163,11 +204,12 @@ def _patch_size(sd: Mapping[str, torch.Tensor]) -> int | None:
     return None
 
 
-def _timm_model(sd, family, img_size, heads, hf_config, pool, notes, act=None
+def _timm_model(sd, family, img_size, heads, hf_config, pool, notes, act=None, consume=False
                 ) -> tuple[ViT, dict[str, torch.Tensor], str]:
     """timm, Hugging Face ViT and RoPE-ViT: renamed to timm's keys, then `timm_config`; timm's CLIP-
     and SigLIP-style layers and gated MLPs through timm_clip.py (the family becomes timm-clip /
     timm-siglip)."""
+    given = sd
     if family == "hf":
         sd, hf_cfg = from_hf(sd, hf_config or {}, notes)
         heads = heads or hf_cfg.get("heads")
@@ -194,7 +236,7 @@ def _timm_model(sd, family, img_size, heads, hf_config, pool, notes, act=None
             raise
         cfg, sd = timm_config(sd, family, img_size=timm_hub.img_size(hf_config), **kw)
     model = empty_model(cfg)
-    weights = {k: v.float() for k, v in sd.items()}
+    weights = upcast(sd, given if consume else None)
     if "freqs" in weights:
         weights["rope_freqs"] = rope_freqs(weights.pop("freqs"), cfg.heads)
     if "patch_embed.proj.bias" not in weights:

@@ -101,9 +101,9 @@ def import_file(source: str | Path, *, family: str = "auto", img_size=None, name
     path, beside = resolve_source(str(source))
     if config is None and config_beside:
         config = beside
-    sd = read_state_dict(path, name)
     size = parse_size(img_size) if isinstance(img_size, str) else img_size
-    return import_state_dict(sd, family=family, img_size=size, hf_config=config, **kw)
+    return import_state_dict(read_state_dict(path, name), family=family, img_size=size, hf_config=config,
+                             consume=True, **kw)   # the tensors it read: emptied as their float32 copies are made
 
 
 def import_checkpoint(source: str | Path, out: str | Path, *, licence: str = "", dtype: str = "source",
