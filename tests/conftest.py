@@ -31,17 +31,26 @@ def shared_dir() -> Path:
 def cifar10_dir(shared_dir, tmp_path_factory) -> Path:
     """A folder holding `cifar-10-batches-py`: ../shared/data/cifar10_webp.npz written out by
     ../shared's own export tool (the command load_cifar's error message gives users; byte-identical
-    to the official files). Once per session: test_data and test_shipped_checkpoints share it."""
+    to the official files). Once per test run: test_data and test_shipped_checkpoints share it,
+    also from two xdist workers (the folder above each worker's temp root is the run's, and a
+    file lock lets the first worker write it while the other waits)."""
+    from filelock import FileLock   # a torch requirement
+
     npz = shared_dir / "data" / "cifar10_webp.npz"
     if not npz.is_file():
         pytest.skip(f"{npz} does not exist (only in this project's dev checkout and CI)")
     if importlib.util.find_spec("PIL") is None:
         pytest.skip("Pillow is needed to export ../shared/data/cifar10_webp.npz")
-    root = tmp_path_factory.mktemp("cifar10")
-    proc = subprocess.run([sys.executable, str(shared_dir / "tools" / "cifar_export.py"), str(npz),
-                           "--pickle-dir", str(root / "cifar-10-batches-py")], capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "cifar10-export"
+    done = root / "done"
+    with FileLock(str(root) + ".lock"):
+        if not done.exists():
+            proc = subprocess.run([sys.executable, str(shared_dir / "tools" / "cifar_export.py"), str(npz),
+                                   "--pickle-dir", str(root / "cifar-10-batches-py")], capture_output=True,
+                                  text=True, timeout=600)
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            done.touch()
     return root
 
 
