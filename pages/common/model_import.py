@@ -182,7 +182,10 @@ def _into_store(filename: str, digest, parts: list[bytes], build: Callable, lice
             # recently used entries go now, not after the import's peak
             store.budget.make_room(min(room, store.max_bytes), f"importing {filename}")
             imp = build()
+            from vitpe_core.held_precision import HALF, hold_weights
             from vitpe_core.store import model_bytes
+            if imp.source_dtype in HALF:      # held as the file has them, computed in float32: half the memory
+                hold_weights(imp.model, imp.source_dtype)
             stem = re.sub(r"[^\w.+-]", "_", Path(filename).stem)[:40] or "model"
             metrics, _ = sanitize_metrics(imp.metrics(source or filename, licence))
             ckpt = Checkpoint(imp.model, imp.model.cfg, metrics, {}, f"{stem}-upload")
@@ -205,3 +208,4 @@ def _text_of(name: str, data: bytes) -> str:
     except UnicodeDecodeError:
         raise CheckpointError(f"{name} is not UTF-8 text: give one class name per line, or JSON such as "
                               "config.json's id2label") from None
+
