@@ -170,3 +170,28 @@ def test_make_room_evicts_the_least_recently_used_before_a_big_allocation():
     p.get(0)
     assert b.make_room(40, "an import") == [("p", 1), ("p", 2)] and b.total == 50
     assert b.make_room(500) == [("p", 3), ("p", 0)] and b.total == 0
+
+
+def test_an_evicted_entry_held_by_a_reference_cycle_is_freed_at_once():
+    """Issue 30's memory walk: an evicted ViT-B stayed in memory beside the model imported in its
+    place, reachable from a reference cycle a page run had left, until Python's next full
+    collection. Once `COLLECT_AFTER` bytes were evicted, the budget collects them itself."""
+    import gc
+    import weakref
+
+    class Entry:
+        pass
+
+    b = membudget.Budget(3 * membudget.COLLECT_AFTER)
+    pool = b.pool("models")
+    big = Entry()
+    big.cycle = big                     # garbage only a full collection frees
+    gone = weakref.ref(big)
+    pool.put("a", big, 2 * membudget.COLLECT_AFTER)
+    del big
+    gc.disable()                        # no automatic collection may free it instead
+    try:
+        pool.put("b", Entry(), 2 * membudget.COLLECT_AFTER)      # evicts "a"
+        assert gone() is None
+    finally:
+        gc.enable()
