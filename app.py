@@ -58,7 +58,10 @@ def main() -> None:
         st.caption(f"Checkpoints: `{root}` ({cache.count_text()}). "
                    f"Set `{cache.ENV_VAR}` to use another folder.")
 
-    nav.run()
+    try:
+        nav.run()
+    except cache.ModelEvicted as e:     # another visitor's import took its room mid-run: say so, not a traceback
+        st.warning(str(e), icon=":material/delete_sweep:")
     status.render()
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_app import ok, run
+from test_app import ok, run, served_routing  # noqa: F401 — a fixture (page switches through app.py)
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test dependency (requirements-dev.txt)")
 
@@ -197,3 +197,28 @@ def test_a_copy_of_an_uploaded_file_shares_its_bytes_and_is_still_a_file_of_its_
     assert twin.getvalue() is data and (twin.name, twin.file_id, twin.size, twin.tell()) == ("vit.npz", "id", 1024, 10)
     twin.write(b"changed")
     assert up.getvalue() is data and twin.getvalue()[10:17] == b"changed" and up.tell() == 10
+
+
+@pytest.mark.usefixtures("served_routing")
+def test_a_model_evicted_while_its_page_is_drawn_gets_a_message_not_a_traceback(monkeypatch):
+    """Issue 30's load test with imports: another visitor's import evicted a session's model while
+    that session's bias page was half drawn; the page's next lookup by name raised
+    "no checkpoint named 'loadb16-s6-upload'" as a traceback. The router now says what happened."""
+    from test_app import _small_vit, _timm_npz
+
+    from pages.common import cache
+    at = _form(ok(run({"page": "checkpoints"})), weights=("vit.npz", _timm_npz(_small_vit())))
+    name = _imported_name(at)
+    real_trace = cache.trace
+
+    def trace_then_evict(*args, **kwargs):      # the page has its checkpoint; then the store loses it
+        out = real_trace(*args, **kwargs)
+        cache.model_store().budget.clear()
+        return out
+
+    monkeypatch.setattr(cache, "trace", trace_then_evict)
+    at.switch_page("pages/bias.py")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any(f"The imported model {name!r} was removed from the server" in w.value for w in at.warning), \
+        [w.value for w in at.warning]

@@ -152,8 +152,25 @@ def model_ref(name: str) -> ModelRef:
     uploads = uploaded_models()
     if name in uploads:
         return ModelRef("imported", uploads[name])
-    path = resolve_checkpoint(*reversed(_folder_of(name)))
+    try:
+        path = resolve_checkpoint(*reversed(_folder_of(name)))
+    except CheckpointError:
+        if name in st.session_state.get(EVICTED, ()):
+            raise ModelEvicted(name) from None
+        raise
     return ModelRef("file", str(path), path.stat().st_mtime_ns)
+
+
+class ModelEvicted(CheckpointError):
+    """This session's imported model `name` left the server's store (another import needed the
+    room), possibly in the middle of a page run that had started drawing it: the router
+    (app.py) says so instead of the page's traceback."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"The imported model {name!r} was removed from the server to make room for a newer "
+                         "import while this page was drawn. Import its weights file again on the Checkpoints "
+                         "page, or pick another checkpoint.")
 
 
 def load_model(ref: ModelRef) -> Checkpoint:
@@ -163,8 +180,7 @@ def load_model(ref: ModelRef) -> Checkpoint:
         return _load_file(ref.key, ref.mtime_ns)
     ckpt = model_store().get(ref.key)
     if ckpt is None:
-        raise CheckpointError("this uploaded model was removed from the server to make room for newer ones; "
-                              "upload it again on the Checkpoints page")
+        raise ModelEvicted(f"{ref.key[:12]}…")
     return ckpt
 
 
@@ -192,6 +208,7 @@ MAX_SESSION_MODELS = 2             # imported models one browser session lists
 MAX_SERVER_MODELS = 4              # held in memory for all sessions together, least recently used out
 #                                    (their bytes count against the process's one budget, `membudget`)
 MODELS_GONE = "_vitpe_models_gone"   # the session's imported models the store evicted (the import form says so)
+EVICTED = "_vitpe_models_evicted"    # every name of this session's imported models the store evicted (`ModelEvicted`)
 
 
 @st.cache_resource
@@ -211,6 +228,7 @@ def uploaded_models() -> dict[str, str]:
         del mine[n]
     if gone:
         st.session_state[MODELS_GONE] = gone
+        st.session_state.setdefault(EVICTED, set()).update(gone)
     return mine
 
 
