@@ -5,6 +5,9 @@ RELIABILITY.md ("Load").
     python -m benchmarks.load_test --sessions 8 --seconds 15                 # what tests/test_load.py runs
     python -m benchmarks.load_test --engine browser --sessions 20 --seconds 60   # chromium pages only
     python -m benchmarks.load_test --memory-only    # the server's memory with every checkpoint loaded
+    python -m benchmarks.load_test --sessions 50 --seconds 60 --big-imports 5 --big-shape b16   # issue 30
+    python -m benchmarks.load_test --sessions 4 --seconds 10 --click-phase 4 --think 0.2,1 \
+        --big-imports 1 --big-shape s16                                    # its short version (tests/test_load.py)
 
 It starts the real server (`python -m streamlit run app.py` on 127.0.0.1, its own process
 group, always stopped afterwards) and drives it two ways at once:
@@ -34,14 +37,38 @@ cross-talk, the server's memory (VmRSS sampled every 0.25 s, the kernel's VmHWM)
 server's CPU (/proc/<pid>/stat) apart from the client's own (this process) and the machine's,
 the bytes sent per click, and `/_stcore/health` afterwards.
 
+**Big imports** (`--big-imports N`, `benchmarks.load_big`; default 0: none): the last N
+websocket sessions each import a ViT-B/16-shaped model (`--big-shape b16`; `s16` for a short
+run) with random weights in timm layout, a float16 `.npz` (173 MB) built by the benchmark before
+the server starts: one file per session, seeded with its index, so the server sees N different
+models (`--big-same-file`: one file for all, which the server imports once). The imports take
+turns: a session imports once the previous one has had `--big-turn` (3) answers with its own
+model, or lost it to the memory budget, or failed (at least `--big-stagger` s apart); the server's
+budget holds one ViT-B/16, so imports at once would evict each other's models before anyone
+clicked them. Until every big session had its turn the window stays open for all sessions (at
+most `--big-extra-s` beyond `--seconds`; `window_s` in the report). After its import a session
+clicks patches (3 in 4) and switches sample images (1 in 4) on the bias page with its model
+selected, and every answer must show its own model (the link's `ckpt`, the checkpoint list);
+another session's model anywhere on its pages (a checkpoint list, the view's `ckpt` or
+`model=<sha256>`) is cross-talk. A model the budget evicted is counted, not an error: the session
+clicks on the checkpoint the page falls back to. The other sessions do what they do without the
+option. The report's `big_imports` says: each session's turn (when its import started, how long
+it took, its clicks with its model, evictions it saw), clicks sent / answered by the big sessions,
+the latency of clicks answered with an imported model (`model_click`) apart from all other clicks
+(`other_click`) and of image switches, the evictions the server logged per pool of its budget and
+the pools as its "Server status" says them; `memory_mb.peak_mb` (VmHWM or the highest sampled
+VmRSS) against `--peak-mb` (1024). The run fails on any error, unanswered click, cross-talk, a
+peak over the limit or an unconfirmed import (`failures`, printed as the last line).
+
 `--checkpoints` defaults to `checkpoints/`; if that holds no checkpoint, the tests' tiny
 random-weight set (`harness.write_random_checkpoints`) is written to a temporary folder.
 
 This module runs a load test and writes its report (`run_ws_load`, `passed`, `main`); its parts
-are `benchmarks.load_ws` (the websocket visitor), `benchmarks.load_browser` (the chromium
-sessions, `--engine browser` and `--memory-only`), `benchmarks.load_plan` (the sessions' share
-links and the gates that start them together) and `benchmarks.load_probes` (the server's memory
-and CPU time, the latency statistics).
+are `benchmarks.load_ws` (the websocket visitor), `benchmarks.load_big` (the big-import
+sessions), `benchmarks.load_browser` (the chromium sessions, `--engine browser` and
+`--memory-only`), `benchmarks.load_plan` (the sessions' share links and the gates that start
+them together) and `benchmarks.load_probes` (the server's memory and CPU time, the latency
+statistics).
 """
 from __future__ import annotations
 
@@ -58,6 +85,7 @@ from pathlib import Path
 
 from benchmarks.harness import (REPO, Server, background_jobs, checkpoint_grids, health_ok, streamlit_server,
                                 write_random_checkpoints)
+from benchmarks.load_big import BigPlan, Relay, big_summary, big_user, build_plan, hold_window, server_pools
 from benchmarks.load_browser import SessionResult, browser_check, page_memory, run_load
 from benchmarks.load_plan import PhaseGate, Spec, make_specs
 from benchmarks.load_probes import (MemorySampler, cpu_model, cpu_seconds, latency_stats, machine_busy_seconds,
@@ -69,11 +97,16 @@ SERVER_ARGS = ("--server.fileWatcherType", "none")   # as deployed: no watching 
 
 async def _run_ws(base: str, specs: list[Spec], browser_specs: list[Spec], seconds: float, *, pid: int,
                   think: tuple[float, float], click_timeout: float, load_timeout: float, model_npz: bytes | None,
-                  click_phase: float) -> tuple[list[WsResult], list[SessionResult], PhaseGate]:
+                  click_phase: float, big: BigPlan | None = None, images: list[str] = (),
+                  grids: dict[str, tuple[int, int]]) -> tuple[list[WsResult], list[SessionResult], PhaseGate]:
     gate = PhaseGate(len(specs) + len(browser_specs), seconds, pid, click_phase)
-    grids = {s.ckpt: s.grid for s in specs}
+    relay = Relay(sorted(big.files)) if big is not None else None
+    holder = asyncio.create_task(hold_window(gate, relay, big.extra_s)) if relay is not None else None
 
     def user(i, spec):
+        if big is not None and i in big.files:        # a big-import session (benchmarks.load_big)
+            return big_user(base, spec, i, gate, big, relay, think=think, click_timeout=click_timeout,
+                            load_timeout=load_timeout, click_phase=click_phase, grids=grids, images=list(images))
         return ws_user(base, spec, i, gate, think=think, click_timeout=click_timeout, load_timeout=load_timeout,
                        model_npz=model_npz, click_phase=click_phase, grids=grids)
 
@@ -82,14 +115,21 @@ async def _run_ws(base: str, specs: list[Spec], browser_specs: list[Spec], secon
              if browser_specs else None)
     results = list(await asyncio.gather(*tasks))
     browsers = await btask if btask else []
+    if holder is not None:
+        holder.cancel()
     return results, browsers, gate
 
 
 def run_ws_load(server: Server, specs: list[Spec], seconds: float, *, browsers: int = 0,
                 think: tuple[float, float] = (1.0, 3.0), click_timeout: float = 60.0, load_timeout: float = 180.0,
-                model_upload: bool = True, click_phase: float = 15.0, warm: bool = False) -> dict:
+                model_upload: bool = True, click_phase: float = 15.0, warm: bool = False,
+                big: BigPlan | None = None, peak_limit_mb: float | None = None,
+                grids: dict[str, tuple[int, int]] | None = None) -> dict:
     """Drive `server` with one websocket session per spec (and `browsers` chromium pages) for
-    `seconds` after all have loaded, then the click-only phase; returns the report."""
+    `seconds` after all have loaded, then the click-only phase; returns the report. `big`: the
+    sessions that import a big model (`load_big`); `peak_limit_mb`: the server's peak resident
+    memory that passes (`memory_mb.within_limit`; None: not judged); `grids`: every checkpoint's
+    patch grid (a session may be moved to one no spec starts on; default: the specs')."""
     from vitpe_core.gallery import gallery_ids
 
     if warm:   # one visitor before the crowd: the server's first script run (its imports) is over
@@ -99,7 +139,7 @@ def run_ws_load(server: Server, specs: list[Spec], seconds: float, *, browsers: 
             s, _ = await open_session(server.url, "/?page=bias", load_timeout)
             await s.close()
         asyncio.run(first_visit())
-    grids = {s.ckpt: s.grid for s in specs}
+    grids = grids or {s.ckpt: s.grid for s in specs}
     browser_specs = make_specs(len(specs) + browsers, grids, gallery_ids())[len(specs):] if browsers else []
     loadavg = os.getloadavg()
     start_mem = memory_mb(server.pid)
@@ -112,13 +152,15 @@ def run_ws_load(server: Server, specs: list[Spec], seconds: float, *, browsers: 
                                                   think=think, click_timeout=click_timeout,
                                                   load_timeout=load_timeout,
                                                   model_npz=tiny_model_npz() if model_upload else None,
-                                                  click_phase=click_phase))
+                                                  click_phase=click_phase, big=big, images=gallery_ids(),
+                                                  grids=grids))
     finally:
         peak_rss = sampler.stop()
     wall = time.monotonic() - t0
     end_mem = memory_mb(server.pid)
     server_cpu, busy, own = cpu_seconds(server.pid) - cpu0, machine_busy_seconds() - busy0, time.process_time() - own0
-    lat = {a: [x for r in results for x in r.latency[a]] for a in results[0].latency} if results else {}
+    kinds = dict.fromkeys(a for r in results for a in r.latency)          # big sessions have more kinds
+    lat = {a: [x for r in results for x in r.latency.get(a, [])] for a in kinds}
     clicks = sum(r.clicks for r in results)
     phase_clicks = sum(r.phase_clicks for r in results)
     phase_cpu = gate.phase_cpu[1] - gate.phase_cpu[0]
@@ -126,7 +168,8 @@ def run_ws_load(server: Server, specs: list[Spec], seconds: float, *, browsers: 
     click_bytes = [r.bytes / r.clicks for r in results if r.clicks]
     report = {
         "engine": "websocket (benchmarks.st_client)", "sessions": len(specs), "browsers": browsers, "warm": warm,
-        "seconds": seconds, "click_phase_s": click_phase, "think_s": list(think), "wall_s": round(wall, 1),
+        "seconds": seconds, "window_s": round(gate.deadline - gate.opened_at, 1), "click_phase_s": click_phase,
+        "think_s": list(think), "wall_s": round(wall, 1),
         "cpu_model": cpu_model(), "cpus": os.cpu_count(), "loadavg_before": [round(x, 2) for x in loadavg],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()], "background_jobs": background_jobs(),
         "actions": {a: len(v) for a, v in lat.items()},
@@ -154,6 +197,10 @@ def run_ws_load(server: Server, specs: list[Spec], seconds: float, *, browsers: 
                       "hwm": round(end_mem["hwm"], 1), "rss_after": round(end_mem["rss"], 1)},
         "healthy_after": health_ok(server.url),
     }
+    _judge_memory(report["memory_mb"], peak_limit_mb)
+    if big is not None:
+        pools = asyncio.run(server_pools(server.url, load_timeout))
+        report["big_imports"] = big_summary(results, big, server.log_tail(10**9), pools)
     if browsers:
         report["browser_check"] = {
             "sessions": browsers, "clicks": sum(r.clicks for r in bres),
@@ -166,12 +213,37 @@ def run_ws_load(server: Server, specs: list[Spec], seconds: float, *, browsers: 
     return report
 
 
+def _judge_memory(mem: dict, limit_mb: float | None) -> None:
+    """The server's peak (the kernel's VmHWM or the highest sampled VmRSS) against `limit_mb`."""
+    mem["peak_mb"] = max(mem["hwm"], mem["peak_rss_sampled"])
+    if limit_mb is not None:
+        mem["limit_mb"], mem["within_limit"] = limit_mb, mem["peak_mb"] <= limit_mb
+
+
+def failures(report: dict) -> list[str]:
+    """Why the run fails: an error, an unanswered click, cross-talk, a session without clicks,
+    no health afterwards, a peak over the limit, a big import not confirmed; the browser pages'
+    errors, cross-talk and pages without answers."""
+    b, big, mem = report.get("browser_check") or {}, report.get("big_imports"), report["memory_mb"]
+    checks = [
+        (report["errors"], f"{len(report['errors'])} errors"),
+        (report["crosstalk"], f"{len(report['crosstalk'])} cross-talk"),
+        (report["unanswered_clicks"], f"{report['unanswered_clicks']} unanswered clicks"),
+        (report["sessions_without_clicks"], f"sessions without clicks: {report['sessions_without_clicks']}"),
+        (not report["healthy_after"], "not healthy afterwards"),
+        (mem.get("within_limit") is False, f"peak {mem['peak_mb']:.0f} MiB over {mem.get('limit_mb')} MiB"),
+        (big and big["imports_confirmed"] < len(big["sessions"]),
+         f"{(big or {}).get('imports_confirmed')} of {len((big or {}).get('sessions', []))} big imports confirmed"),
+        (b.get("errors"), f"browsers: {len(b.get('errors', []))} errors"),
+        (b.get("crosstalk"), f"browsers: {len(b.get('crosstalk', []))} cross-talk"),
+        (b.get("sessions_without_answers"), f"browsers without answers: {b.get('sessions_without_answers')}")]
+    return [why for bad, why in checks if bad]
+
+
 def passed(report: dict) -> bool:
-    """No error, unanswered click, cross-talk or session without clicks; healthy afterwards."""
-    b = report.get("browser_check") or {}
-    return (not report["errors"] and not report["crosstalk"] and not report["unanswered_clicks"]
-            and not report["sessions_without_clicks"] and report["healthy_after"]
-            and not b.get("errors") and not b.get("crosstalk") and not b.get("sessions_without_answers"))
+    """No error, unanswered click, cross-talk or session without clicks; healthy afterwards; the
+    peak within the limit where one was set; every big import confirmed (`failures`)."""
+    return not failures(report)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,7 +270,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--memory-only", action="store_true",
                     help="no load: open each page once (compare loads the main folder's checkpoints) and report the "
                          "server's VmRSS / VmHWM")
+    _big_options(ap)
     args = ap.parse_args(argv)
+    if args.big_imports and (args.engine != "ws" or args.memory_only):
+        ap.error("--big-imports needs the websocket sessions (--engine ws, no --memory-only)")
+    if not 0 <= args.big_imports <= args.sessions:
+        ap.error(f"--big-imports {args.big_imports}: between 0 and --sessions ({args.sessions})")
     out = Path(args.out or REPO / "artifacts" / ("memory.json" if args.memory_only else "load_test.json"))
     out.parent.mkdir(parents=True, exist_ok=True)
     if (args.engine == "browser" or args.browsers or args.memory_only) and shutil.which("chromium") is None:
@@ -220,7 +297,9 @@ def main(argv: list[str] | None = None) -> int:
             out.write_text(json.dumps(report, indent=2))
             print(json.dumps(report, indent=2))
             return 0
-        specs = make_specs(args.sessions, checkpoint_grids(folder), gallery_ids())
+        grids = checkpoint_grids(folder)
+        specs = make_specs(args.sessions, grids, gallery_ids())
+        big = _big_plan(args, Path(tmp) / "big-models") if args.big_imports else None    # before the server starts
         with streamlit_server(folder, port=args.port, args=SERVER_ARGS, env=env) as server:
             if args.engine == "browser":
                 report = run_load(server, specs, args.seconds, click_timeout=args.click_timeout)
@@ -230,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
                 lo, hi = (float(x) for x in args.think.split(","))
                 report = run_ws_load(server, specs, args.seconds, browsers=args.browsers, think=(lo, hi),
                                      click_timeout=args.click_timeout, model_upload=not args.no_model,
-                                     click_phase=args.click_phase, warm=args.warm)
+                                     click_phase=args.click_phase, warm=args.warm, big=big,
+                                     peak_limit_mb=args.peak_mb if big else None, grids=grids)
                 ok = passed(report)
             report["server_log_tail"] = server.log_tail(1500)
     report["checkpoints"] = "tiny random-weight (harness.write_random_checkpoints)" if tiny else str(folder)
@@ -240,7 +320,32 @@ def main(argv: list[str] | None = None) -> int:
     summary["errors"], summary["crosstalk"] = report["errors"][:10], report["crosstalk"][:10]
     print(json.dumps(summary, indent=2))
     print(f"written to {out}")
+    print("PASSED" if ok else "FAILED: " + "; ".join(failures(report) if args.engine == "ws" else ["see the report"]))
     return 0 if ok else 1
+
+
+def _big_options(ap: argparse.ArgumentParser) -> None:
+    """The big-import mode's options (`benchmarks.load_big`)."""
+    ap.add_argument("--big-imports", type=int, default=0,
+                    help="the last N sessions each import a ViT-B/16-shaped model (random weights) and click "
+                         "patches / switch images on the bias page with it (default 0: none)")
+    ap.add_argument("--big-shape", choices=("b16", "s16"), default="b16", help="the big models' shape")
+    ap.add_argument("--big-same-file", action="store_true",
+                    help="all big sessions import one file (default: one file per session, seed = its index)")
+    ap.add_argument("--big-stagger", type=float, default=0.0,
+                    help="at least this many seconds between the big imports' starts (they also take turns)")
+    ap.add_argument("--big-turn", type=int, default=3,
+                    help="answers with its own model a big session gets before the next one imports")
+    ap.add_argument("--big-extra-s", type=float, default=240.0,
+                    help="the longest the window stays open beyond --seconds until every big session had its turn")
+    ap.add_argument("--peak-mb", type=float, default=1024.0,
+                    help="with --big-imports: the server's peak resident memory (VmHWM) that passes")
+
+
+def _big_plan(args: argparse.Namespace, folder: Path) -> BigPlan:
+    """The big-import sessions and their model files, built now (`load_big.build_plan`)."""
+    return build_plan(args.sessions, args.big_imports, args.big_shape, folder, stagger=args.big_stagger,
+                      shared=args.big_same_file, turn=args.big_turn, extra_s=args.big_extra_s)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@ through `benchmarks.st_client`, without rendering anything. It opens a share lin
 the deadline draws actions (`ACTIONS`, `WEIGHTS`): clicks on a patch, page views, image uploads
 (`upload_png`), opening its share link in a new session; session 0 also imports a model
 (`tiny_model_npz`). Every answer is checked (`check_page`), including for cross-talk: another
-session's upload, imported model or view on this session's page. Then the click-only phase."""
+session's upload, imported model or view on this session's page. Then the click-only phase.
+The sessions that import a ViT-B/16-sized model (`--big-imports`) are `benchmarks.load_big`."""
 from __future__ import annotations
 
 import asyncio
@@ -75,6 +76,7 @@ class WsResult:
     uploads: list[str] = field(default_factory=list)
     phase_clicks: int = 0                     # clicks in the click-only phase
     reloads: int = 0                          # a broken page (no patch picker) opened again
+    own_models: set[str] = field(default_factory=set)   # the imported models this session may list
 
 
 def _link(page_text_code: list[str]) -> str | None:
@@ -92,9 +94,10 @@ def share_link_of(session) -> str | None:
 def check_page(session, res: WsResult, *, page: str, ckpt: str | None = None, patch: tuple[int, int] | None = None,
                upload: str | None = None, owners: dict[str, int] | None = None) -> list[str]:
     """What on the page is wrong: an exception, another page than asked for, a missing own
-    upload; and cross-talk (to `res.crosstalk`): another session's patch, checkpoint, upload
-    (by name on the page, or its `upload:<sha256>` in the view; `owners`: id -> session) or
-    imported model."""
+    upload; and cross-talk (to `res.crosstalk`): another session's upload (by name on the page,
+    or its `upload:<sha256>` in the view; `owners`: id -> session) or imported model (in a
+    checkpoint list or the view's `ckpt`, not one of `res.own_models`; or its `model=<sha256>`
+    in the view, `owners`: `model:<sha256>` -> session)."""
     p = session.page
     wrong = [f"exception on {page}: {e}" for e in p.exceptions(trace=True)]
     texts = p.texts()
@@ -108,14 +111,20 @@ def check_page(session, res: WsResult, *, page: str, ckpt: str | None = None, pa
         wrong.append(f"{page}: own upload {upload!r} not shown")
     for key, w in p.widgets().items():
         if key.endswith("_ckpt") and w.kind == "selectbox":
-            models = [o for o in w.proto.options if o.endswith("-upload")]
-            if models and (res.index != 0 or models != [f"{MODEL_NAME}-upload"]):
+            models = [o for o in w.proto.options if o.rstrip("_").endswith("-upload")]
+            if set(models) - res.own_models:
                 res.crosstalk.append(f"{page}: imported models {models} in session {res.index}'s list")
     link = share_link_of(session)
     q = url_params(link) if link else {}
     image = q.get("image") or ""
     if image.startswith("upload:") and owners is not None and owners.get(image, res.index) != res.index:
         res.crosstalk.append(f"{page}: session {owners[image]}'s upload {image[:15]}... in session {res.index}'s view")
+    view_ckpt = q.get("ckpt") or ""
+    if view_ckpt.rstrip("_").endswith("-upload") and view_ckpt not in res.own_models:
+        res.crosstalk.append(f"{page}: imported model {view_ckpt} in session {res.index}'s view")
+    model = f"model:{q.get('model')}"
+    if q.get("model") and owners is not None and owners.get(model, res.index) != res.index:
+        res.crosstalk.append(f"{page}: session {owners[model]}'s model {model[:18]}... in session {res.index}'s view")
     # Not this session's patch or checkpoint: a wrong view (an error). Only what identifies
     # another session (its upload, its model) counts as cross-talk: starting views repeat.
     if patch is not None:
@@ -183,6 +192,8 @@ async def ws_user(base: str, spec: Spec, index: int, gate: PhaseGate, *, think: 
     from benchmarks.st_client import open_session
 
     res = WsResult(spec=asdict(spec), index=index)
+    if model_npz is not None and index == 0:
+        res.own_models = {f"{MODEL_NAME}-upload"}
     rng = random.Random(spec.seed)
     grids = grids or {spec.ckpt: spec.grid}
     page, patch, upload, n_up, ckpt, grid = "bias", spec.patch, None, 0, spec.ckpt, spec.grid
@@ -289,6 +300,8 @@ async def ws_user(base: str, spec: Spec, index: int, gate: PhaseGate, *, think: 
                 if ck is None or f"{MODEL_NAME}-upload" not in ck.proto.options:
                     res.errors.append("the imported model is not in its own session's checkpoint list")
                 q = url_params(share_link_of(s) or "")
+                if q.get("model") and q.get("ckpt") == f"{MODEL_NAME}-upload":
+                    gate.owners.setdefault(f"model:{q['model']}", index)    # for the cross-talk check
                 ckpt = q.get("ckpt", ckpt)            # the page switches the session to the imported model
                 grid = MODEL_GRID if ckpt == f"{MODEL_NAME}-upload" else grid
                 patch = tuple(int(x) for x in q["patch"].split(",")) if q.get("patch") else patch
