@@ -191,6 +191,7 @@ def run_ws_load(server: Server, specs: list[Spec], seconds: float, *, browsers: 
         "kb_per_click": round(statistics.fmean(click_bytes) / 1024, 1) if click_bytes else None,
         "errors": [f"session {r.index}: {e}" for r in results for e in r.errors],
         "crosstalk": [f"session {r.index}: {c}" for r in results for c in r.crosstalk],
+        "own_models_evicted": {r.index: sorted(r.evicted_models) for r in results if r.evicted_models},
         "sessions_without_clicks": [r.index for r in results if r.clicks == 0],
         "memory_mb": {"rss_before": round(start_mem["rss"], 1),
                       "peak_rss_sampled": round(max(peak_rss, end_mem["rss"]), 1),

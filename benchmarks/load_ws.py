@@ -77,6 +77,7 @@ class WsResult:
     phase_clicks: int = 0                     # clicks in the click-only phase
     reloads: int = 0                          # a broken page (no patch picker) opened again
     own_models: set[str] = field(default_factory=set)   # the imported models this session may list
+    evicted_models: set[str] = field(default_factory=set)   # own models the server's budget evicted (not errors)
 
 
 def _link(page_text_code: list[str]) -> str | None:
@@ -127,6 +128,10 @@ def check_page(session, res: WsResult, *, page: str, ckpt: str | None = None, pa
         res.crosstalk.append(f"{page}: session {owners[model]}'s model {model[:18]}... in session {res.index}'s view")
     # Not this session's patch or checkpoint: a wrong view (an error). Only what identifies
     # another session (its upload, its model) counts as cross-talk: starting views repeat.
+    listed = _listed(session)
+    if ckpt in res.own_models and listed and ckpt not in listed:
+        res.evicted_models.add(ckpt)      # the budget evicted it (another import): the page fell back, as it should
+        ckpt = patch = None
     if patch is not None:
         shown = PATCH_MD.findall(text)
         if shown != [(str(patch[0]), str(patch[1]))]:
@@ -136,6 +141,12 @@ def check_page(session, res: WsResult, *, page: str, ckpt: str | None = None, pa
     if ckpt is not None and q.get("ckpt") != ckpt:
         wrong.append(f"{page}: link {link} does not carry ckpt {ckpt}")
     return wrong
+
+
+def _listed(session) -> set[str]:
+    """Every option of the page's checkpoint select boxes (`*_ckpt`)."""
+    return {o for key, w in session.page.widgets().items() if key.endswith("_ckpt") and w.kind == "selectbox"
+            for o in w.proto.options}
 
 
 def click_state(session, page: str, target: tuple[int, int], grid: tuple[int, int]) -> tuple[str, dict]:

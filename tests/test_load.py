@@ -86,3 +86,16 @@ def test_another_sessions_imported_model_is_crosstalk_and_ones_own_is_not():
                       owners=owners) == [] and own.crosstalk == []
     check_page(_stub_page(["loadb16-s3-upload"], link), other, page="bias", owners=owners)
     assert len(other.crosstalk) == 3, other.crosstalk      # in the list, as the view's ckpt, its model id
+
+
+def test_an_own_model_the_budget_evicted_is_counted_not_an_error():
+    """The 50-session run with big imports: session 0's small model, evicted by a ViT-B import,
+    made every later answer an error ("link ... does not carry ckpt loadmodel-upload") though the
+    page had fallen back as it should. Listed but not in the view is still an error."""
+    res = WsResult(spec={}, index=0, own_models={"loadmodel-upload"})
+    link = "http://x/?page=bias&ckpt=ape&patch=1,2"
+    assert check_page(_stub_page([], link), res, page="bias", ckpt="loadmodel-upload", patch=(3, 3)) == []
+    assert res.evicted_models == {"loadmodel-upload"}
+    wrong = check_page(_stub_page(["loadmodel-upload"], link), WsResult(spec={}, index=0, own_models={
+        "loadmodel-upload"}), page="bias", ckpt="loadmodel-upload")
+    assert wrong == [f"bias: link {link} does not carry ckpt loadmodel-upload"]
