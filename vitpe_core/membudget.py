@@ -34,22 +34,20 @@ from typing import Any, Callable, Hashable
 log = logging.getLogger(__name__)
 
 ENV_VAR = "VITPE_CACHE_MB"
-# The default keeps the whole server under a 1 GiB host with the 14 shipped checkpoints and two
-# visitors' imported ViT-B/16 (86.6 M parameters: 330 MiB each in float32):
+# The default keeps the whole server under a 1 GiB host with the 14 shipped checkpoints and
+# visitors' imported ViT-B/16 (86.6 M parameters: 165 MiB held as a float16 file has them,
+# `held_precision`; 330 MiB from a float32 file, which fits it, alone, through a hub id):
 #   1024 MiB  the host
-# −  330 MiB  the runtime before any cache: Python, torch, Streamlit, Plotly, pandas, vitpe_core
-#             imported (measured 327 MiB RSS on this machine)
-# −  200 MiB  working memory outside the caches: an import in progress (the uploaded file's bytes,
-#             held by Streamlit while the form lives: up to the 200 MB upload cap; a ViT-B/16 in
-#             float16 is 173 MB) or a ViT-B forward pass's activations, and the pages' figures
-# −   94 MiB  allocator slack (freed blocks glibc keeps) and the sessions' own state
-# =  400 MiB  for every cache and store together: the 14 shipped checkpoints (51 MiB) and one
-#             ViT-B/16 (330 MiB) with a float16 trace or two (11–42 MiB each); a second visitor's
-#             ViT-B/16 evicts the least recently used (the first one, traces, checkpoints), so two
-#             never sit in memory together on a 1 GiB host. Measured (`python -m
-#             benchmarks.memory_walk --big`): 850 MiB resident between steps with the budget full;
-#             an import itself still needs ~840 MiB more for a moment (the importer's copies,
-#             RELIABILITY.md "Deploy"), which this budget cannot cover.
+# −  440 MiB  the warm server before any cache: Python, torch, Streamlit, Plotly, pandas and
+#             vitpe_core imported, the warm-up's first forward pass (measured)
+# −  173 MiB  an upload in flight: Streamlit holds the file's bytes before vitpe's code can make
+#             room (a ViT-B/16 in float16; the cap is 200 MB)
+# ≈  400 MiB  for every cache and store together: the shipped checkpoints (51 MiB), one ViT-B/16
+#             and its float16 traces (11–42 MiB each); the next import evicts the least recently used.
+# Measured (`python -m benchmarks.memory_walk --big --images 60 --shape b16 --limit-mb 0`, two
+# ViT-B/16 imports, 60 images): peak 1,005 MiB, the second upload arriving while the budget is full.
+# Issue 30's 900 MiB target for that walk needs VITPE_CACHE_MB=280 (measured: 890 MiB), which
+# leaves no room for a float32 ViT-B/16 (RELIABILITY.md "Deploy").
 DEFAULT_CACHE_MB = 400
 
 
