@@ -15,9 +15,13 @@ transformers = pytest.importorskip("transformers", reason="transformers is a tes
 
 @pytest.fixture(autouse=True)
 def _empty_folder_and_own_uploads(tmp_path, monkeypatch):
-    """No folder checkpoints (the imported model is the only one) and the test's own upload store."""
+    """No folder checkpoints (the imported model is the only one), the test's own upload store and
+    an empty memory budget: the store of imported models lives as long as the process, and an
+    earlier test module of this worker may have imported the same bytes under another name."""
+    from vitpe_core import membudget
     monkeypatch.setenv("VITPE_CHECKPOINTS", str(tmp_path / "empty"))
     monkeypatch.setenv("VITPE_UPLOAD_DIR", str(tmp_path / "uploads"))
+    membudget.shared().clear()
 
 
 def _form(at, *, weights=None, config=None, hub=None, act=None):

@@ -1,7 +1,7 @@
 """The memory walk's big-model run, short (`python -m benchmarks.memory_walk --big`, CI's
 version): a real server under a 1 GiB limit (a cgroup where one can be made, else an RSS watch),
-two visitors importing ViT-S/16-shaped models (88 MB of float32 weights each, under a 150 MiB
-memory budget: the second import evicts the first) and visiting two distinct uploaded images (one
+two visitors importing ViT-S/16-shaped models (float16 files, each held in float16: 42 MiB, under
+an 80 MiB memory budget: the second import evicts the first) and visiting two distinct uploaded images (one
 per model) on the bias, compare and similarity pages. The full run (two ViT-B/16, 60 images, the default
 budget) is the lead's: `python -m benchmarks.memory_walk --big` (RELIABILITY.md, Deploy)."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ from benchmarks.memory_walk import main
 @pytest.mark.slow
 def test_big_models_walk_stays_under_the_peak_with_evictions_and_no_page_error(app_checkpoint_dir, tmp_path):
     out = tmp_path / "walk.json"
-    code = main(["--big", "--shape", "s16", "--models", "2", "--images", "2", "--cache-mb", "150",
+    code = main(["--big", "--shape", "s16", "--models", "2", "--images", "2", "--cache-mb", "80",
                  "--peak-mb", "900", "--checkpoints", str(app_checkpoint_dir), "--timeout", "240",
                  "--out", str(out)])
     report = json.loads(out.read_text())
