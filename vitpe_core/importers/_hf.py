@@ -42,6 +42,12 @@ class Keys:
             self.out[dst] = t
         return t
 
+    def keep(self, *names: str) -> None:
+        """`take` each of `names`' `.weight` and `.bias` under the same name (those the file has)."""
+        for name in names:
+            for p in ("weight", "bias"):
+                self.take(f"{name}.{p}", f"{name}.{p}")
+
     def drop(self, pattern: str) -> list[str]:
         """Mark the keys matching regex `pattern` used (left out); returns them."""
         hit = [k for k in self.sd if re.search(pattern, k)]

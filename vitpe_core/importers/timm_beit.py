@@ -86,6 +86,12 @@ def take_embedding(keys: Keys, family: str, notes: list[str]) -> Tensor:
     return proj
 
 
+def take_layer_scale(keys: Keys, b: str) -> None:
+    """timm's LayerScale of block prefix `b` (`gamma_1`, `gamma_2`) as vitpe's `ls1` / `ls2`."""
+    for n in (1, 2):
+        keys.take(f"{b}ls{n}.gamma", f"{b}gamma_{n}")
+
+
 def take_qkv(keys: Keys, i: int, family: str, reorder=None, biases_required: bool = False) -> None:
     """Block `i`'s fused `attn.qkv.weight` and its separate `q_bias` / `v_bias` (timm's BEiT and
     Eva: the key has no bias; a zero one is equivalent) as vitpe's `qkv` weight and bias.
@@ -132,19 +138,14 @@ def convert(sd: Mapping[str, Tensor], config: Mapping[str, Any], *, img_size, he
     for i in layers:
         b = f"blocks.{i}."
         take_qkv(keys, i, FAMILY)
-        for name in ("norm1", "norm2", "attn.proj", "mlp.fc1", "mlp.fc2"):
-            for p in ("weight", "bias"):
-                keys.take(f"{b}{name}.{p}", f"{b}{name}.{p}")
-        for n in (1, 2):
-            keys.take(f"{b}ls{n}.gamma", f"{b}gamma_{n}")
+        keys.keep(*(b + n for n in ("norm1", "norm2", "attn.proj", "mlp.fc1", "mlp.fc2")))
+        take_layer_scale(keys, b)
         t = keys.get(f"{b}attn.relative_position_bias_table")
         if t is not None:
             tables.append(_table(t, grid0, FAMILY, f"{b}attn.relative_position_bias_table"))
     tables = one_table_scheme(tables, shared, len(layers), grid0, FAMILY, "rel_pos_bias.relative_position_bias_table",
                               "blocks")
-    for name in ("norm", "fc_norm", "head"):
-        for p in ("weight", "bias"):
-            keys.take(f"{name}.{p}", f"{name}.{p}")
+    keys.keep("norm", "fc_norm", "head")
     keys.refuse_rest()
     out = keys.out
     if "blocks.0.mlp.fc1.weight" not in out:

@@ -32,7 +32,7 @@ from ..config import ViTConfig
 from . import timm_hub
 from ._hf import Keys, target_grid
 from .dinov3 import half_to_adjacent
-from .timm_beit import REFUSED, take_embedding, take_qkv
+from .timm_beit import REFUSED, take_embedding, take_layer_scale, take_qkv
 
 FAMILY = "timm-dinov3"
 ARCH = r"_dinov3(_|$)"
@@ -95,9 +95,7 @@ def convert(sd: Mapping[str, Tensor], config: Mapping[str, Any], *, img_size, he
     for i in layers:
         b = f"blocks.{i}."
         take_qkv(keys, i, FAMILY, lambda t: half_to_adjacent(t, n_heads))
-        for name in ("norm1", "norm2", "attn.proj", "mlp.fc1_g", "mlp.fc1_x", "mlp.fc2"):
-            for p in ("weight", "bias"):
-                keys.take(f"{b}{name}.{p}", f"{b}{name}.{p}")
+        keys.keep(*(b + n for n in ("norm1", "norm2", "attn.proj", "mlp.fc1_g", "mlp.fc1_x", "mlp.fc2")))
         packed = keys.get(f"{b}mlp.fc1.weight")
         fc2 = keys.out.get(f"{b}mlp.fc2.weight")
         for p in ("weight", "bias"):
@@ -108,11 +106,8 @@ def convert(sd: Mapping[str, Tensor], config: Mapping[str, Any], *, img_size, he
                 keys.out[f"{b}mlp.fc1_g.{p}"], keys.out[f"{b}mlp.fc1_x.{p}"] = t.chunk(2, dim=0)
             else:
                 keys.out[f"{b}mlp.fc1.{p}"] = t
-        for n in (1, 2):
-            keys.take(f"{b}ls{n}.gamma", f"{b}gamma_{n}")
-    for name in ("norm", "fc_norm", "head"):
-        for p in ("weight", "bias"):
-            keys.take(f"{name}.{p}", f"{name}.{p}")
+        take_layer_scale(keys, b)
+    keys.keep("norm", "fc_norm", "head")
     keys.refuse_rest()
     out = keys.out
     gated = "blocks.0.mlp.fc1_g.weight" in out

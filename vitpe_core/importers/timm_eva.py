@@ -29,7 +29,7 @@ from ..config import ViTConfig
 from ..encodings.absolute import resample_abs_pos_embed
 from . import timm_hub
 from ._hf import Keys, target_grid
-from .timm_beit import packed_glu, read_out, refuse_layers, take_embedding, take_qkv, trained_grid
+from .timm_beit import packed_glu, read_out, refuse_layers, take_embedding, take_layer_scale, take_qkv, trained_grid
 
 FAMILY = "timm-eva02"
 REF_GRID = (16, 16)   # ref_feat_shape of every eva02_* architecture in timm 1.0.31 (224 / 14)
@@ -80,18 +80,13 @@ def convert(sd: Mapping[str, Tensor], config: Mapping[str, Any], *, img_size, he
     for i in layers:
         b = f"blocks.{i}."
         take_qkv(keys, i, FAMILY, lambda t: swap_halves(t, n_heads), biases_required=True)
-        for name in ("norm1", "norm2", "attn.proj", "mlp.fc2"):
-            for p in ("weight", "bias"):
-                keys.take(f"{b}{name}.{p}", f"{b}{name}.{p}")
+        keys.keep(*(b + n for n in ("norm1", "norm2", "attn.proj", "mlp.fc2")))
         for p in ("weight", "bias"):
             packed = keys.get(f"{b}mlp.fc1.{p}")
             if packed is not None:
                 keys.out[f"{b}mlp.fc1_g.{p}"], keys.out[f"{b}mlp.fc1_x.{p}"] = packed.chunk(2, dim=0)
-        for n in (1, 2):
-            keys.take(f"{b}ls{n}.gamma", f"{b}gamma_{n}")
-    for name in ("norm", "fc_norm", "head"):
-        for p in ("weight", "bias"):
-            keys.take(f"{name}.{p}", f"{name}.{p}")
+        take_layer_scale(keys, b)
+    keys.keep("norm", "fc_norm", "head")
     keys.refuse_rest()
     out = keys.out
     out["pos_embed"] = pos
