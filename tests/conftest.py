@@ -177,6 +177,18 @@ def app_url(app_checkpoint_dir, tmp_path_factory):
         yield server.url
 
 
+@pytest.fixture
+def page(browser, request):
+    """A 1400x1000 page in a browser context of its own (a visitor of its own), waiting up to the
+    test module's `TIMEOUT_MS` (else `BROWSER_EXPECT_TIMEOUT_MS`) by default. Modules that need
+    another context (downloads, a phone, blocked requests) define their own `page`."""
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+    pg = ctx.new_page()
+    pg.set_default_timeout(getattr(request.module, "TIMEOUT_MS", BROWSER_EXPECT_TIMEOUT_MS))
+    yield pg
+    ctx.close()
+
+
 @pytest.fixture(scope="module")
 def browser():
     """Headless Debian chromium through playwright for a browser test module (module scope: it is

@@ -37,15 +37,6 @@ from playwright.sync_api import expect  # noqa: E402
 # `app_url`: conftest's session-wide server on `app_checkpoint_dir`.
 
 
-@pytest.fixture
-def page(browser):
-    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
-    pg = ctx.new_page()
-    pg.set_default_timeout(TIMEOUT_MS)
-    yield pg
-    ctx.close()
-
-
 @pytest.fixture(scope="module", autouse=True)
 def _screenshot_dir(tmp_path_factory) -> Path:
     global SHOTS

@@ -18,15 +18,6 @@ TIMEOUT_MS = 90_000
 DOC_HEADING = "Position encodings in vitpe"          # docs/encodings.md's title
 
 
-@pytest.fixture
-def page(browser):
-    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = ctx.new_page()
-    page.set_default_timeout(TIMEOUT_MS)
-    yield page
-    ctx.close()
-
-
 def _on_definitions(page) -> None:
     expect(page.get_by_role("heading", name=DOC_HEADING)).to_be_visible()
     expect(page.get_by_role("heading", name="Position-only kernels and the relative score")).to_be_visible()

@@ -53,15 +53,6 @@ def server(folder, tmp_path_factory):
         yield srv
 
 
-@pytest.fixture
-def page(browser):
-    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
-    pg = ctx.new_page()
-    pg.set_default_timeout(TIMEOUT_MS)
-    yield pg
-    ctx.close()
-
-
 # The z of the chart's heatmap trace (a window map drawn over the image has the image first).
 HEAT_Z = "e => JSON.stringify((e.data.find(t => t.type === 'heatmap') || {}).z)"
 
