@@ -40,7 +40,7 @@ from typing import Any
 from benchmarks.harness import url_params
 from benchmarks.load_plan import PhaseGate, Spec
 from benchmarks.load_probes import latency_stats
-from benchmarks.load_ws import ACTIONS, WsResult, check_page, click_state, share_link_of
+from benchmarks.load_ws import ACTIONS, WsResult, check_page, checkpoint_options, click_state, share_link_of
 
 BIG_ACTIONS = ("big_import", "big_click", "big_image", "image")
 BIG_GRID = (14, 14)                 # 224 px, patch 16: every shape of memory_walk_big.SHAPES
@@ -146,8 +146,7 @@ class Tab:
 
 def listed_models(session) -> set[str]:
     """The imported models in the page's checkpoint lists (`*_ckpt` select boxes)."""
-    return {o for key, w in session.page.widgets().items() if key.endswith("_ckpt") and w.kind == "selectbox"
-            for o in w.proto.options if o.rstrip("_").endswith("-upload")}
+    return {o for o in checkpoint_options(session) if o.rstrip("_").endswith("-upload")}
 
 
 def follow(tab: Tab, res: BigResult, grids: dict[str, tuple[int, int]]) -> None:

@@ -128,7 +128,7 @@ def check_page(session, res: WsResult, *, page: str, ckpt: str | None = None, pa
         res.crosstalk.append(f"{page}: session {owners[model]}'s model {model[:18]}... in session {res.index}'s view")
     # Not this session's patch or checkpoint: a wrong view (an error). Only what identifies
     # another session (its upload, its model) counts as cross-talk: starting views repeat.
-    listed = _listed(session)
+    listed = checkpoint_options(session)
     if ckpt in res.own_models and listed and ckpt not in listed:
         res.evicted_models.add(ckpt)      # the budget evicted it (another import): the page fell back, as it should
         ckpt = patch = None
@@ -143,7 +143,7 @@ def check_page(session, res: WsResult, *, page: str, ckpt: str | None = None, pa
     return wrong
 
 
-def _listed(session) -> set[str]:
+def checkpoint_options(session) -> set[str]:
     """Every option of the page's checkpoint select boxes (`*_ckpt`)."""
     return {o for key, w in session.page.widgets().items() if key.endswith("_ckpt") and w.kind == "selectbox"
             for o in w.proto.options}
