@@ -11,7 +11,21 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+
+# Under pytest-xdist the workers (and the servers and training children they start) outnumber the
+# cores: each keeps torch to one thread. OpenMP threads of oversubscribed processes spin while they
+# wait for each other, and the full suite took 1.3x as much CPU with torch's default of one thread
+# per core (fresh clone, 2 cores: 555 -> 432 s). The fused kernel's own tests run it on two threads
+# (tests/test_cope_sape2.py), so its parallel split is still checked. OMP_NUM_THREADS set by the
+# caller wins.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if _WORKER:
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
+import torch  # noqa: E402  (after the thread settings above)
+
+if _WORKER:
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 from hypothesis import settings
 
 from benchmarks.harness import APP_ENCODINGS, write_random_checkpoints
@@ -106,7 +120,8 @@ def pytest_xdist_auto_num_workers(config) -> int:
     return max(1, min(MAX_WORKERS, (os.cpu_count() or 1) + 1))
 
 
-# The longest modules first (measured in a fresh clone on 2 cores), so that the short ones fill
+# The longest modules first (measured in a fresh clone on 2 cores; `--no-loadscope-reorder` in
+# pyproject keeps this order, which xdist otherwise replaces by the number of tests), so that the short ones fill
 # the workers' last minutes instead of one long module running alone at the end. The cold-start
 # module leads (on a fresh machine its server compiles the kernel), then compiled training (the
 # suite's one inductor compile, 1-2 min in a cold cache on 2 busy cores).

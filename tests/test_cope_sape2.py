@@ -215,6 +215,21 @@ def _with_grads(fn, tensors, grad_out_seed=0):
 
 
 KERNEL = [pytest.param(True, id="cpp"), pytest.param(False, id="eager")]
+KERNEL_THREADS = 2
+
+
+@pytest.fixture(autouse=True)
+def _kernel_threads():
+    """The fused kernel splits its rows over torch's threads (`at::parallel_for`): its tests run on
+    two, whatever the suite's workers use (tests/conftest.py keeps them to one)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(KERNEL_THREADS)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_the_kernel_tests_run_on_more_than_one_thread():
+    assert torch.get_num_threads() == KERNEL_THREADS
 
 
 @pytest.mark.parametrize("use_kernel", KERNEL)
