@@ -192,16 +192,69 @@ def app_url(app_checkpoint_dir, tmp_path_factory):
         yield server.url
 
 
+VIEWPORT = {"width": 1400, "height": 1000}
+
+
+class Tabs:
+    """Browser tabs that a test module's tests take turns in, one per kind of visitor (a browser
+    context made with the options given the first time a name is asked for). A fresh tab per test
+    cost ~7 CPU-s of chromium per page load: each new renderer compiled Streamlit's and Plotly's
+    ~8 MB of JavaScript again; a reused tab loads the app for ~3. Between tests every tab goes back
+    to about:blank (so the next `goto` is a new Streamlit session, a visitor of its own), at its
+    first viewport, with the other pages of its context closed."""
+
+    def __init__(self, browser, timeout_ms: float):
+        self.browser, self.timeout_ms = browser, timeout_ms
+        self.open: dict[str, tuple] = {}       # name -> (context, page, viewport)
+
+    def tab(self, name: str = "visitor", **context_options):
+        ctx, pg, viewport = self.open.get(name, (None, None, None))
+        if ctx is None:
+            context_options.setdefault("viewport", VIEWPORT)
+            ctx, viewport = self.browser.new_context(**context_options), context_options["viewport"]
+        if pg is None or pg.is_closed():
+            pg = ctx.new_page()
+            pg.set_default_timeout(self.timeout_ms)
+        self.open[name] = (ctx, pg, viewport)
+        return pg
+
+    def reset(self) -> None:
+        for ctx, pg, viewport in self.open.values():
+            for other in ctx.pages:
+                if other is not pg:
+                    other.close()
+            if not pg.is_closed():
+                pg.goto("about:blank")
+                if pg.viewport_size != viewport:
+                    pg.set_viewport_size(viewport)
+
+    def close(self) -> None:
+        for ctx, _, _ in self.open.values():
+            ctx.close()
+        self.open.clear()
+
+
+@pytest.fixture(scope="module")
+def _module_tabs(browser, request):
+    tabs = Tabs(browser, getattr(request.module, "TIMEOUT_MS", BROWSER_EXPECT_TIMEOUT_MS))
+    yield tabs
+    tabs.close()
+
+
 @pytest.fixture
-def page(browser, request):
-    """A 1400x1000 page in a browser context of its own (a visitor of its own), waiting up to the
-    test module's `TIMEOUT_MS` (else `BROWSER_EXPECT_TIMEOUT_MS`) by default. Modules that need
-    another context (downloads, a phone, blocked requests) define their own `page`."""
-    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
-    pg = ctx.new_page()
-    pg.set_default_timeout(getattr(request.module, "TIMEOUT_MS", BROWSER_EXPECT_TIMEOUT_MS))
-    yield pg
-    ctx.close()
+def tabs(_module_tabs):
+    """The module's `Tabs` (its default timeout the module's `TIMEOUT_MS`, else
+    `BROWSER_EXPECT_TIMEOUT_MS`), reset to about:blank after the test."""
+    yield _module_tabs
+    _module_tabs.reset()
+
+
+@pytest.fixture
+def page(tabs):
+    """A 1400x1000 tab of the module's visitor (`Tabs`: reused by the module's tests, on
+    about:blank at the start of each). Modules that need another kind of visitor (downloads, a
+    phone) ask `tabs` for one."""
+    return tabs.tab()
 
 
 @pytest.fixture(scope="module")

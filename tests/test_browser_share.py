@@ -57,21 +57,19 @@ def _idle(page) -> None:
     page.wait_for_function(lt.IDLE_JS, timeout=TIMEOUT_MS)
 
 
-def _open(browser, url: str, ready: str):
-    """A new browser context (a visitor of its own) on `url`, once the text `ready` shows and the
-    app is idle; returns (context, page)."""
-    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = ctx.new_page()
-    page.set_default_timeout(TIMEOUT_MS)
+def _open(tabs, visitor: str, url: str, ready: str):
+    """`visitor`'s tab (a browser context of its own: conftest's `Tabs`) on `url`, once the text
+    `ready` shows and the app is idle."""
+    page = tabs.tab(visitor)
     page.goto(url)
     expect(page.get_by_text(ready, exact=True)).to_be_visible()
     _idle(page)
-    return ctx, page
+    return page
 
 
-def test_an_uploaded_photo_is_shared_by_link(browser, server):
+def test_an_uploaded_photo_is_shared_by_link(tabs, server):
     srv, uploads = server
-    ctx, page = _open(browser, lt.share_url(srv.url, ckpt="sape2+ape", image="cifar10-test-0008", patch=(4, 4),
+    page = _open(tabs, "visitor", lt.share_url(srv.url, ckpt="sape2+ape", image="cifar10-test-0008", patch=(4, 4),
                                             layer=1, head="1"), "Patch (4, 4)")
     page.locator(".st-key-bias_upload input[type=file]").set_input_files(
         files=[{"name": "photo.png", "mimeType": "image/png", "buffer": _photo()}])
@@ -85,9 +83,9 @@ def test_an_uploaded_photo_is_shared_by_link(browser, server):
     assert (uploads / f"{digest}.png").is_file()
     assert "patch=2,5" in link and "layer=1" in link and "head=1" in link
     picture = page.locator(picker_selector("bias_click")).evaluate(PICKER_IMAGE_JS)
-    ctx.close()
+    page.goto("about:blank")                                               # the first visitor leaves
 
-    other, page2 = _open(browser, link, "Patch (2, 5)")                    # another visitor
+    page2 = _open(tabs, "another visitor", link, "Patch (2, 5)")
     expect(page2.locator("[data-testid='stAlertContentWarning']")).to_have_count(0)
     expect(page2.locator(".st-key-bias_layer input[type=range]")).to_have_value("1")
     expect(page2.locator(".st-key-bias_head input")).to_have_value("head 1")
@@ -96,7 +94,6 @@ def test_an_uploaded_photo_is_shared_by_link(browser, server):
     expect(page2.get_by_text(digest[:12]).first).to_be_visible()
     assert page2.locator(picker_selector("bias_click")).evaluate(PICKER_IMAGE_JS) == picture   # same pixels
     assert lt.url_params(page2.url)["image"] == f"upload:{digest}"
-    other.close()
 
 
 def _chips(page):
@@ -104,18 +101,18 @@ def _chips(page):
     return page.locator(".st-key-compare_show [data-tag] span[title]")
 
 
-def test_the_compare_pick_is_shared_by_link(browser, server):
+def test_the_compare_pick_is_shared_by_link(tabs, server):
     srv, _ = server
-    ctx, page = _open(browser, lt.share_url(srv.url, page="compare", show=["rpb", "sape2+ape", "ape"]),
+    page = _open(tabs, "visitor", lt.share_url(srv.url, page="compare", show=["rpb", "sape2+ape", "ape"]),
                       "Per checkpoint")
     expect(_chips(page)).to_have_text(["rpb", "sape2+ape", "ape"])
-    _remove_and_share(browser, ctx, page, "sape2+ape", r"show=rpb(,|%2C)ape(&|$)", "show=rpb,ape", ["rpb", "ape"])
+    _remove_and_share(tabs, page, "sape2+ape", r"show=rpb(,|%2C)ape(&|$)", "show=rpb,ape", ["rpb", "ape"])
 
 
-def _remove_and_share(browser, ctx, page, chip: str, url_re: str, link_text: str, kept: list[str]) -> None:
+def _remove_and_share(tabs, page, chip: str, url_re: str, link_text: str, kept: list[str]) -> None:
     """Remove `chip` from the compare pick (its ✕), wait for the URL to match `url_re`, take the
-    sidebar's link (it must contain `link_text`), close `ctx`, and open the link as another
-    visitor: no warning, the chips `kept`."""
+    sidebar's link (it must contain `link_text`), leave, and open the link as another visitor: no
+    warning, the chips `kept`."""
     page.locator(".st-key-compare_show").get_by_role("button", name=f"Remove {chip}").click()
     page.wait_for_function(f"() => /{url_re}/.test(location.search)", timeout=TIMEOUT_MS)
     _idle(page)
@@ -123,30 +120,26 @@ def _remove_and_share(browser, ctx, page, chip: str, url_re: str, link_text: str
     code = page.locator("[data-testid='stSidebar'] [data-testid='stCode']").first
     expect(code).to_contain_text(link_text)
     link = code.inner_text().strip()
-    ctx.close()
+    page.goto("about:blank")
 
-    other, page2 = _open(browser, link, "Per checkpoint")                  # another visitor
+    page2 = _open(tabs, "another visitor", link, "Per checkpoint")
     expect(page2.locator("[data-testid='stAlertContentWarning']")).to_have_count(0)
     expect(_chips(page2)).to_have_text(kept)
-    other.close()
 
 
-def test_a_checkpoint_named_with_a_comma_is_shared_by_link(browser, server):
+def test_a_checkpoint_named_with_a_comma_is_shared_by_link(tabs, server):
     srv, _ = server
-    ctx, page = _open(browser, lt.share_url(srv.url, page="compare", show=[COMMA_NAME, "ape"]), "Per checkpoint")
+    page = _open(tabs, "visitor", lt.share_url(srv.url, page="compare", show=[COMMA_NAME, "ape"]), "Per checkpoint")
     expect(page.locator("[data-testid='stAlertContentWarning']")).to_have_count(0)
     expect(_chips(page)).to_have_text([COMMA_NAME, "ape"])
-    _remove_and_share(browser, ctx, page, "ape", r"show=rpb%252C2(&|$)", "show=rpb%252C2", [COMMA_NAME])
+    _remove_and_share(tabs, page, "ape", r"show=rpb%252C2(&|$)", "show=rpb%252C2", [COMMA_NAME])
 
 
-def test_a_path_link_is_routed_on_a_fresh_server(browser, app_checkpoint_dir, tmp_path):
+def test_a_path_link_is_routed_on_a_fresh_server(page, app_checkpoint_dir, tmp_path):
     """After any page switch the address bar shows a path (`/compare?page=compare&...`). Opened as
     the first visit of a fresh server, it must still run app.py's router (Streamlit would run
     pages/compare.py bare, multipage-v1 style: no title, file names in the menu)."""
     with lt.streamlit_server(app_checkpoint_dir, log=tmp_path / "server.log", timeout=90) as srv:
-        ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
-        page = ctx.new_page()
-        page.set_default_timeout(TIMEOUT_MS)
         page.goto(srv.url + "/compare?show=rpb,ape")
         expect(page.locator("h1").first).to_have_text("Compare encodings")
         expect(page.locator("[data-testid='stSidebarNav']")).to_contain_text("Bias explorer")
@@ -154,4 +147,4 @@ def test_a_path_link_is_routed_on_a_fresh_server(browser, app_checkpoint_dir, tm
         page.goto(srv.url + "/pages/similarity?ckpt=ape")     # deeper than a page name: redirected, not blank
         expect(page.locator("h1").first).to_have_text("Position-embedding similarity")
         assert lt.url_params(page.url)["ckpt"] == "ape" and "/pages/" not in page.url
-        ctx.close()
+        page.goto("about:blank")                               # before the server stops

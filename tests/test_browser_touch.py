@@ -28,13 +28,9 @@ from playwright.sync_api import expect  # noqa: E402
 
 
 @pytest.fixture
-def phone(browser):
-    ctx = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True,
-                              device_scale_factor=2)
-    pg = ctx.new_page()
-    pg.set_default_timeout(TIMEOUT_MS)
-    yield pg
-    ctx.close()
+def phone(tabs):
+    return tabs.tab("phone", viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True,
+                    device_scale_factor=2)
 
 
 def tap_patch(page, key: str, patch: tuple[int, int]) -> None:

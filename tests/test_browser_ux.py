@@ -40,25 +40,10 @@ def app_url(tmp_path_factory):
 
 
 
-def new_page(browser, width: int, height: int, **kw):
-    ctx = browser.new_context(viewport={"width": width, "height": height}, **kw)
-    pg = ctx.new_page()
-    pg.set_default_timeout(TIMEOUT_MS)
-    return ctx, pg
-
-
 @pytest.fixture
-def page(browser):
-    ctx, pg = new_page(browser, 1400, 1000)
-    yield pg
-    ctx.close()
-
-
-@pytest.fixture
-def phone(browser):
-    ctx, pg = new_page(browser, 390, 844, is_mobile=True, has_touch=True, device_scale_factor=2)
-    yield pg
-    ctx.close()
+def phone(tabs):
+    return tabs.tab("phone", viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True,
+                    device_scale_factor=2)
 
 
 def quiet(page, still_ms: int = 1000) -> None:

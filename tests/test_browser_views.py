@@ -27,12 +27,8 @@ def app_url(tmp_path_factory):
 
 
 @pytest.fixture
-def page(browser):
-    ctx = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
-    pg = ctx.new_page()
-    pg.set_default_timeout(TIMEOUT_MS)
-    yield pg
-    ctx.close()
+def page(tabs):
+    return tabs.tab("downloads", accept_downloads=True)
 
 
 def settle(page) -> None:
