@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 # Under pytest-xdist the workers (and the servers and training children they start) outnumber the
 # cores: each keeps torch to one thread. OpenMP threads of oversubscribed processes spin while they
@@ -27,9 +28,8 @@ import torch  # noqa: E402  (after the thread settings above)
 
 if _WORKER:
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-from hypothesis import settings
 
-from benchmarks.harness import APP_ENCODINGS, write_random_checkpoints
+from benchmarks.harness import APP_ENCODINGS, write_random_checkpoints  # noqa: E402  (imports torch)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
