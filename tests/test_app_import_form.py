@@ -172,8 +172,8 @@ def test_the_uploaded_bytes_are_let_go_before_the_model_is_built_and_put_back_wh
     seen, back = _spy_on_the_build(monkeypatch, "refused.npz", fail=True), []
     restore = import_form._restore_upload
 
-    def spy_restore(up, copy):
-        restore(up, copy)
+    def spy_restore(page, up, copy):
+        restore(page, up, copy)
         mgr, session = import_form._upload_manager()
         back.extend(r.data == data for r in mgr.get_files(session, [up.file_id]))
 
@@ -182,6 +182,11 @@ def test_the_uploaded_bytes_are_let_go_before_the_model_is_built_and_put_back_wh
     [error] = [e.value for e in at.error]
     assert error == "refused.npz was not imported: refused.npz: refused", error
     assert seen == [0, False] and back == [True], (seen, back)
+    # The uploader's value is gone from this session (its bytes were let go) while the browser
+    # still shows the file: the form offers Import again for the file kept in the upload manager
+    # (the button was missing until the visitor's next change).
+    assert any("`refused.npz` is still selected" in c.value for c in at.caption), [c.value for c in at.caption]
+    assert at.button(key="checkpoints_model_import")    # (pressing it again: tests/test_browser.py, a real server)
 
 
 def test_a_copy_of_an_uploaded_file_shares_its_bytes_and_is_still_a_file_of_its_own():

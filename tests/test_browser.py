@@ -230,6 +230,47 @@ def test_import_real_vit_tiny_then_similarity_and_bias_pages(page, app_url, shar
     shot(page, "import_3_bias")
 
 
+RUNS_JS = """() => { const app = document.querySelector('[data-testid=stApp]'); window.vitpeRuns = 0;
+  new MutationObserver(() => { if (app.dataset.testScriptState === 'running') window.vitpeRuns++; })
+    .observe(app, {attributes: true, attributeFilter: ['data-test-script-state']}); }"""
+
+
+def click_and_wait_for_a_run(page, button) -> None:
+    """Click `button`, then wait until a script run has started after the click and is over (a
+    page that still shows the last run's result is not taken for this one's)."""
+    page.evaluate(RUNS_JS)
+    button.click()
+    page.wait_for_function("() => window.vitpeRuns > 0", timeout=TIMEOUT_MS)
+    settle(page)
+
+
+def test_a_failed_import_can_be_pressed_again_at_once(page, app_url, tmp_path):
+    """An import that fails lets go of the upload's bytes in this session (issue 30), and the form
+    then drew no Import button until the visitor's next change, though the browser still showed the
+    file. Now the button is there at once, and pressing it imports the kept file again (a new run
+    shows the error again: the import ran)."""
+    from test_app import _small_vit, _timm_npz
+
+    src = tmp_path / "small_vit.npz"
+    src.write_bytes(_timm_npz(_small_vit()))
+    uploader = open_import_form(page, app_url)
+    uploader.locator("input[type=file]").set_input_files(str(src))
+    button = page.locator(".st-key-checkpoints_model_import button")
+    expect(button).to_be_visible()
+    settle(page)
+    family = page.locator(".st-key-checkpoints_model_family")
+    family.locator("input").click()
+    page.get_by_role("option", name="beit", exact=True).click()        # a timm ViT is not a BEiT file
+    settle(page)
+    error = page.locator("[data-testid='stAlertContentError']")
+    for _ in range(2):                                                  # the first press, then once more
+        click_and_wait_for_a_run(page, button)
+        expect(error).to_contain_text("small_vit.npz was not imported")   # this run's result: the import ran
+        expect(button).to_be_visible()
+        expect(page.get_by_text("small_vit.npz is still selected", exact=False)).to_be_visible()
+    no_exception(page)
+
+
 def test_model_file_over_the_uploaders_limit_is_refused_in_the_browser(page, app_url, tmp_path):
     """A weights file over the model uploader's own 200 MB limit (sparse: no disk used).
     What Streamlit 1.67 shows, pinned so that a change is noticed: it refuses the file in the

@@ -13,6 +13,7 @@ from . import cache, model_import
 from .messages import show_notes
 
 RESULT = "_vitpe_import_result"   # (page, name or None, notes, error or None) of the callback's import
+KEPT = "_vitpe_import_kept_{page}"   # (file id, name) of a weights file put back after a failed import
 
 
 def share_uploads_on_copy() -> bool:
@@ -47,6 +48,7 @@ def _import(page: str) -> None:
     """The Import button's callback: import the form's files with its settings (`RESULT`)."""
     ss = st.session_state
     up, labels, config = (ss.get(f"{page}_model_{k}") for k in ("upload", "labels", "config"))
+    up = up if up is not None else _kept_upload(page)
     hub = str(ss.get(f"{page}_model_hub") or "").strip()
     if up is None and not hub:
         return
@@ -61,7 +63,7 @@ def _import(page: str) -> None:
             if up is not None:
                 name, notes = model_import.import_upload(
                     up.name, up, config=None if config is None else (config.name, config.getvalue()),
-                    release=lambda: _release_upload(page, up), restore=lambda copy: _restore_upload(up, copy),
+                    release=lambda: _release_upload(page, up), restore=lambda copy: _restore_upload(page, up, copy),
                     **settings)
             else:
                 name, notes = model_import.import_hub(hub, **settings)
@@ -83,17 +85,35 @@ def _release_upload(page: str, up) -> None:
     key = f"{page}_model_upload"
     if key in st.session_state:
         del st.session_state[key]
+    st.session_state.pop(KEPT.format(page=page), None)
     up.close()
 
 
-def _restore_upload(up, copy) -> None:
+def _restore_upload(page: str, up, copy) -> None:
     """Put a weights file whose import failed back in Streamlit's upload manager (read from the
-    import's temporary `copy`): the browser still shows it in the uploader and sends it with the
-    visitor's next change, so that Import can be pressed again with other settings."""
+    import's temporary `copy`), and remember it (`KEPT`): the browser still shows it in the
+    uploader, but the uploader's value in this session is gone (`_release_upload`) until the
+    visitor's next change sends it again; until then the form offers Import for the kept file, so
+    that it can be pressed again with other settings."""
     from streamlit.runtime.uploaded_file_manager import UploadedFileRec
     mgr, session_id = _upload_manager()
     if mgr is not None and getattr(up, "file_id", None):
         mgr.add_file(session_id, UploadedFileRec(up.file_id, up.name, up.type, copy.read_bytes()))
+        st.session_state[KEPT.format(page=page)] = (up.file_id, up.name)
+
+
+def _kept_upload(page: str):
+    """The weights file kept after a failed import (`_restore_upload`) as an `UploadedFile`, or None
+    (none kept, or the visitor removed it from the uploader since: then it is forgotten)."""
+    from streamlit.proto.Common_pb2 import FileURLs
+    from streamlit.runtime.uploaded_file_manager import UploadedFile
+    kept = st.session_state.get(KEPT.format(page=page))
+    mgr, session_id = _upload_manager()
+    recs = mgr.get_files(session_id, [kept[0]]) if kept and mgr is not None else []
+    if not recs:
+        st.session_state.pop(KEPT.format(page=page), None)
+        return None
+    return UploadedFile(recs[0], FileURLs())
 
 
 def _upload_manager():
@@ -142,7 +162,12 @@ def model_import_form(page: str) -> str | None:
                          help="In the order of the model's outputs. Without it: the config's id2label, ImageNet-1k's "
                               "names for 1000 classes, else 'class k'.")
         st.text_input("Licence of these weights (recorded with the model)", key=f"{page}_model_licence")
-        if up is not None or str(st.session_state.get(f"{page}_model_hub") or "").strip():
+        kept = None if up is not None else _kept_upload(page)
+        if up is not None:
+            st.session_state.pop(KEPT.format(page=page), None)     # the uploader has its file (again)
+        elif kept is not None:
+            st.caption(f"`{kept.name}` is still selected above: press Import again (with other settings).")
+        if up is not None or kept is not None or str(st.session_state.get(f"{page}_model_hub") or "").strip():
             st.button("Import", key=f"{page}_model_import", type="primary", on_click=_import, args=(page,))
         if result is None:
             return None
