@@ -160,11 +160,9 @@ def _scan_components_once() -> None:
     (`streamlit.components.v2.manifest_scanner`; a server does it once, at start): ~0.45 s of CPU
     a run, half of what the AppTest modules spent. The installed packages do not change during a
     test run: the first scan serves the others."""
-    if importlib.util.find_spec("streamlit") is None:
-        return
     try:
         from streamlit.components.v2 import manifest_scanner
-    except ImportError:             # another Streamlit: nothing to share
+    except ImportError:             # no Streamlit, or another one: nothing to share
         return
     scan = manifest_scanner.scan_component_manifests
     first = functools.cache(lambda: tuple(scan()))

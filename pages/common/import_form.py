@@ -13,7 +13,7 @@ from . import cache, model_import
 from .messages import show_notes
 
 RESULT = "_vitpe_import_result"   # (page, name or None, notes, error or None) of the callback's import
-KEPT = "_vitpe_import_kept_{page}"   # (file id, name) of a weights file put back after a failed import
+KEPT = "_vitpe_import_kept_{page}"   # the file id of a weights file put back after a failed import
 
 
 def share_uploads_on_copy() -> bool:
@@ -99,7 +99,7 @@ def _restore_upload(page: str, up, copy) -> None:
     mgr, session_id = _upload_manager()
     if mgr is not None and getattr(up, "file_id", None):
         mgr.add_file(session_id, UploadedFileRec(up.file_id, up.name, up.type, copy.read_bytes()))
-        st.session_state[KEPT.format(page=page)] = (up.file_id, up.name)
+        st.session_state[KEPT.format(page=page)] = up.file_id
 
 
 def _kept_upload(page: str):
@@ -109,7 +109,7 @@ def _kept_upload(page: str):
     from streamlit.runtime.uploaded_file_manager import UploadedFile
     kept = st.session_state.get(KEPT.format(page=page))
     mgr, session_id = _upload_manager()
-    recs = mgr.get_files(session_id, [kept[0]]) if kept and mgr is not None else []
+    recs = mgr.get_files(session_id, [kept]) if kept and mgr is not None else []
     if not recs:
         st.session_state.pop(KEPT.format(page=page), None)
         return None
@@ -163,9 +163,7 @@ def model_import_form(page: str) -> str | None:
                               "names for 1000 classes, else 'class k'.")
         st.text_input("Licence of these weights (recorded with the model)", key=f"{page}_model_licence")
         kept = None if up is not None else _kept_upload(page)
-        if up is not None:
-            st.session_state.pop(KEPT.format(page=page), None)     # the uploader has its file (again)
-        elif kept is not None:
+        if kept is not None:
             st.caption(f"`{kept.name}` is still selected above: press Import again (with other settings).")
         if up is not None or kept is not None or str(st.session_state.get(f"{page}_model_hub") or "").strip():
             st.button("Import", key=f"{page}_model_import", type="primary", on_click=_import, args=(page,))

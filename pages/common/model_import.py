@@ -28,7 +28,7 @@ MAX_CONFIG_BYTES = 2**20          # a config.json is a few kB
 MAX_HUB_MB = 400                  # a hub download held in memory: a ViT-B/16 in float32 (346 MB) fits
 HUB_ID = re.compile(r"[\w.-]{1,96}/[\w.-]{1,96}")
 ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "silu")   # the CLI's --act
-COPY_CHUNK = 8 * 2**20            # an upload is copied to its temporary file, and a file hashed, this much at a time
+COPY_CHUNK = 8 * 2**20            # an upload is copied to its temporary file (and hashed) this much at a time
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
@@ -96,15 +96,6 @@ def _copy_hashed(data: bytes | BinaryIO, path: Path) -> tuple[Any, int]:
     return digest, size
 
 
-def _file_digest(path: Path) -> Any:
-    """The sha256 of a file, read in chunks (a hub download is never held whole for its key)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(COPY_CHUNK):
-            digest.update(chunk)
-    return digest
-
-
 def import_hub(hub_id: str, *, family: str = "auto", img_size: str | None = None, heads: int | None = None,
                licence: str = "", labels: tuple[str, bytes] | None = None, act: str | None = None
                ) -> tuple[str, list[str]]:
@@ -130,7 +121,9 @@ def import_hub(hub_id: str, *, family: str = "auto", img_size: str | None = None
         return import_file(weights, family=family, img_size=img_size or None, heads=heads, name=hub_id,
                            config_beside=False, config=cfg, act=act or None, **names)
 
-    return _into_store(f"{label}{weights.suffix}", _file_digest(weights), parts, build, licence, room=2 * size,
+    with open(weights, "rb") as f:                  # read in chunks: never held whole for its key
+        digest = hashlib.file_digest(f, "sha256")
+    return _into_store(f"{label}{weights.suffix}", digest, parts, build, licence, room=2 * size,
                        source=hub_id)
 
 

@@ -40,11 +40,8 @@ def default_images(count: int = DEFAULT_IMAGES) -> list[ReportImage]:
 
 def file_sha256(path: str | Path) -> str:
     """The sha256 of a file's bytes (the checkpoint's content hash in the footer)."""
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def weights_sha256(ckpt: Checkpoint) -> str:
