@@ -276,6 +276,13 @@ def page(tabs):
     return tabs.tab()
 
 
+@pytest.fixture
+def phone(tabs):
+    """A 390x844 phone's tab (touch, mobile, device scale 2) of the module's `Tabs`."""
+    return tabs.tab("phone", viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True,
+                    device_scale_factor=2)
+
+
 @pytest.fixture(scope="module")
 def browser():
     """Headless Debian chromium through playwright for a browser test module (module scope: it is

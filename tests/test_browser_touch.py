@@ -27,12 +27,6 @@ lt.skip_module_without_browser(pytest)
 from playwright.sync_api import expect  # noqa: E402
 
 
-@pytest.fixture
-def phone(tabs):
-    return tabs.tab("phone", viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True,
-                    device_scale_factor=2)
-
-
 def tap_patch(page, key: str, patch: tuple[int, int]) -> None:
     """Tap the centre of `patch` on the picker `key` (a touch, no mouse event before it)."""
     lt.picker_area(page, key).scroll_into_view_if_needed()

@@ -40,12 +40,6 @@ def app_url(tmp_path_factory):
 
 
 
-@pytest.fixture
-def phone(tabs):
-    return tabs.tab("phone", viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True,
-                    device_scale_factor=2)
-
-
 def quiet(page, still_ms: int = 1000) -> None:
     """Until the script run is over and no other starts for `still_ms` (quick actions queue
     reruns behind the one running: one idle moment is not the end)."""
