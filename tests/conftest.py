@@ -271,8 +271,8 @@ def tabs(_module_tabs):
 @pytest.fixture
 def page(tabs):
     """A 1400x1000 tab of the module's visitor (`Tabs`: reused by the module's tests, on
-    about:blank at the start of each). Modules that need another kind of visitor (downloads, a
-    phone) ask `tabs` for one."""
+    about:blank at the start of each). A phone: `phone`; other kinds of visitor (downloads) are
+    asked of `tabs`."""
     return tabs.tab()
 
 
