@@ -731,6 +731,42 @@ def test_a_waiting_visitor_is_told_what_the_warm_up_does_until_it_is_done(monkey
     assert warmup.message() is None
 
 
+def _warm_up_slot_page():
+    import streamlit as st
+
+    from pages.common import warmup
+    warmup.wait_visibly()
+    st.file_uploader("weights", key="after")
+
+
+def test_the_page_keeps_its_place_whether_or_not_its_run_waited_for_the_warm_up(monkeypatch):
+    """A run that waited for the warm-up and the next one put the page's widgets at the same
+    place: a shift made Streamlit mount every widget again, and a file being uploaded into one
+    was lost (a second uploader's, on a cold server)."""
+    import threading
+
+    from streamlit.testing.v1 import AppTest
+
+    from pages.common import warmup
+
+    def place(waits: bool) -> int:
+        done = threading.Event()
+        monkeypatch.setattr(warmup, "_done", done)
+        if waits:
+            threading.Timer(0.3, done.set).start()
+        else:
+            done.set()
+        at = AppTest.from_function(_warm_up_slot_page, default_timeout=30).run()
+        assert not at.exception
+        return [i for i, node in at.main.children.items() if getattr(node, "key", None) == "after"]
+
+    monkeypatch.setattr(warmup, "_started", True)
+    monkeypatch.setattr(warmup, "SHOW_EVERY_S", 0.02)
+    assert place(waits=True) == place(waits=False) == [1]
+    monkeypatch.setattr(warmup, "_started", False)                    # AppTest, VITPE_WARMUP=0: no slot
+    assert place(waits=False) == [0]
+
+
 _PAGE_IMPORTS_CHECK = r'''
 import ast, importlib, importlib.util, sys
 from pathlib import Path

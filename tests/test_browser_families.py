@@ -119,12 +119,13 @@ def test_a_click_moves_the_beit_learned_bias_row_and_every_page_opens(page, serv
 def test_a_swin_uploaded_with_its_config_through_the_form_draws_its_windows(page, server, swin_src):
     from test_browser import open_import_form, sidebar_link
     uploader = open_import_form(page, server.url)
-    uploader.locator("input[type=file]").set_input_files(str(swin_src / "model.safetensors"))
     config = page.locator(".st-key-checkpoints_model_config")
-    config.locator("input[type=file]").set_input_files(str(swin_src / "config.json"))
-    for box in (uploader, config):
+    for box, file in ((uploader, "model.safetensors"), (config, "config.json")):   # one after the other
+        box.locator("input[type=file]").set_input_files(str(swin_src / file))
         expect(box.locator("[data-testid='stFileChip']")).to_have_count(1)
         expect(box.locator("[data-testid='stFileChipIconError']")).to_have_count(0)
+        lt.wait_script_run(page, TIMEOUT_MS / 1000)
+    expect(uploader.locator("[data-testid='stFileChip']")).to_have_count(1)
     button = page.locator(".st-key-checkpoints_model_import button")
     expect(button).to_be_visible()
     lt.wait_script_run(page, TIMEOUT_MS / 1000)

@@ -257,12 +257,18 @@ def wait(timeout: float = WAIT_S, show: Callable[[str], Any] | None = None) -> N
 
 def wait_visibly() -> None:
     """`wait`, with its message on the page (an info box under the title; the page replaces it
-    when the warm-up is done). A visitor's run calls it; nothing is drawn when nothing is to wait for."""
-    if not _started or _done.is_set():
+    when the warm-up is done). A visitor's run calls it; nothing is drawn when nothing is to wait for.
+    Where a warm-up was started, every run keeps the (empty) slot: had only the runs that waited
+    drawn it, the next run's page would sit one element higher, and Streamlit would mount every
+    widget again, dropping a file the visitor was uploading into it (a second uploader's file
+    was lost that way on a cold server)."""
+    if not _started:
         return
     import streamlit as st
 
     note = st.empty()
+    if _done.is_set():
+        return
     wait(show=lambda text: note.info(text, icon=":material/hourglass_top:"))
     note.empty()
 
