@@ -85,7 +85,8 @@ else:                         # `streamlit run app.py` imports it once, finds th
     from starlette.middleware import Middleware
 
     from pages.common.paths import RedirectDeepPaths   # /pages/compare -> /compare, not a blank page
+    from pages.common.upload_room import MakeRoomForUploads   # a big upload's bytes inside the budget
 
     _no_pages_folder_mode()
     app = st.App(__file__, lifespan=warmup.lifespan,   # the file to visitors; warm-up at start
-                 middleware=[Middleware(RedirectDeepPaths)])
+                 middleware=[Middleware(RedirectDeepPaths), Middleware(MakeRoomForUploads)])

@@ -1,0 +1,96 @@
+"""A big upload gets room in the one memory budget before Streamlit reads its bytes
+(pages/common/upload_room.py, issue 30): the middleware evicts least recently used entries for
+the declared length of a PUT to Streamlit's upload route, then passes the request on whole;
+small uploads and other requests pass untouched; app.py's server has the middleware."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pages.common import upload_room
+from vitpe_core import membudget
+
+MIB = 2**20
+ROUTE = "/_stcore/upload_file/session-1/file-1"
+
+
+def scope(path: str = ROUTE, method: str = "PUT", length: int | None = 40 * MIB, kind: str = "http") -> dict:
+    headers = [(b"content-type", b"multipart/form-data; boundary=x")]
+    if length is not None:
+        headers.append((b"content-length", str(length).encode()))
+    return {"type": kind, "method": method, "path": path, "headers": headers}
+
+
+@pytest.mark.parametrize("s, expected", [
+    (scope(), 40 * MIB),
+    (scope(path="/base/_stcore/upload_file/s/f"), 40 * MIB),         # below server.baseUrlPath
+    (scope(method="DELETE"), 0),                                       # the uploader's ✕
+    (scope(path="/_stcore/health"), 0),
+    (scope(length=None), 0),                                           # chunked: nothing declared
+    ({**scope(), "headers": [(b"Content-Length", b"nan")]}, 0),
+    ({**scope(), "headers": [(b"Content-Length", b"-5")]}, 0),
+    (scope(kind="websocket"), 0),
+])
+def test_only_a_put_to_the_upload_route_declares_bytes(s, expected):
+    assert upload_room.declared_upload_bytes(s) == expected
+
+
+@pytest.fixture
+def budget(monkeypatch):
+    """The process's budget replaced by a 100 MiB one holding three 30 MiB entries."""
+    b = membudget.Budget(100 * MIB)
+    pool = b.pool("traces")
+    for k in ("old", "middle", "new"):
+        pool.put(k, object(), 30 * MIB)
+    monkeypatch.setattr(membudget, "_shared", b)
+    return b
+
+
+def call(s: dict, body: bytes = b"x" * 1024) -> dict:
+    """Run the middleware on one request; what the app behind it saw."""
+    seen: dict = {}
+
+    async def app(scope, receive, send):
+        seen["total_mib"] = membudget.shared().total / MIB
+        seen["body"] = (await receive())["body"]
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def receive():
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    sent: list = []
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(upload_room.MakeRoomForUploads(app)(s, receive, send))
+    seen["status"] = sent[0]["status"]
+    return seen
+
+
+def test_a_big_upload_evicts_the_least_recently_used_before_its_bytes_are_read(budget):
+    budget.pool("traces").get("old")                       # now the most recent: "middle" goes first
+    seen = call(scope(length=40 * MIB))
+    assert seen["total_mib"] == 60 and seen["status"] == 204 and seen["body"] == b"x" * 1024
+    assert budget.pool("traces").keys() == ["new", "old"]
+    seen = call(scope(length=90 * MIB))
+    assert seen["total_mib"] == 0                          # all of it, if that is what it takes
+
+
+def test_small_uploads_and_other_requests_pass_untouched(budget):
+    for s in (scope(length=upload_room.MIN_BYTES - 1), scope(method="GET"), scope(path="/_stcore/health")):
+        assert call(s)["total_mib"] == 90
+    assert len(budget.pool("traces")) == 3
+
+
+def test_the_apps_server_makes_room_for_uploads():
+    import importlib
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    app_module = importlib.import_module("app")            # as `streamlit run app.py` does: builds the st.App
+    names = [m.cls.__name__ for m in app_module.app._user_middleware]   # st.App keeps them there (private)
+    assert "MakeRoomForUploads" in names and "RedirectDeepPaths" in names
