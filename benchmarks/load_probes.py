@@ -9,6 +9,7 @@ import os
 import platform
 import statistics
 import threading
+import time
 from pathlib import Path
 
 from benchmarks.harness import proc_memory
@@ -48,16 +49,26 @@ def machine_busy_seconds() -> float:
 
 
 class MemorySampler(threading.Thread):
-    """Samples `memory_mb(pid)` every `every` s; `.peak_rss` is the highest VmRSS seen."""
+    """Samples `memory_mb(pid)` every `every` s; `.peak_rss` is the highest VmRSS seen, and
+    `.timeline` the highest of each `bucket_s` seconds as [seconds since the start, MiB] (when the
+    peak came: set it beside the server log's times, from `.started_epoch`)."""
 
-    def __init__(self, pid: int, every: float = 0.25):
+    def __init__(self, pid: int, every: float = 0.25, bucket_s: float = 5.0):
         super().__init__(daemon=True)
         self.pid, self.every, self.peak_rss, self._stop_event = pid, every, 0.0, threading.Event()
+        self.bucket_s, self.timeline, self.started_epoch = bucket_s, [], time.time()
 
     def run(self) -> None:
+        t0 = time.monotonic()
         while not self._stop_event.is_set():
             with contextlib.suppress(OSError, ValueError, ProcessLookupError):
-                self.peak_rss = max(self.peak_rss, memory_mb(self.pid)["rss"])
+                rss = memory_mb(self.pid)["rss"]
+                self.peak_rss = max(self.peak_rss, rss)
+                at = (time.monotonic() - t0) // self.bucket_s * self.bucket_s
+                if self.timeline and self.timeline[-1][0] == at:
+                    self.timeline[-1][1] = max(self.timeline[-1][1], round(rss, 1))
+                else:
+                    self.timeline.append([at, round(rss, 1)])
             self._stop_event.wait(self.every)
 
     def stop(self) -> float:

@@ -195,7 +195,8 @@ def run_ws_load(server: Server, specs: list[Spec], seconds: float, *, browsers: 
         "sessions_without_clicks": [r.index for r in results if r.clicks == 0],
         "memory_mb": {"rss_before": round(start_mem["rss"], 1),
                       "peak_rss_sampled": round(max(peak_rss, end_mem["rss"]), 1),
-                      "hwm": round(end_mem["hwm"], 1), "rss_after": round(end_mem["rss"], 1)},
+                      "hwm": round(end_mem["hwm"], 1), "rss_after": round(end_mem["rss"], 1),
+                      "rss_timeline": _timeline(sampler, gate)},
         "healthy_after": health_ok(server.url),
     }
     _judge_memory(report["memory_mb"], peak_limit_mb)
@@ -213,6 +214,14 @@ def run_ws_load(server: Server, specs: list[Spec], seconds: float, *, browsers: 
             "sessions_without_answers": [i for i, r in enumerate(bres) if r.clicks == 0]}
     return report
 
+
+
+def _timeline(sampler: MemorySampler, gate) -> dict:
+    """The server's VmRSS over the run (each bucket's highest), with the epoch times of its start
+    and of the sessions' window opening (a big session's `import_started_s` counts from there)."""
+    opened_epoch = time.time() - (time.monotonic() - gate.opened_at)
+    return {"started_epoch": round(sampler.started_epoch, 1), "window_opened_epoch": round(opened_epoch, 1),
+            "bucket_s": sampler.bucket_s, "s_mib": sampler.timeline}
 
 def _judge_memory(mem: dict, limit_mb: float | None) -> None:
     """The server's peak (the kernel's VmHWM or the highest sampled VmRSS) against `limit_mb`."""
