@@ -1,7 +1,8 @@
 """A big upload gets room in the one memory budget before Streamlit reads its bytes
 (pages/common/upload_room.py, issue 30): the middleware evicts least recently used entries for
 the declared length of a PUT to Streamlit's upload route, then passes the request on whole;
-small uploads and other requests pass untouched; app.py's server has the middleware."""
+small uploads, requests for a session the server does not have, uploads over Streamlit's
+limit and other requests pass untouched; app.py's server has the middleware."""
 from __future__ import annotations
 
 import asyncio
@@ -36,9 +37,20 @@ def test_only_a_put_to_the_upload_route_declares_bytes(s, expected):
     assert upload_room.declared_upload_bytes(s) == expected
 
 
+def test_the_session_is_read_from_the_path_and_none_is_live_without_a_server():
+    assert upload_room.upload_session(scope()) == "session-1"
+    assert upload_room.upload_session(scope(path="/base/_stcore/upload_file/abc/f")) == "abc"
+    assert upload_room.upload_session(scope(path="/_stcore/health")) == ""
+    assert not upload_room.live_session("session-1")          # no Streamlit runtime in this process
+    assert not upload_room.over_upload_limit(190 * MIB)        # .streamlit/config.toml: maxUploadSize 200 (MB)
+    assert upload_room.over_upload_limit(300 * MIB)
+
+
 @pytest.fixture
 def budget(monkeypatch):
-    """The process's budget replaced by a 100 MiB one holding three 30 MiB entries."""
+    """The process's budget replaced by a 100 MiB one holding three 30 MiB entries; "session-1"
+    is the server's one open session."""
+    monkeypatch.setattr(upload_room, "live_session", lambda session_id: session_id == "session-1")
     b = membudget.Budget(100 * MIB)
     pool = b.pool("traces")
     for k in ("old", "middle", "new"):
@@ -80,7 +92,9 @@ def test_a_big_upload_evicts_the_least_recently_used_before_its_bytes_are_read(b
 
 
 def test_small_uploads_and_other_requests_pass_untouched(budget):
-    for s in (scope(length=upload_room.MIN_BYTES - 1), scope(method="GET"), scope(path="/_stcore/health")):
+    for s in (scope(length=upload_room.MIN_BYTES - 1), scope(method="GET"), scope(path="/_stcore/health"),
+              scope(path="/_stcore/upload_file/not-a-session/file-1"),      # Streamlit refuses it: no eviction
+              scope(length=10_000 * MIB)):                                   # over the upload limit: likewise
         assert call(s)["total_mib"] == 90
     assert len(budget.pool("traces")) == 3
 

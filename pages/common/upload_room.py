@@ -5,9 +5,11 @@ script run sees it, so nothing in a page can make room for it: a 173 MB ViT-B/16
 the budget was full took the server 173 MB past it (issue 30's memory walk, peak 1,005 MiB at
 the default budget). `MakeRoomForUploads` (ASGI middleware, added by app.py's `st.App`) asks the
 process's one budget (`vitpe_core.membudget.shared`) to evict least recently used entries for
-the request's declared length first: a PUT to Streamlit's upload route over `MIN_BYTES`. The
-import form then lets the bytes go before it builds the model, and makes room for the model in
-turn (pages/common/import_form.py). Smaller uploads (images, config files) pass untouched.
+the request's declared length first: a PUT to Streamlit's upload route over `MIN_BYTES`, for a
+session the server has open, within Streamlit's upload limit (so a stray request cannot empty
+the caches). The import form then lets the bytes go before it builds the model, and makes room
+for the model in turn (pages/common/import_form.py). Smaller uploads (images, config files)
+pass untouched.
 """
 from __future__ import annotations
 
@@ -30,6 +32,25 @@ def declared_upload_bytes(scope: dict) -> int:
     return 0
 
 
+def upload_session(scope: dict) -> str:
+    """The session id in an upload route's path (`.../upload_file/<session>/<file>`), else ""."""
+    rest = scope.get("path", "").split(UPLOAD_ROUTE, 1)
+    return rest[1].split("/", 1)[0] if len(rest) == 2 else ""
+
+
+def live_session(session_id: str) -> bool:
+    """Whether `session_id` is a session this server has open (Streamlit's runtime): a request
+    for any other is refused by Streamlit anyway and must not empty the caches."""
+    from streamlit.runtime import Runtime
+    return bool(session_id) and Runtime.exists() and Runtime.instance().is_active_session(session_id)
+
+
+def over_upload_limit(nbytes: int) -> bool:
+    """Bigger than Streamlit's `server.maxUploadSize` (refused by it, so not worth an eviction)."""
+    from streamlit import config
+    return nbytes > int(config.get_option("server.maxUploadSize")) * 2**20 + 2**20   # + the form's framing
+
+
 def make_room(nbytes: int) -> list:
     """Evict from the process's budget until `nbytes` more would fit; what went."""
     from vitpe_core import membudget      # the standard library only: no torch on the event loop
@@ -46,7 +67,7 @@ class MakeRoomForUploads:
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         nbytes = declared_upload_bytes(scope)
-        if nbytes >= self.min_bytes:
+        if nbytes >= self.min_bytes and not over_upload_limit(nbytes) and live_session(upload_session(scope)):
             from starlette.concurrency import run_in_threadpool
 
             await run_in_threadpool(make_room, nbytes)
