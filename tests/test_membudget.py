@@ -172,6 +172,30 @@ def test_make_room_evicts_the_least_recently_used_before_a_big_allocation():
     assert b.make_room(500) == [("p", 3), ("p", 0)] and b.total == 0
 
 
+
+def test_a_reservation_keeps_its_room_while_others_put_entries():
+    """An import's model while it is built (pages/common/model_import.py): the room `reserve`
+    makes stays counted, so entries put meanwhile evict each other instead of filling it; after
+    the block the room is the budget's again."""
+    b = Budget(100)
+    p = b.pool("p")
+    for i in range(4):
+        p.put(i, i, 25)
+    with b.reserve(70, "an import"):
+        assert b.total == 25 and b.reserved == 70 and p.keys() == [3]
+        p.put(4, 4, 10)                                    # 25 + 10 + 70 > 100: 3 goes
+        assert p.keys() == [4] and b.total == 10
+        p.put(5, 5, 5)                                     # fits beside the room
+        assert p.keys() == [4, 5]
+        with pytest.raises(RuntimeError):
+            with b.reserve(10):
+                raise RuntimeError("a failed build")
+        assert b.reserved == 70                            # given back even when the block fails
+    assert b.reserved == 0
+    for i in range(6, 12):
+        p.put(i, i, 10)
+    assert b.total == 75 and len(p) == 8
+
 def test_an_evicted_entry_held_by_a_reference_cycle_is_freed_at_once():
     """Issue 30's memory walk: an evicted ViT-B stayed in memory beside the model imported in its
     place, reachable from a reference cycle a page run had left, until Python's next full

@@ -19,6 +19,7 @@ Streamlit here: the app's caches (pages/common/cache.py) and the model store (st
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -29,7 +30,7 @@ import os
 import sys
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Iterator
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +122,7 @@ class Budget:
         self._pools: dict[str, Pool] = {}
         self._lock = threading.RLock()
         self.total = 0
+        self.reserved = 0                # held by `reserve` blocks: counted against the limit, not an entry
         self._evicted_bytes = 0          # evicted since the last `_collect`
 
     def pool(self, name: str, *, max_items: int | None = None) -> "Pool":
@@ -144,7 +146,7 @@ class Budget:
             if pool.max_items is not None:
                 while pool.count >= pool.max_items:
                     evicted.append(self._evict_oldest(pool.name))
-            while self._lru and self.total + nbytes > self.max_bytes:
+            while self._lru and self.total + self.reserved + nbytes > self.max_bytes:
                 evicted.append(self._evict_oldest(None))
             self._lru[full] = (value, nbytes)
             pool.count += 1
@@ -204,13 +206,28 @@ class Budget:
         what went."""
         evicted = []
         with self._lock:
-            while self._lru and self.total + nbytes > self.max_bytes:
+            while self._lru and self.total + self.reserved + nbytes > self.max_bytes:
                 evicted.append(self._evict_oldest(None))
         for name, k in evicted:
             log.info("memory budget: evicted %s %s (least recently used) to make room for %s (%.1f MiB)",
                      name, _short(k), why or "a new entry", nbytes / 2**20)
         self._collect()
         return evicted
+
+    @contextlib.contextmanager
+    def reserve(self, nbytes: int, why: str = "") -> Iterator[None]:
+        """Room for `nbytes` that are not an entry yet (an import's float32 model while it is
+        built): made at once (`make_room`) and kept for the block, so the entries other sessions
+        put meanwhile evict each other instead of growing back into it (issue 30's load test:
+        50 sessions refilled the room during a 60 s import, and the build's peak came on top)."""
+        self.make_room(nbytes, why)
+        with self._lock:
+            self.reserved += nbytes
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.reserved -= nbytes
 
     def resize(self, max_bytes: int) -> list[tuple[str, Hashable]]:
         """Set the limit, evicting down to it; returns what went."""

@@ -171,14 +171,14 @@ def _into_store(filename: str, digest, parts: list[bytes], build: Callable, lice
     with _import_lock(sha):
         ckpt = store.get(sha)
         if ckpt is None:
-            # room for the model before it is built (float16 weights double in float32): the least
-            # recently used entries go now, not after the import's peak
-            store.budget.make_room(min(room, store.max_bytes), f"importing {filename}")
-            imp = build()
+            # room for the model while it is built (float16 weights double in float32): the least
+            # recently used entries go now, not after the import's peak, and stay out until it is held
             from vitpe_core.held_precision import HALF, hold_weights
             from vitpe_core.store import model_bytes
-            if imp.source_dtype in HALF:      # held as the file has them, computed in float32: half the memory
-                hold_weights(imp.model, imp.source_dtype)
+            with store.budget.reserve(min(room, store.max_bytes), f"importing {filename}"):
+                imp = build()
+                if imp.source_dtype in HALF:      # held as the file has them, computed in float32: half the memory
+                    hold_weights(imp.model, imp.source_dtype)
             stem = re.sub(r"[^\w.+-]", "_", Path(filename).stem)[:40] or "model"
             metrics, _ = sanitize_metrics(imp.metrics(source or filename, licence))
             ckpt = Checkpoint(imp.model, imp.model.cfg, metrics, {}, f"{stem}-upload")
