@@ -59,7 +59,7 @@ class MemorySampler(threading.Thread):
         self.bucket_s, self.timeline, self.started_epoch = bucket_s, [], time.time()
 
     def run(self) -> None:
-        t0 = time.monotonic()
+        t0, self.started_epoch = time.monotonic(), time.time()     # the timeline's origin, both clocks
         while not self._stop_event.is_set():
             with contextlib.suppress(OSError, ValueError, ProcessLookupError):
                 rss = memory_mb(self.pid)["rss"]

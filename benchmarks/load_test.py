@@ -215,13 +215,13 @@ def run_ws_load(server: Server, specs: list[Spec], seconds: float, *, browsers: 
     return report
 
 
-
 def _timeline(sampler: MemorySampler, gate) -> dict:
     """The server's VmRSS over the run (each bucket's highest), with the epoch times of its start
     and of the sessions' window opening (a big session's `import_started_s` counts from there)."""
     opened_epoch = time.time() - (time.monotonic() - gate.opened_at)
     return {"started_epoch": round(sampler.started_epoch, 1), "window_opened_epoch": round(opened_epoch, 1),
             "bucket_s": sampler.bucket_s, "s_mib": sampler.timeline}
+
 
 def _judge_memory(mem: dict, limit_mb: float | None) -> None:
     """The server's peak (the kernel's VmHWM or the highest sampled VmRSS) against `limit_mb`."""

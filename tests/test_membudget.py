@@ -172,7 +172,6 @@ def test_make_room_evicts_the_least_recently_used_before_a_big_allocation():
     assert b.make_room(500) == [("p", 3), ("p", 0)] and b.total == 0
 
 
-
 def test_a_reservation_keeps_its_room_while_others_put_entries():
     """An import's model while it is built (pages/common/model_import.py): the room `reserve`
     makes stays counted, so entries put meanwhile evict each other instead of filling it; after
@@ -195,6 +194,7 @@ def test_a_reservation_keeps_its_room_while_others_put_entries():
     for i in range(6, 12):
         p.put(i, i, 10)
     assert b.total == 75 and len(p) == 8
+
 
 def test_an_evicted_entry_held_by_a_reference_cycle_is_freed_at_once():
     """Issue 30's memory walk: an evicted ViT-B stayed in memory beside the model imported in its

@@ -101,10 +101,7 @@ def test_small_uploads_and_other_requests_pass_untouched(budget):
 
 def test_the_apps_server_makes_room_for_uploads():
     import importlib
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     app_module = importlib.import_module("app")            # as `streamlit run app.py` does: builds the st.App
     names = [m.cls.__name__ for m in app_module.app._user_middleware]   # st.App keeps them there (private)
     assert "MakeRoomForUploads" in names and "RedirectDeepPaths" in names

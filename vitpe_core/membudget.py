@@ -146,8 +146,7 @@ class Budget:
             if pool.max_items is not None:
                 while pool.count >= pool.max_items:
                     evicted.append(self._evict_oldest(pool.name))
-            while self._lru and self.total + self.reserved + nbytes > self.max_bytes:
-                evicted.append(self._evict_oldest(None))
+            evicted += self._evict_for(nbytes)
             self._lru[full] = (value, nbytes)
             pool.count += 1
             pool.bytes += nbytes
@@ -159,6 +158,14 @@ class Budget:
         self._collect()
         log.debug("memory budget: %s %s stored (%.1f MiB); %.1f of %.0f MiB held", pool.name, _short(key),
                   nbytes / 2**20, total / 2**20, self.max_bytes / 2**20)
+        return evicted
+
+    def _evict_for(self, nbytes: int) -> list[tuple[str, Hashable]]:
+        """Evict the least recently used entries of any pool until `nbytes` more fit beside the
+        entries and the reserved room (or nothing is left); what went. Lock held."""
+        evicted = []
+        while self._lru and self.total + self.reserved + nbytes > self.max_bytes:
+            evicted.append(self._evict_oldest(None))
         return evicted
 
     def _evict_oldest(self, pool_name: str | None) -> tuple[str, Hashable]:
@@ -204,10 +211,8 @@ class Budget:
         """Evict least recently used entries until `nbytes` more would fit (or nothing is left),
         before a big allocation that is not an entry yet (an import building a model); returns
         what went."""
-        evicted = []
         with self._lock:
-            while self._lru and self.total + self.reserved + nbytes > self.max_bytes:
-                evicted.append(self._evict_oldest(None))
+            evicted = self._evict_for(nbytes)
         for name, k in evicted:
             log.info("memory budget: evicted %s %s (least recently used) to make room for %s (%.1f MiB)",
                      name, _short(k), why or "a new entry", nbytes / 2**20)
