@@ -9,7 +9,9 @@ fresh float32 tensor per read, freed after the layer's step; nothing is swapped 
 several threads may run the same model at once). Numerically nothing changes: a weight is held
 in half precision only where converting it back gives the same float32 bits (a float16 file's
 weights all do; a table vitpe resampled does not and stays float32), and the position encoding
-(`model.pos_enc`, read directly by the analysis pages) stays float32 whole.
+(`model.pos_enc`, read directly by the analysis pages) stays float32 whole. The importers load
+those weights (`held_names`) in the file's precision when asked to hold them
+(`import_state_dict(hold=True)`), so the float32 copy of the whole model never exists.
 """
 from __future__ import annotations
 
@@ -30,23 +32,39 @@ class _Upcast(nn.Module):
 
 def hold_weights(model: nn.Module, dtype: torch.dtype) -> int:
     """Hold `model`'s layer weights (`HELD`, outside `model.pos_enc`) in `dtype` (float16 or
-    bfloat16) where that is exact; returns the bytes saved. The model's outputs are bit-identical
-    (tests/test_held_precision.py). For inference: the held tensors take no gradient."""
+    bfloat16) where that is exact; returns the bytes saved against float32. A weight already in
+    `dtype` (loaded so by an importer, `held_names`) is held as it is, never copied to float32.
+    The model's outputs are bit-identical (tests/test_held_precision.py). For inference: the held
+    tensors take no gradient."""
     if dtype not in HALF:
         raise ValueError(f"weights are held in float16 or bfloat16, not {dtype}")
-    skip = set(getattr(model, "pos_enc", nn.Module()).modules())
     saved = 0
-    for module in model.modules():
-        if type(module) not in HELD or module in skip:
-            continue
+    for module in _held_layers(model):
         for name, p in list(module.named_parameters(recurse=False)):
-            held = p.detach().to(dtype)
-            if p.dtype != torch.float32 or not torch.equal(held.float(), p.detach()):
+            if p.dtype == dtype:
+                held = p.detach()
+            elif p.dtype == torch.float32 and torch.equal((held := p.detach().to(dtype)).float(), p.detach()):
+                pass
+            else:
                 continue                                # not exact in `dtype`: stays float32
             parametrize.register_parametrization(module, name, _Upcast(), unsafe=True)
             module.parametrizations[name].original = nn.Parameter(held, requires_grad=False)
-            saved += p.numel() * (p.element_size() - held.element_size())
+            saved += p.numel() * (4 - held.element_size())
     return saved
+
+
+def held_names(model: nn.Module) -> set[str]:
+    """The state-dict names of the weights `hold_weights` holds where they are exact: an importer
+    loads these in the file's half precision (and only these: every other tensor of the model
+    runs in float32), so that the float32 copy of a big model never exists."""
+    names = {id(m): n for n, m in model.named_modules()}
+    return {f"{names[id(m)]}.{p}".lstrip(".")
+            for m in _held_layers(model) for p, _ in m.named_parameters(recurse=False)}
+
+
+def _held_layers(model: nn.Module) -> list[nn.Module]:
+    skip = set(getattr(model, "pos_enc", nn.Module()).modules())
+    return [m for m in model.modules() if type(m) in HELD and m not in skip]
 
 
 def held_dtype(model: nn.Module) -> torch.dtype | None:

@@ -11,6 +11,7 @@ import torch
 
 from ..checkpoint import CheckpointError, clean_state_dict, load_weights
 from ..foreign import source_dtype
+from ..held_precision import HALF, held_names, hold_weights
 from ..model import ViT, empty_model
 from ..swin.convert import import_swin, is_swin
 from . import beit, clip, dinov2, dinov3, timm_beit, timm_clip, timm_dinov3, timm_eva, timm_hub
@@ -75,7 +76,7 @@ def import_state_dict(state_dict: Mapping[str, torch.Tensor], *, family: str = "
                       norm: str | None = None, crop_pct: float | None = None,
                       grid: tuple[int, int] | None = None, class_names: Sequence[str] | None = None,
                       labels_name: str = "the labels file", act: str | None = None,
-                      window: int | None = None, consume: bool = False) -> Imported:
+                      window: int | None = None, consume: bool = False, hold: bool = False) -> Imported:
     """Build the vitpe model of `state_dict` and load its weights (strictly).
 
     `heads`: the state dict does not record it; default `hf_config`'s, else `dim // 64`
@@ -90,9 +91,13 @@ def import_state_dict(state_dict: Mapping[str, torch.Tensor], *, family: str = "
     which its keys do not record (CLIP- / SigLIP-style files need it, or timm's config.json as
     `hf_config`). `window`: a timm Swin-V2's window, where no timm config.json says it.
     `consume`: `state_dict` is the importer's to spend (`import_file`'s, read from a file; never a
-    caller's own): a ViT's tensors are emptied as their float32 copies are made (`upcast`)."""
+    caller's own): a ViT's tensors are emptied as their float32 copies are made (`upcast`).
+    `hold`: a float16 / bfloat16 file's layer weights stay in its precision and are computed in
+    float32 (`held_precision`, bit-identical outputs, half the memory): a ViT's are loaded so, and
+    never have a float32 copy (the app's imports: a ViT-B/16 in float16 peaked at 165 + 330 MiB)."""
     sd = dict(clean_state_dict(state_dict))
     dtype = source_dtype(sd)
+    kept = dtype if hold and dtype in HALF else None
     # Swin / Swin-V2 (hierarchical: their own model class, vitpe_core/swin/), before the key
     # detection: their keys hold `relative_position_bias_table` too, which reads as BEiT's.
     if family in ("auto", "swin") and is_swin(hf_config if hf_config and "model_type" in hf_config else sd):
@@ -104,6 +109,8 @@ def import_state_dict(state_dict: Mapping[str, torch.Tensor], *, family: str = "
             raise CheckpointError(f"unknown norm {norm!r}; valid: {sorted(NORMS)}")
         model, info = import_swin(sd, hf_config, notes=[], class_names=class_names, img_size=img_size,
                                   norm=NORMS[norm] if norm else None, crop_pct=crop_pct, window=window)
+        if kept:
+            hold_weights(model, kept)
         return Imported(model.eval(), **info)
     if window is not None:
         raise CheckpointError("--window is for timm Swin-V2 files (its window is not in the keys); this file has "
@@ -127,16 +134,18 @@ def import_state_dict(state_dict: Mapping[str, torch.Tensor], *, family: str = "
                                   "and its keys' (docs/importing.md)")
         cfg, weights, family = CONVERTERS[family](sd, hf_config or {}, img_size=img_size, heads=heads, notes=notes)
         model = empty_model(cfg)           # filled by assignment below: never held twice
-        weights = _encoding_names(model, upcast(weights, sd if consume else None))
+        weights = _encoding_names(model, upcast(weights, sd if consume else None, _keep(model, kept)))
     elif family in TIMM_FAMILIES:
         cfg, weights, family = TIMM_CONVERTERS[family](sd, hf_config or {}, img_size=img_size, heads=heads, pool=pool,
                                                        notes=notes)
         model = empty_model(cfg)           # filled by assignment below: never held twice
-        weights = _encoding_names(model, upcast(weights, sd if consume else None))
+        weights = _encoding_names(model, upcast(weights, sd if consume else None, _keep(model, kept)))
     else:
-        model, weights, family = _timm_model(sd, family, img_size, heads, hf_config, pool, notes, act, consume)
+        model, weights, family = _timm_model(sd, family, img_size, heads, hf_config, pool, notes, act, consume, kept)
     place_encoding_params(model, weights)
     load_weights(model, weights, f"{family} state dict", assign=True)
+    if kept:
+        hold_weights(model, kept)    # the weights loaded in `kept`, and float32 ones exact in it
     pre = _preprocess(family, hf_config, norm, crop_pct)
     n = model.cfg.num_classes
     names = (given_class_names(class_names, n, labels_name) if class_names is not None
@@ -147,15 +156,23 @@ def import_state_dict(state_dict: Mapping[str, torch.Tensor], *, family: str = "
     return Imported(model.eval(), family, names, pre, notes, dtype)
 
 
-def upcast(weights: Mapping[str, torch.Tensor], spent: Mapping[str, torch.Tensor] | None = None
-           ) -> dict[str, torch.Tensor]:
+def upcast(weights: Mapping[str, torch.Tensor], spent: Mapping[str, torch.Tensor] | None = None,
+           keep: tuple[set[str], torch.dtype] | None = None) -> dict[str, torch.Tensor]:
     """`{k: v.float()}` (float16 / bfloat16 -> float32 is exact), one tensor at a time. `spent`:
     the state dict the weights were made from, where the importer owns it: its tensors and the
     weights' sources are emptied (`Tensor.set_()`) once no weight still to convert shares their
     memory, so that the file's half-precision tensors leave as their float32 copies arrive
-    (issue 30: a ViT-B/16 in float16 held 165 + 330 MiB at once, the server's peak)."""
+    (issue 30: a ViT-B/16 in float16 held 165 + 330 MiB at once, the server's peak). `keep`
+    (names, dtype): the weights of those names already in `dtype` stay in it (to be held,
+    `held_precision`), each in memory of its own (a view of a larger tensor is copied)."""
+    def convert(k: str, v: torch.Tensor) -> torch.Tensor:
+        if keep is None or k not in keep[0] or v.dtype != keep[1]:
+            return v.float()
+        whole = v.is_contiguous() and v.untyped_storage().nbytes() == v.numel() * v.element_size()
+        return v if whole else v.clone()
+
     if spent is None:
-        return {k: v.float() for k, v in weights.items()}
+        return {k: convert(k, v) for k, v in weights.items()}
     pending = Counter(_memory(v) for v in weights.values())
     holders: dict[int, list[torch.Tensor]] = {}
     for t in {id(t): t for t in (*spent.values(), *weights.values())}.values():
@@ -165,7 +182,7 @@ def upcast(weights: Mapping[str, torch.Tensor], spent: Mapping[str, torch.Tensor
     for mem in [m for m in holders if not pending[m]]:      # what no weight was made from (renamed, left out)
         _empty(holders.pop(mem), kept)
     for k, v in weights.items():
-        out[k] = v.float()
+        out[k] = convert(k, v)
         if out[k] is v:
             kept.add(id(v))
         mem = _memory(v)
@@ -173,6 +190,11 @@ def upcast(weights: Mapping[str, torch.Tensor], spent: Mapping[str, torch.Tensor
         if not pending[mem]:
             _empty(holders.pop(mem, []), kept)
     return out
+
+
+def _keep(model: ViT, dtype: torch.dtype | None) -> tuple[set[str], torch.dtype] | None:
+    """`upcast`'s `keep`: the model's weights that `hold_weights` holds, in `dtype` (None: none)."""
+    return None if dtype is None else (held_names(model), dtype)
 
 
 def _memory(t: torch.Tensor) -> int:
@@ -204,7 +226,7 @@ def _patch_size(sd: Mapping[str, torch.Tensor]) -> int | None:
     return None
 
 
-def _timm_model(sd, family, img_size, heads, hf_config, pool, notes, act=None, consume=False
+def _timm_model(sd, family, img_size, heads, hf_config, pool, notes, act=None, consume=False, kept=None
                 ) -> tuple[ViT, dict[str, torch.Tensor], str]:
     """timm, Hugging Face ViT and RoPE-ViT: renamed to timm's keys, then `timm_config`; timm's CLIP-
     and SigLIP-style layers and gated MLPs through timm_clip.py (the family becomes timm-clip /
@@ -236,7 +258,7 @@ def _timm_model(sd, family, img_size, heads, hf_config, pool, notes, act=None, c
             raise
         cfg, sd = timm_config(sd, family, img_size=timm_hub.img_size(hf_config), **kw)
     model = empty_model(cfg)
-    weights = upcast(sd, given if consume else None)
+    weights = upcast(sd, given if consume else None, _keep(model, kept))
     if "freqs" in weights:
         weights["rope_freqs"] = rope_freqs(weights.pop("freqs"), cfg.heads)
     if "patch_embed.proj.bias" not in weights:
