@@ -53,17 +53,13 @@ def _photo() -> bytes:
     return buf.getvalue()
 
 
-def _idle(page) -> None:
-    page.wait_for_function(lt.IDLE_JS, timeout=TIMEOUT_MS)
-
-
 def _open(tabs, visitor: str, url: str, ready: str):
     """`visitor`'s tab (a browser context of its own: conftest's `Tabs`) on `url`, once the text
     `ready` shows and the app is idle."""
     page = tabs.tab(visitor)
     page.goto(url)
     expect(page.get_by_text(ready, exact=True)).to_be_visible()
-    _idle(page)
+    lt.wait_script_run(page, TIMEOUT_MS / 1e3)
     return page
 
 
@@ -74,10 +70,10 @@ def test_an_uploaded_photo_is_shared_by_link(tabs, server):
     page.locator(".st-key-bias_upload input[type=file]").set_input_files(
         files=[{"name": "photo.png", "mimeType": "image/png", "buffer": _photo()}])
     page.wait_for_function("() => /image=upload(:|%3A)[0-9a-f]{64}/.test(location.search)", timeout=TIMEOUT_MS)
-    _idle(page)
+    lt.wait_script_run(page, TIMEOUT_MS / 1e3)
     click_patch(page, "bias_click", (2, 5), (8, 8), where=(0.8, 0.2))
     expect(page.get_by_text("Patch (2, 5)", exact=True)).to_be_visible()
-    _idle(page)
+    lt.wait_script_run(page, TIMEOUT_MS / 1e3)
     link = page.locator("[data-testid='stSidebar'] [data-testid='stCode']").first.inner_text().strip()
     digest = re.search(r"image=upload(?::|%3A)([0-9a-f]{64})", link).group(1)
     assert (uploads / f"{digest}.png").is_file()
@@ -115,7 +111,7 @@ def _remove_and_share(tabs, page, chip: str, url_re: str, link_text: str, kept: 
     warning, the chips `kept`."""
     page.locator(".st-key-compare_show").get_by_role("button", name=f"Remove {chip}").click()
     page.wait_for_function(f"() => /{url_re}/.test(location.search)", timeout=TIMEOUT_MS)
-    _idle(page)
+    lt.wait_script_run(page, TIMEOUT_MS / 1e3)
     expect(_chips(page)).to_have_text(kept)
     code = page.locator("[data-testid='stSidebar'] [data-testid='stCode']").first
     expect(code).to_contain_text(link_text)

@@ -196,6 +196,39 @@ def test_a_reservation_keeps_its_room_while_others_put_entries():
     assert b.total == 75 and len(p) == 8
 
 
+def test_a_smaller_limit_counts_the_room_a_reservation_holds():
+    """`resize` during a reservation (the operators' panel while an import builds): the entries
+    are evicted down to the limit less the reserved room, not to the limit."""
+    b = Budget(100)
+    p = b.pool("p")
+    with b.reserve(40):
+        for i in range(6):
+            p.put(i, i, 10)
+        assert b.total == 60
+        assert b.resize(80) == [("p", 0), ("p", 1)] and b.total == 40
+
+
+def test_no_entry_is_put_between_making_a_reservations_room_and_counting_it():
+    """`reserve` makes its room and counts it under one lock: an entry put by another session
+    right after the room is made (here from `_collect`, which runs once the lock is let go) must
+    find the room taken, not fill it (then the reservation would pass the limit)."""
+    class Meddling(Budget):
+        late = False
+
+        def _collect(self) -> None:
+            if self.late:
+                self.late = False
+                self.pool("p").put("late", 0, 30)
+
+    b = Meddling(100)
+    p = b.pool("p")
+    for i in range(4):
+        p.put(i, i, 25)
+    b.late = True
+    with b.reserve(60):
+        assert b.total + b.reserved <= b.max_bytes and "late" in p
+
+
 def test_an_evicted_entry_held_by_a_reference_cycle_is_freed_at_once():
     """Issue 30's memory walk: an evicted ViT-B stayed in memory beside the model imported in its
     place, reachable from a reference cycle a page run had left, until Python's next full

@@ -209,41 +209,41 @@ class Budget:
 
     def make_room(self, nbytes: int, why: str = "") -> list[tuple[str, Hashable]]:
         """Evict least recently used entries until `nbytes` more would fit (or nothing is left),
-        before a big allocation that is not an entry yet (an import building a model); returns
-        what went."""
-        with self._lock:
-            evicted = self._evict_for(nbytes)
-        for name, k in evicted:
-            log.info("memory budget: evicted %s %s (least recently used) to make room for %s (%.1f MiB)",
-                     name, _short(k), why or "a new entry", nbytes / 2**20)
-        self._collect()
-        return evicted
+        before a big allocation that is not an entry yet (an upload on its way); returns what went."""
+        return self._make_room(nbytes, why, keep=False)
 
     @contextlib.contextmanager
     def reserve(self, nbytes: int, why: str = "") -> Iterator[None]:
-        """Room for `nbytes` that are not an entry yet (an import's float32 model while it is
-        built): made at once (`make_room`) and kept for the block, so the entries other sessions
-        put meanwhile evict each other instead of growing back into it (issue 30's load test:
-        50 sessions refilled the room during a 60 s import, and the build's peak came on top)."""
-        self.make_room(nbytes, why)
-        with self._lock:
-            self.reserved += nbytes
+        """Room for `nbytes` that are not an entry yet (an import's model while it is built):
+        made at once (`make_room`) and kept for the block, so the entries other sessions put
+        meanwhile evict each other instead of growing back into it (issue 30's load test:
+        50 sessions refilled the room during a 60 s import, and the build's peak came on top).
+        The room is made and counted under one lock: no entry slips in between."""
+        self._make_room(nbytes, why, keep=True)
         try:
             yield
         finally:
             with self._lock:
                 self.reserved -= nbytes
 
+    def _make_room(self, nbytes: int, why: str, keep: bool) -> list[tuple[str, Hashable]]:
+        with self._lock:
+            evicted = self._evict_for(nbytes)
+            if keep:
+                self.reserved += nbytes
+        for name, k in evicted:
+            log.info("memory budget: evicted %s %s (least recently used) to make room for %s (%.1f MiB)",
+                     name, _short(k), why or "a new entry", nbytes / 2**20)
+        self._collect()
+        return evicted
+
     def resize(self, max_bytes: int) -> list[tuple[str, Hashable]]:
-        """Set the limit, evicting down to it; returns what went."""
+        """Set the limit, evicting down to it (room reserved by `reserve` counts); returns what went."""
         if max_bytes < 1:
             raise ValueError("a memory budget needs at least one byte")
         with self._lock:
             self.max_bytes = int(max_bytes)
-            evicted = []
-            while self._lru and self.total > self.max_bytes:
-                evicted.append(self._evict_oldest(None))
-        return evicted
+            return self._evict_for(0)
 
     def clear(self) -> None:
         with self._lock:
