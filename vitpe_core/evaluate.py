@@ -8,9 +8,9 @@
   unshifted images; for encodings with a bias, how well the bias maps move with the content:
   `bias_shift_error` = mean |b'(i+s, j+s) − b(i, j)| / mean |b| over patch pairs that stay
   inside the grid, for whole-patch shifts (0 = the bias moves exactly with the content).
-* `first_images` / `top1_correct`: a fixed subset (the first `n` images in the split's stored
-  order) and the number of its images a model classifies right; tests/test_shipped_checkpoints.py
-  compares that count with checkpoints/subset_accuracy.json (scripts/record_subset_accuracy.py).
+* `first_images` / `top1_predictions`: a fixed subset (the first `n` images in the split's stored
+  order) and the class a model predicts for each of its images; tests/test_shipped_checkpoints.py
+  compares them with checkpoints/subset_accuracy.json (scripts/record_subset_accuracy.py).
 """
 from __future__ import annotations
 
@@ -79,12 +79,12 @@ def first_images(ds: ImageDataset, n: int) -> ImageDataset:
     return ImageDataset(images=ds.images[:n], labels=ds.labels[:n], label_names=ds.label_names)
 
 
-def top1_correct(model: ViT, ds: ImageDataset, dataset: str, **kw) -> tuple[int, float]:
-    """How many images of `ds` the model classifies right (top-1), and the smallest gap between
+def top1_predictions(model: ViT, ds: ImageDataset, dataset: str, **kw) -> tuple[torch.Tensor, float]:
+    """The class the model predicts (top-1) for each image of `ds`, and the smallest gap between
     the two largest logits over `ds` (how far the closest call is from flipping under rounding)."""
     logits = predict(model, ds, dataset, **kw)
     top2 = logits.topk(2, dim=1).values                                       # (n, 2)
-    return int((logits.argmax(1) == ds.labels).sum()), float((top2[:, 0] - top2[:, 1]).min())
+    return logits.argmax(1), float((top2[:, 0] - top2[:, 1]).min())
 
 
 def evaluate_resolutions(model: ViT, ds: ImageDataset, dataset: str, sizes=RESOLUTIONS, **kw) -> dict[str, dict]:
