@@ -262,6 +262,8 @@ def test_a_failed_import_can_be_pressed_again_at_once(page, app_url, tmp_path):
     family.locator("input").click()
     page.get_by_role("option", name="beit", exact=True).click()        # a timm ViT is not a BEiT file
     settle(page)
+    form = page.locator("[data-testid='stExpander']", has_text="Import your own ViT").locator("details")
+    expect(form).to_have_attribute("open", "")                         # the choice's rerun keeps the form open
     error = page.locator("[data-testid='stAlertContentError']")
     for _ in range(2):                                                  # the first press, then once more
         click_and_wait_for_a_run(page, button)
