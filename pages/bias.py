@@ -7,10 +7,9 @@ from __future__ import annotations
 import streamlit as st
 
 from vitpe_core import analysis, figures, views
-from pages.common import cache, explain, loading, messages, picker, report_button, stress_panel, swin_view, uploads
+from pages.common import cache, explain, loading, messages, picker, stress_panel, swin_view, uploads
 from pages.common import viewsync, widgets
 from pages.common.output import chart, downloads
-from pages.common.prediction import prediction_or_features
 from vitpe_core.views import head_text
 
 PAGE = "bias"
@@ -41,10 +40,7 @@ def main() -> None:
     tr = cache.trace(view.ckpt, key, custom)
     left, right = st.columns([2, 3])
     with left:
-        where = f"grid {grid[0]}×{grid[1]}, as the model sees the image"
-        display = picker.patch_picker(PAGE, img, ckpt, view.patch, f"{caption} — click a patch ({where})")
-        prediction_or_features(PAGE, ckpt, tr, key)
-        report_button.offer(PAGE, view.ckpt, ckpt, (img, key, caption))
+        display = picker.image_column(PAGE, ckpt, view, (img, key, caption), tr)
     maps = analysis.patch_maps(tr, view.patch)                      # name -> (L, h, H, W)
     with right:            # a model without a bias shows its attention row here, not empty space
         if not (has_bias := show_bias(ckpt, tr, maps, display, view, layer, head)):

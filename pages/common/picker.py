@@ -18,7 +18,8 @@ from PIL import Image
 from vitpe_core import figures
 from vitpe_core.figures.picker import ToPatch, patch_centres, picker_spec, with_outline
 
-from . import cache
+from . import cache, report_button
+from .prediction import prediction_or_features
 from .widgets import patch_controls, patch_text
 
 
@@ -118,4 +119,17 @@ def patch_picker(page: str, img: Image.Image, ckpt, patch: tuple[int, int], capt
               box=(patch[1] * pw, patch[0] * ph, (patch[1] + 1) * pw, (patch[0] + 1) * ph))
     patch_controls(page, grid)
     patch_text(patch, grid)
+    return display
+
+
+def image_column(page: str, ckpt, view, image: tuple, trace) -> np.ndarray:
+    """The bias page's left column, a ViT's and a Swin's: the clickable image (`image`: the page's
+    `(img, key, caption)`), the prediction (or the features of a model without a head) and the
+    report button; returns the image as displayed (for the maps' overlays)."""
+    img, key, caption = image
+    grid = ckpt.config.grid
+    where = f"grid {grid[0]}×{grid[1]}, as the model sees the image"
+    display = patch_picker(page, img, ckpt, view.patch, f"{caption} — click a patch ({where})")
+    prediction_or_features(page, ckpt, trace, key)
+    report_button.offer(page, view.ckpt, ckpt, (img, key, caption))
     return display

@@ -19,9 +19,8 @@ from vitpe_core import figures, views
 from vitpe_core.swin import explore
 from vitpe_core.swin.windows import WindowRows, window_rows
 
-from . import cache, picker, report_button
+from . import cache, picker
 from .output import chart, downloads
-from .prediction import prediction_or_features
 
 is_swin = explore.is_swin_model
 
@@ -39,16 +38,13 @@ def window_fig(rows: WindowRows, m, title: str, unit: str, image_rgb=None, **sty
 def bias_explorer(page: str, ckpt, view, image: tuple, layer: int, head: int | None) -> None:
     """The bias page for a Swin: `image` is the page's `(img, key, caption, custom)`."""
     img, key, caption, custom = image
-    cfg, grid, (r, c) = ckpt.config, ckpt.config.grid, view.patch
+    cfg, (r, c) = ckpt.config, view.patch
     tr = cache.swin_trace(view.ckpt, key, custom)
     rows = window_rows(ckpt.model, None, (r, c), layer, trace=tr.blocks)
     head, note = explore.stage_head(cfg, layer, head)
     left, right = st.columns([2, 3])
     with left:
-        where = f"grid {grid[0]}×{grid[1]}, as the model sees the image"
-        display = picker.patch_picker(page, img, ckpt, view.patch, f"{caption} — click a patch ({where})")
-        prediction_or_features(page, ckpt, tr, key)
-        report_button.offer(page, view.ckpt, ckpt, (img, key, caption))
+        display = picker.image_column(page, ckpt, view, (img, key, caption), tr)
     shown_img = explore.pad_display(display, rows, cfg.img_size, cfg.patch_size)
     where = f"{explore.block_text(rows)}, {views.head_text(head)}"
     base = f"{ckpt.name}_window_p{r}-{c}_l{layer}_{views.head_text(head)}"
