@@ -257,7 +257,7 @@ def test_sape2_attention_matches_naive_bias_attention(grid, P, readout, use_kern
 
 
 @pytest.mark.parametrize("use_kernel", KERNEL)
-@pytest.mark.parametrize("T", [5, 13, 40])
+@pytest.mark.parametrize("T", [5, 13, pytest.param(40, marks=pytest.mark.slow)])   # 40: the oracle's ~10 s
 def test_cope_attention_matches_naive_bias_attention(T, use_kernel):
     g = torch.Generator().manual_seed(T)
     q, k, v = (torch.randn(2, 2, T, 8, generator=g, dtype=torch.float64) * 2 for _ in range(3))

@@ -63,6 +63,7 @@ print(json.dumps({"rise_mb": (hwm_kb() - before) / 1024, "dtype": str(imp.source
 """
 
 
+@pytest.mark.slow                       # a fresh process each, importing a 61 MB model
 @pytest.mark.parametrize(("dtype", "hold", "limit"), [("float32", False, 1.35), ("float16", False, 1.2),
                                                      ("float16", True, 0.75)])
 def test_importing_a_timm_file_raises_the_peak_by_about_the_model_once(tmp_path, dtype, hold, limit):
