@@ -6,6 +6,7 @@ release (`--release` or VITPE_RELEASE=1): `python -m vitpe_core evaluate` reprod
 top-1 on the whole 10,000-image test set within 0.2 points from the fp16 weights."""
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import math
@@ -62,6 +63,7 @@ SUBSET_RECORD = REPO / "checkpoints" / "subset_accuracy.json"
 RECORD_SCRIPT = "python scripts/record_subset_accuracy.py"
 
 
+@functools.cache
 def _record_script():
     spec = importlib.util.spec_from_file_location("record_subset_accuracy", REPO / "scripts" /
                                                   "record_subset_accuracy.py")

@@ -41,11 +41,8 @@ def hold_weights(model: nn.Module, dtype: torch.dtype) -> int:
     saved = 0
     for module in _held_layers(model):
         for name, p in list(module.named_parameters(recurse=False)):
-            if p.dtype == dtype:
-                held = p.detach()
-            elif p.dtype == torch.float32 and torch.equal((held := p.detach().to(dtype)).float(), p.detach()):
-                pass
-            else:
+            held = p.detach().to(dtype)                 # no copy where the importer loaded it in `dtype`
+            if p.dtype != dtype and (p.dtype != torch.float32 or not torch.equal(held.float(), p.detach())):
                 continue                                # not exact in `dtype`: stays float32
             parametrize.register_parametrization(module, name, _Upcast(), unsafe=True)
             module.parametrizations[name].original = nn.Parameter(held, requires_grad=False)

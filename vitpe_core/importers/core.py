@@ -97,7 +97,7 @@ def import_state_dict(state_dict: Mapping[str, torch.Tensor], *, family: str = "
     never have a float32 copy (the app's imports: a ViT-B/16 in float16 peaked at 165 + 330 MiB)."""
     sd = dict(clean_state_dict(state_dict))
     dtype = source_dtype(sd)
-    kept = dtype if hold and dtype in HALF else None
+    held = dtype if hold and dtype in HALF else None      # the precision its layer weights are held in
     # Swin / Swin-V2 (hierarchical: their own model class, vitpe_core/swin/), before the key
     # detection: their keys hold `relative_position_bias_table` too, which reads as BEiT's.
     if family in ("auto", "swin") and is_swin(hf_config if hf_config and "model_type" in hf_config else sd):
@@ -109,8 +109,8 @@ def import_state_dict(state_dict: Mapping[str, torch.Tensor], *, family: str = "
             raise CheckpointError(f"unknown norm {norm!r}; valid: {sorted(NORMS)}")
         model, info = import_swin(sd, hf_config, notes=[], class_names=class_names, img_size=img_size,
                                   norm=NORMS[norm] if norm else None, crop_pct=crop_pct, window=window)
-        if kept:
-            hold_weights(model, kept)
+        if held:
+            hold_weights(model, held)
         return Imported(model.eval(), **info)
     if window is not None:
         raise CheckpointError("--window is for timm Swin-V2 files (its window is not in the keys); this file has "
@@ -134,18 +134,18 @@ def import_state_dict(state_dict: Mapping[str, torch.Tensor], *, family: str = "
                                   "and its keys' (docs/importing.md)")
         cfg, weights, family = CONVERTERS[family](sd, hf_config or {}, img_size=img_size, heads=heads, notes=notes)
         model = empty_model(cfg)           # filled by assignment below: never held twice
-        weights = _encoding_names(model, upcast(weights, sd if consume else None, _keep(model, kept)))
+        weights = _encoding_names(model, upcast(weights, sd if consume else None, _keep(model, held)))
     elif family in TIMM_FAMILIES:
         cfg, weights, family = TIMM_CONVERTERS[family](sd, hf_config or {}, img_size=img_size, heads=heads, pool=pool,
                                                        notes=notes)
         model = empty_model(cfg)           # filled by assignment below: never held twice
-        weights = _encoding_names(model, upcast(weights, sd if consume else None, _keep(model, kept)))
+        weights = _encoding_names(model, upcast(weights, sd if consume else None, _keep(model, held)))
     else:
-        model, weights, family = _timm_model(sd, family, img_size, heads, hf_config, pool, notes, act, consume, kept)
+        model, weights, family = _timm_model(sd, family, img_size, heads, hf_config, pool, notes, act, consume, held)
     place_encoding_params(model, weights)
     load_weights(model, weights, f"{family} state dict", assign=True)
-    if kept:
-        hold_weights(model, kept)    # the weights loaded in `kept`, and float32 ones exact in it
+    if held:
+        hold_weights(model, held)    # the weights loaded in `held`, and float32 ones exact in it
     pre = _preprocess(family, hf_config, norm, crop_pct)
     n = model.cfg.num_classes
     names = (given_class_names(class_names, n, labels_name) if class_names is not None
@@ -178,7 +178,7 @@ def upcast(weights: Mapping[str, torch.Tensor], spent: Mapping[str, torch.Tensor
     for t in {id(t): t for t in (*spent.values(), *weights.values())}.values():
         holders.setdefault(_memory(t), []).append(t)
     out: dict[str, torch.Tensor] = {}
-    kept: set[int] = set()                                   # weights that were float32 already: the model's now
+    kept: set[int] = set()             # weights passed through (float32 already, or kept in `keep`): the model's now
     for mem in [m for m in holders if not pending[m]]:      # what no weight was made from (renamed, left out)
         _empty(holders.pop(mem), kept)
     for k, v in weights.items():
@@ -226,7 +226,7 @@ def _patch_size(sd: Mapping[str, torch.Tensor]) -> int | None:
     return None
 
 
-def _timm_model(sd, family, img_size, heads, hf_config, pool, notes, act=None, consume=False, kept=None
+def _timm_model(sd, family, img_size, heads, hf_config, pool, notes, act=None, consume=False, held=None
                 ) -> tuple[ViT, dict[str, torch.Tensor], str]:
     """timm, Hugging Face ViT and RoPE-ViT: renamed to timm's keys, then `timm_config`; timm's CLIP-
     and SigLIP-style layers and gated MLPs through timm_clip.py (the family becomes timm-clip /
@@ -258,7 +258,7 @@ def _timm_model(sd, family, img_size, heads, hf_config, pool, notes, act=None, c
             raise
         cfg, sd = timm_config(sd, family, img_size=timm_hub.img_size(hf_config), **kw)
     model = empty_model(cfg)
-    weights = upcast(sd, given if consume else None, _keep(model, kept))
+    weights = upcast(sd, given if consume else None, _keep(model, held))
     if "freqs" in weights:
         weights["rope_freqs"] = rope_freqs(weights.pop("freqs"), cfg.heads)
     if "patch_embed.proj.bias" not in weights:
