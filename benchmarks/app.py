@@ -86,6 +86,8 @@ def bench_app(plan: Plan, cs: CheckpointSet, workdir: Path) -> dict:
         values = [r[key] for r in runs if key in r]
         if values:
             out[key] = float(np.median(values))
+    if any("first_run_s" in r for r in runs):     # the target: a complete first page in every cold start
+        out["first_run_max_s"] = max(r["first_run_s"] for r in runs if "first_run_s" in r)
     return out
 
 

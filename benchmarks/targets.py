@@ -84,7 +84,7 @@ def targets(res: dict) -> list[Target]:
         Target("sape2_attention_vs_rpb", "SaPE² attention layer fwd+bwd / `rpb`, compact, batch 128", 1.3, "max", "x",
                attn.get(("compact", 128, "sape2"), {}).get("vs_rpb"),
                check=attn.get(("compact", 128, "sape2"), {}).get("vs_rpb_best")),
-        Target("sape2_training_vs_ape", "SaPE² training throughput / `ape` (compact, batch 128)", 0.8, "min", "x",
+        Target("sape2_training_vs_ape", "SaPE² training throughput / `ape` (compact, batch 128)", 0.9, "min", "x",
                train.get("sape2", {}).get("throughput_vs_ape"),
                check=train.get("sape2", {}).get("throughput_vs_ape_best")),
         Target("cope_training_vs_ape", "CoPE+APE training throughput / `ape` (compact, batch 128)", 0.8, "min", "x",
@@ -110,8 +110,9 @@ def targets(res: dict) -> list[Target]:
                app.get("get_root_s"), skipped),
         Target("cold_start_first_element", "app cold start: process start -> first element shown (browser)", 5, "max",
                "s", app.get("first_element_s"), no_browser),
-        Target("cold_start_first_run", "app cold start: process start -> first script run complete (browser)", 5,
-               "max", "s", app.get("first_run_s"), no_browser),
+        Target("cold_start_first_run", f"app cold start: process start -> first script run complete (browser), "
+               f"slowest of {len(app.get('runs') or []) or 'the'} cold starts", 4, "max", "s",
+               app.get("first_run_max_s"), no_browser),
         Target("app_memory_peak", f"app server peak resident (VmHWM) with all {len(listed(app))} "
                "listed checkpoints loaded (compare page)", mib_1gb, "max", "MiB", after.get("VmHWM"), no_browser),
         Target("app_memory_rss", "app server resident (VmRSS) after the compare page showing all", mib_1gb, "max",

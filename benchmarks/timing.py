@@ -42,7 +42,7 @@ class Plan:
     train_steps_per_sample: int = 1   # consecutive optimiser steps of one variant per training sample (their mean)
 
 
-FULL = Plan(attn_rounds=7, attn_min_sample_s=0.1, train_rounds=8, warmup=1, clicks=50, app_runs=3, e2e_clicks=6,
+FULL = Plan(attn_rounds=7, attn_min_sample_s=0.1, train_rounds=8, warmup=1, clicks=50, app_runs=5, e2e_clicks=6,
             memory_steps=3, vit_b_images=20, vit_b_clicks=50, vit_b_sape2_images=5, functional_rounds=7,
             profile_steps=5, analysis=True, train_steps_per_sample=3)
 QUICK = Plan(attn_rounds=2, attn_min_sample_s=0.0, train_rounds=1, warmup=0, clicks=8, app_runs=1, e2e_clicks=2,

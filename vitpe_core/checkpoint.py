@@ -26,11 +26,11 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save as st_save
+from safetensors.torch import save_file as st_save_file
 
 from .config import ViTConfig
 from .encodings.base import encoding_parts
@@ -65,12 +65,19 @@ class Checkpoint:
     name: str = ""
 
 
+HELD_INFIX = ".parametrizations."      # a held weight's state-dict name: `<layer>.parametrizations.<name>.original`
+
+
 def clean_state_dict(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Strip `torch.compile` (`_orig_mod.`) and DDP (`module.`) prefixes."""
+    """Strip `torch.compile` (`_orig_mod.`) and DDP (`module.`) prefixes, and name a weight held
+    in half precision (`held_precision.hold_weights`) as the layer's own weight."""
     out = {}
     for k, v in sd.items():
         while k.startswith(("_orig_mod.", "module.")):
             k = k.split(".", 1)[1]
+        if HELD_INFIX in k and k.endswith(".original"):
+            layer, _, name = k.removesuffix(".original").partition(HELD_INFIX)
+            k = f"{layer}.{name}"
         out[k] = v
     return out
 
@@ -78,13 +85,19 @@ def clean_state_dict(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write to a temporary file in the same folder, fsync, then rename over `path`: a crash
     leaves either the old file or the new one, never a torn one."""
+    atomic_write(path, lambda tmp: tmp.write_bytes(data))
+
+
+def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
+    """`atomic_write_bytes` with the temporary file written by `write(its path)`: a big file
+    streamed to disk, not first built in memory."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
+        write(Path(tmp))
+        with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         umask = os.umask(0)
         os.umask(umask)
@@ -116,7 +129,8 @@ def save_checkpoint(path: str | Path, model: ViT, *, metrics: dict | None = None
     metrics = metrics or {}
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION,
             "config": model.cfg.to_json(), "metrics": json.dumps(metrics, sort_keys=True)}
-    atomic_write_bytes(path, st_save(tensors, metadata=meta))
+    # streamed to the file: safetensors` `save` (bytes) would hold the whole file in memory once more
+    atomic_write(path, lambda tmp: st_save_file(tensors, str(tmp), metadata=meta))
     sidecar = {"config": model.cfg.to_dict(), "metrics": metrics}
     atomic_write_bytes(sidecar_path(path), (json.dumps(sidecar, indent=1, sort_keys=True) + "\n").encode())
     return path
@@ -270,7 +284,7 @@ def update_metrics(path: str | Path, updates: dict[str, Any]) -> dict[str, Any]:
     meta, tensors = read_checkpoint_file(path)
     metrics = {**_parse_json(meta, "metrics", path.name), **updates}
     meta["metrics"] = json.dumps(metrics, sort_keys=True)
-    atomic_write_bytes(path, st_save(tensors, metadata=meta))
+    atomic_write(path, lambda tmp: st_save_file(tensors, str(tmp), metadata=meta))
     cfg = _parse_json(meta, "config", path.name)
     atomic_write_bytes(sidecar_path(path), (json.dumps({"config": cfg, "metrics": metrics}, indent=1,
                                                        sort_keys=True) + "\n").encode())

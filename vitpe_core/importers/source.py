@@ -112,8 +112,10 @@ def import_checkpoint(source: str | Path, out: str | Path, *, licence: str = "",
     are stored in the file's own precision (`dtype="source"`, the default: the checkpoint is the
     model the file holds, bit for bit), or in `dtype` ("float32"/"float16"/"bfloat16") when
     asked; a float64 file is stored as float32, the precision the model runs in, with a note.
-    The checkpoint's metrics record `source_dtype` and `stored_dtype`."""
-    imp = import_file(source, **kw)
+    The checkpoint's metrics record `source_dtype` and `stored_dtype`. A half-precision file's
+    layer weights are loaded and saved in its precision (`hold=True`: never a float32 copy of the
+    whole model; in any stored dtype the same values, as the upcast to float32 is exact)."""
+    imp = import_file(source, hold=True, **kw)
     stored = stored_dtype(imp, dtype)
     hub_id = not Path(str(source)).exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", str(source))
     metrics = imp.metrics(str(source) if hub_id else Path(str(source)).name, licence)
