@@ -7,11 +7,14 @@ anything (`_check_npz`): a forged header must not make the server allocate gigab
 Every refusal is a `CheckpointError` naming the file (`name`: the name its owner knows, e.g. an
 upload's, where the bytes sit in a temporary file) and saying in plain words what is wrong and
 what to do; the parser's own message goes to the log only. vitpe's own checkpoints are read by
-`checkpoint.load_checkpoint`; `importers` turns what this returns into a model.
+`checkpoint.load_checkpoint`; `importers` turns what this returns into a model, the file's
+half-precision tensors converted by `upcast` (to float32 one at a time, or kept in their precision
+for the weights a model holds so).
 """
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from pathlib import Path
 from typing import Mapping
 
@@ -122,3 +125,50 @@ def source_dtype(sd: Mapping[str, torch.Tensor]) -> torch.dtype:
         if dtype in found:
             return dtype
     return torch.float32
+
+
+# ----------------------------------------------------------------------------- to the model's precision
+def upcast(weights: Mapping[str, torch.Tensor], spent: Mapping[str, torch.Tensor] | None = None,
+           keep: tuple[set[str], torch.dtype] | None = None) -> dict[str, torch.Tensor]:
+    """`{k: v.float()}` (float16 / bfloat16 -> float32 is exact), one tensor at a time. `spent`:
+    the state dict the weights were made from, where the importer owns it: its tensors and the
+    weights' sources are emptied (`Tensor.set_()`) once no weight still to convert shares their
+    memory, so that the file's half-precision tensors leave as their float32 copies arrive
+    (issue 30: a ViT-B/16 in float16 held 165 + 330 MiB at once, the server's peak). `keep`
+    (names, dtype): the weights of those names already in `dtype` stay in it (to be held,
+    `held_precision`), each in memory of its own (a view of a larger tensor is copied)."""
+    def convert(k: str, v: torch.Tensor) -> torch.Tensor:
+        if keep is None or k not in keep[0] or v.dtype != keep[1]:
+            return v.float()
+        whole = v.is_contiguous() and v.untyped_storage().nbytes() == v.numel() * v.element_size()
+        return v if whole else v.clone()
+
+    if spent is None:
+        return {k: convert(k, v) for k, v in weights.items()}
+    pending = Counter(_memory(v) for v in weights.values())
+    holders: dict[int, list[torch.Tensor]] = {}
+    for t in {id(t): t for t in (*spent.values(), *weights.values())}.values():
+        holders.setdefault(_memory(t), []).append(t)
+    out: dict[str, torch.Tensor] = {}
+    kept: set[int] = set()             # weights passed through (float32 already, or kept in `keep`): the model's now
+    for mem in [m for m in holders if not pending[m]]:      # what no weight was made from (renamed, left out)
+        _empty(holders.pop(mem), kept)
+    for k, v in weights.items():
+        out[k] = convert(k, v)
+        if out[k] is v:
+            kept.add(id(v))
+        mem = _memory(v)
+        pending[mem] -= 1
+        if not pending[mem]:
+            _empty(holders.pop(mem, []), kept)
+    return out
+
+
+def _memory(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _empty(tensors: list[torch.Tensor], kept: set[int]) -> None:
+    for t in tensors:
+        if id(t) not in kept and t.numel():
+            t.set_()

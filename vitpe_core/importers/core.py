@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import re
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import torch
 
 from ..checkpoint import CheckpointError, clean_state_dict, load_weights
-from ..foreign import source_dtype
+from ..foreign import source_dtype, upcast
 from ..held_precision import HALF, held_names, hold_weights
 from ..model import ViT, empty_model
 from ..swin.convert import import_swin, is_swin
@@ -108,7 +107,8 @@ def import_state_dict(state_dict: Mapping[str, torch.Tensor], *, family: str = "
         if norm and norm not in NORMS:
             raise CheckpointError(f"unknown norm {norm!r}; valid: {sorted(NORMS)}")
         model, info = import_swin(sd, hf_config, notes=[], class_names=class_names, img_size=img_size,
-                                  norm=NORMS[norm] if norm else None, crop_pct=crop_pct, window=window)
+                                  norm=NORMS[norm] if norm else None, crop_pct=crop_pct, window=window,
+                                  held=held, spent=sd if consume else None)
         if held:
             hold_weights(model, held)
         return Imported(model.eval(), **info)
@@ -156,55 +156,9 @@ def import_state_dict(state_dict: Mapping[str, torch.Tensor], *, family: str = "
     return Imported(model.eval(), family, names, pre, notes, dtype)
 
 
-def upcast(weights: Mapping[str, torch.Tensor], spent: Mapping[str, torch.Tensor] | None = None,
-           keep: tuple[set[str], torch.dtype] | None = None) -> dict[str, torch.Tensor]:
-    """`{k: v.float()}` (float16 / bfloat16 -> float32 is exact), one tensor at a time. `spent`:
-    the state dict the weights were made from, where the importer owns it: its tensors and the
-    weights' sources are emptied (`Tensor.set_()`) once no weight still to convert shares their
-    memory, so that the file's half-precision tensors leave as their float32 copies arrive
-    (issue 30: a ViT-B/16 in float16 held 165 + 330 MiB at once, the server's peak). `keep`
-    (names, dtype): the weights of those names already in `dtype` stay in it (to be held,
-    `held_precision`), each in memory of its own (a view of a larger tensor is copied)."""
-    def convert(k: str, v: torch.Tensor) -> torch.Tensor:
-        if keep is None or k not in keep[0] or v.dtype != keep[1]:
-            return v.float()
-        whole = v.is_contiguous() and v.untyped_storage().nbytes() == v.numel() * v.element_size()
-        return v if whole else v.clone()
-
-    if spent is None:
-        return {k: convert(k, v) for k, v in weights.items()}
-    pending = Counter(_memory(v) for v in weights.values())
-    holders: dict[int, list[torch.Tensor]] = {}
-    for t in {id(t): t for t in (*spent.values(), *weights.values())}.values():
-        holders.setdefault(_memory(t), []).append(t)
-    out: dict[str, torch.Tensor] = {}
-    kept: set[int] = set()             # weights passed through (float32 already, or kept in `keep`): the model's now
-    for mem in [m for m in holders if not pending[m]]:      # what no weight was made from (renamed, left out)
-        _empty(holders.pop(mem), kept)
-    for k, v in weights.items():
-        out[k] = convert(k, v)
-        if out[k] is v:
-            kept.add(id(v))
-        mem = _memory(v)
-        pending[mem] -= 1
-        if not pending[mem]:
-            _empty(holders.pop(mem, []), kept)
-    return out
-
-
 def _keep(model: ViT, dtype: torch.dtype | None) -> tuple[set[str], torch.dtype] | None:
     """`upcast`'s `keep`: the model's weights that `hold_weights` holds, in `dtype` (None: none)."""
     return None if dtype is None else (held_names(model), dtype)
-
-
-def _memory(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
-
-
-def _empty(tensors: list[torch.Tensor], kept: set[int]) -> None:
-    for t in tensors:
-        if id(t) not in kept and t.numel():
-            t.set_()
 
 
 def _encoding_names(model: ViT, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

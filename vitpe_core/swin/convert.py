@@ -31,7 +31,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import torch
 
 from ..checkpoint import CheckpointError, clean_state_dict, load_weights
-from ..foreign import source_dtype
+from ..foreign import source_dtype, upcast
+from ..held_precision import held_names
 from .config import SwinConfig, build_windows
 from .model import SwinTransformer
 from .timm_layout import check_windows, convert as convert_timm, is_timm_swin
@@ -74,7 +75,8 @@ def import_swin(state_dict: Mapping[str, torch.Tensor], hf_config: Mapping[str, 
                 name: str = "Swin state dict", notes: list[str] | None = None,
                 class_names: Sequence[str] | None = None, img_size: tuple[int, int] | None = None,
                 norm: Mapping[str, Sequence[float]] | None = None, crop_pct: float | None = None,
-                window: int | None = None) -> tuple[SwinTransformer, dict[str, Any]]:
+                window: int | None = None, held: torch.dtype | None = None,
+                spent: Mapping[str, torch.Tensor] | None = None) -> tuple[SwinTransformer, dict[str, Any]]:
     """Build the `SwinTransformer` of a transformers Swin / Swin-V2 state dict and load its weights
     strictly (float32; `info["source_dtype"]` is the file's precision, what a checkpoint should
     store). `notes` (appended to, and returned in `info`) says what was left out or assumed;
@@ -82,7 +84,11 @@ def import_swin(state_dict: Mapping[str, torch.Tensor], hf_config: Mapping[str, 
     size than the config's (Swin-V2's windows follow it, as transformers' would); `norm`
     (`{"mean": [...], "std": [...]}`) and `crop_pct` override the eval transform.
     timm's layout (and Microsoft's files) are read too (timm_layout.py), with timm's config.json as
-    `hf_config` where it lies beside the file; `window`: a timm Swin-V2's window, where it does not."""
+    `hf_config` where it lies beside the file; `window`: a timm Swin-V2's window, where it does not.
+    The model is built on the meta device and its weights assigned (never held twice): `held`
+    (float16 / bfloat16) keeps the layer weights that `held_precision.hold_weights` will hold in
+    that precision, and `spent` (the state dict they came from, where the caller owns it) is
+    emptied as the float32 copies are made (`foreign.upcast`)."""
     notes = [] if notes is None else notes
     sd = clean_state_dict(state_dict)
     file_dtype = source_dtype(sd)
@@ -104,8 +110,10 @@ def import_swin(state_dict: Mapping[str, torch.Tensor], hf_config: Mapping[str, 
     cfg = _config(cfg_in, weights, tables, version, name, notes)
     if timm:
         check_windows(cfg, name)
-    model = SwinTransformer(cfg, init_weights=False)
-    load_weights(model, {k: v.float() for k, v in weights.items()}, name)
+    with torch.device("meta"):                      # no buffers: every tensor comes from the file
+        model = SwinTransformer(cfg, init_weights=False)
+    keep = None if held is None else (held_names(model), held)
+    load_weights(model, upcast(weights, spent, keep), name, assign=True)
     model.eval()
     names = _class_names(cfg.num_classes, cfg_in, class_names, name)
     if names is None and cfg.num_classes:
