@@ -171,12 +171,18 @@ def test_spending_the_files_tensors_leaves_every_weight_as_it_was(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_a_half_precision_file_imported_held_is_its_float32_import_bit_for_bit(dtype):
-    """`import_state_dict(hold=True)` (the app's imports) loads the layer weights in the file's
-    precision and holds them (`held_precision`); every weight the model computes with is the
-    float32 import's, bit for bit, in every reference layout (Swin's too), with or without the
-    file's tensors spent."""
+def test_a_half_precision_file_imported_held_is_its_float32_import_bit_for_bit(dtype, tmp_path):
+    """`import_state_dict(hold=True)` (the app's and the CLI's imports) loads the layer weights in
+    the file's precision and holds them (`held_precision`); every weight the model computes with is
+    the float32 import's, bit for bit, in every reference layout (Swin's too), with or without the
+    file's tensors spent; and `save_checkpoint` writes the float32 import's names, tensors and
+    dtypes for it, in the file's precision and in float32 (the CLI's checkpoint is the same file)."""
+    from vitpe_core.checkpoint import read_checkpoint_file, save_checkpoint
     from vitpe_core.held_precision import held_dtype
+
+    def saved(model, stored):
+        return read_checkpoint_file(save_checkpoint(tmp_path / "m.safetensors", model, dtype=stored))[1]
+
     for name, sd, kw in _reference_cases():
         half = {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
         want = import_state_dict(dict(half), **kw).model
@@ -189,23 +195,11 @@ def test_a_half_precision_file_imported_held_is_its_float32_import_bit_for_bit(d
                 assert got.dtype == value.dtype and torch.equal(got, value), (name, key)
             stored = [t for t in held.state_dict().values() if t.is_floating_point()]
             assert any(t.dtype == dtype for t in stored) and all(t.dtype in (dtype, torch.float32) for t in stored)
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_a_held_model_is_saved_as_the_float32_import_is(dtype, tmp_path):
-    """`save_checkpoint` of a held import (the CLI's `import` holds a half-precision file's
-    weights) writes the tensors, names and dtypes that the float32 import writes, in the file's
-    precision and in float32, in every reference layout."""
-    from vitpe_core.checkpoint import read_checkpoint_file, save_checkpoint
-    for name, sd, kw in _reference_cases():
-        half = {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
-        plain = import_state_dict(dict(half), **kw).model
-        held = import_state_dict(dict(half), hold=True, **kw).model
         for stored in (dtype, torch.float32):
-            want = read_checkpoint_file(save_checkpoint(tmp_path / "plain.safetensors", plain, dtype=stored))[1]
-            got = read_checkpoint_file(save_checkpoint(tmp_path / "held.safetensors", held, dtype=stored))[1]
-            assert got.keys() == want.keys(), (name, sorted(set(got) ^ set(want))[:4])
-            assert all(got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]) for k in want), name
+            want_file, held_file = saved(want, stored), saved(held, stored)
+            assert held_file.keys() == want_file.keys(), (name, sorted(set(held_file) ^ set(want_file))[:4])
+            assert all(held_file[k].dtype == v.dtype and torch.equal(held_file[k], v) for k, v in want_file.items()), (
+                name, stored)
 
 
 def test_a_held_weight_that_is_a_view_of_a_larger_tensor_is_copied_not_kept_with_it():
