@@ -9,6 +9,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -152,6 +153,32 @@ def pytest_collection_modifyitems(config, items) -> None:
         if quick and current is not None and not getattr(fn, "_quick_examples", None):   # once per function
             fn._quick_examples = _quick_examples(current.max_examples)
             fn._hypothesis_internal_use_settings = settings(current, max_examples=fn._quick_examples)
+
+
+# ----------------------------------------------------------------------------- where the time goes
+# `VITPE_TEST_CPU=FILE python -m pytest -n 0 ...`: one line per test appended to FILE, the CPU
+# seconds the whole machine spent during it (Linux's /proc/stat, so the Streamlit servers and the
+# chromium processes a test drives count too, which the test process's own times leave out) and
+# its wall seconds. Meaningful with one worker (`-n 0`) on an otherwise idle machine; a module's
+# server and browser start are counted in its first test.
+CPU_LOG_ENV = "VITPE_TEST_CPU"
+
+
+def _machine_busy_s() -> float:
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")     # all but idle and iowait
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    log = os.environ.get(CPU_LOG_ENV)
+    if not log or not Path("/proc/stat").exists():
+        yield
+        return
+    busy, t0 = _machine_busy_s(), time.monotonic()
+    yield
+    with open(log, "a") as f:
+        f.write(f"{_machine_busy_s() - busy:.1f}\t{time.monotonic() - t0:.1f}\t{item.nodeid}\n")
 
 
 # ----------------------------------------------------------------------------- AppTest
