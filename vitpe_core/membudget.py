@@ -210,7 +210,7 @@ class Budget:
     def make_room(self, nbytes: int, why: str = "") -> list[tuple[str, Hashable]]:
         """Evict least recently used entries until `nbytes` more would fit (or nothing is left),
         before a big allocation that is not an entry yet (an upload on its way); returns what went."""
-        return self._make_room(nbytes, why, keep=False)
+        return self._make_room(nbytes, why)
 
     @contextlib.contextmanager
     def reserve(self, nbytes: int, why: str = "") -> Iterator[None]:
@@ -219,18 +219,18 @@ class Budget:
         meanwhile evict each other instead of growing back into it (issue 30's load test:
         50 sessions refilled the room during a 60 s import, and the build's peak came on top).
         The room is made and counted under one lock: no entry slips in between."""
-        self._make_room(nbytes, why, keep=True)
+        self._make_room(nbytes, why, reserve=nbytes)
         try:
             yield
         finally:
             with self._lock:
                 self.reserved -= nbytes
 
-    def _make_room(self, nbytes: int, why: str, keep: bool) -> list[tuple[str, Hashable]]:
+    def _make_room(self, nbytes: int, why: str, reserve: int = 0) -> list[tuple[str, Hashable]]:
+        """Evict for `nbytes` and count `reserve` of them as reserved, under one lock."""
         with self._lock:
             evicted = self._evict_for(nbytes)
-            if keep:
-                self.reserved += nbytes
+            self.reserved += reserve
         for name, k in evicted:
             log.info("memory budget: evicted %s %s (least recently used) to make room for %s (%.1f MiB)",
                      name, _short(k), why or "a new entry", nbytes / 2**20)
