@@ -129,7 +129,7 @@ def save_checkpoint(path: str | Path, model: ViT, *, metrics: dict | None = None
     metrics = metrics or {}
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION,
             "config": model.cfg.to_json(), "metrics": json.dumps(metrics, sort_keys=True)}
-    # streamed to the file: safetensors` `save` (bytes) would hold the whole file in memory once more
+    # streamed to the file: safetensors' `save` (bytes) would hold the whole file in memory once more
     atomic_write(path, lambda tmp: st_save_file(tensors, str(tmp), metadata=meta))
     sidecar = {"config": model.cfg.to_dict(), "metrics": metrics}
     atomic_write_bytes(sidecar_path(path), (json.dumps(sidecar, indent=1, sort_keys=True) + "\n").encode())
