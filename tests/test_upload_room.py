@@ -1,6 +1,7 @@
 """A big upload gets room in the one memory budget before Streamlit reads its bytes
 (pages/common/upload_room.py, issue 30): the middleware evicts least recently used entries for
-the declared length of a PUT to Streamlit's upload route, then passes the request on whole;
+the bytes of a PUT to Streamlit's upload route as they arrive (a step ahead of them, never more
+than the declared length), and passes the request on whole;
 small uploads, requests for a session the server does not have, uploads over Streamlit's
 limit and other requests pass untouched; app.py's server has the middleware."""
 from __future__ import annotations
@@ -59,18 +60,27 @@ def budget(monkeypatch):
     return b
 
 
-def call(s: dict, body: bytes = b"x" * 1024) -> dict:
-    """Run the middleware on one request; what the app behind it saw."""
-    seen: dict = {}
+def call(s: dict, body: bytes = b"x" * 1024, parts: int = 1) -> dict:
+    """Run the middleware on one request whose body arrives in `parts` messages; what the app
+    behind it saw (the budget's total before each message it read, and after the last)."""
+    seen: dict = {"totals_mib": []}
+    chunks = [body[i * len(body) // parts:(i + 1) * len(body) // parts] for i in range(parts)]
 
     async def app(scope, receive, send):
-        seen["total_mib"] = membudget.shared().total / MIB
-        seen["body"] = (await receive())["body"]
+        got = b""
+        while True:
+            seen["totals_mib"].append(membudget.shared().total / MIB)
+            message = await receive()
+            got += message["body"]
+            if not message["more_body"]:
+                break
+        seen["total_mib"], seen["body"] = membudget.shared().total / MIB, got
         await send({"type": "http.response.start", "status": 204, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 
     async def receive():
-        return {"type": "http.request", "body": body, "more_body": False}
+        part = chunks.pop(0)
+        return {"type": "http.request", "body": part, "more_body": bool(chunks)}
 
     sent: list = []
 
@@ -82,13 +92,25 @@ def call(s: dict, body: bytes = b"x" * 1024) -> dict:
     return seen
 
 
-def test_a_big_upload_evicts_the_least_recently_used_before_its_bytes_are_read(budget):
+def test_a_big_upload_evicts_the_least_recently_used_as_its_bytes_arrive(budget):
+    """Room for each step (`STEP_BYTES` ahead of the bytes received) is made before the bytes
+    that need it are handed on, for all the bytes so far: 70 MiB in seven parts into a budget
+    holding 90 of 100 MiB evicts the two least recently used entries, one at a time."""
     budget.pool("traces").get("old")                       # now the most recent: "middle" goes first
-    seen = call(scope(length=40 * MIB))
-    assert seen["total_mib"] == 60 and seen["status"] == 204 and seen["body"] == b"x" * 1024
-    assert budget.pool("traces").keys() == ["new", "old"]
-    seen = call(scope(length=90 * MIB))
-    assert seen["total_mib"] == 0                          # all of it, if that is what it takes
+    body = b"x" * (70 * MIB)
+    seen = call(scope(length=len(body)), body, parts=7)
+    assert seen["status"] == 204 and seen["body"] == body
+    # room for 16 MiB at the first 10 (middle goes), 32 at 20, 48 at 40 (new goes), 64 at 50, 70 at 70
+    assert seen["totals_mib"] == [90, 60, 60, 60, 30, 30, 30] and seen["total_mib"] == 30
+    assert budget.pool("traces").keys() == ["old"]
+
+
+def test_a_declared_length_the_body_does_not_bear_out_evicts_one_step_at_most(budget):
+    """A PUT that declares 190 MB and sends 1 KiB (a lying client, or a cancelled upload): room
+    for one step, not for the declared length; every entry used to go."""
+    seen = call(scope(length=190 * MIB))
+    assert seen["status"] == 204 and seen["body"] == b"x" * 1024
+    assert seen["total_mib"] == 60 and budget.pool("traces").keys() == ["middle", "new"]
 
 
 def test_small_uploads_and_other_requests_pass_untouched(budget):
