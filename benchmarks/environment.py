@@ -78,15 +78,6 @@ def cpp_kernel_state() -> str:
     return "fused C++ kernel" if _kernels.available() else "eager PyTorch (kernel build failed)"
 
 
-def busy_cpu_s() -> float | None:
-    """Seconds all CPUs spent busy since boot (/proc/stat: all but idle and iowait), None without it."""
-    try:
-        f = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    except (OSError, ValueError):
-        return None
-    return (sum(f[:8]) - f[3] - f[4]) / os.sysconf("SC_CLK_TCK")
-
-
 def own_cpu_s() -> float:
     """CPU seconds of this process and its finished children (the memory subprocess)."""
     t = os.times()

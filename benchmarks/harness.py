@@ -8,8 +8,9 @@ scripts/screenshots.py share:
   through playwright, sync or async), `wait_script_run` (until a Streamlit script run
   finished), the share-link and page helpers (`share_url`, `click_point`, `url_params`,
   `patch_label`, `full_page_screenshot`);
-* the machine: `free_port`, `proc_memory` (VmHWM / VmRSS), `background_jobs` (running
-  `vitpe_core train` processes, which compete for the CPUs);
+* the machine: `free_port`, `busy_cpu_s` (the whole machine's busy CPU seconds), `proc_memory`
+  (VmHWM / VmRSS), `background_jobs` (running `vitpe_core train` processes, which compete for the
+  CPUs);
 * checkpoints: `write_random_checkpoints` (the random-weight set the tests, the load test and
   the benchmark use where no trained checkpoint is at hand) and `checkpoint_grids`.
 
@@ -43,6 +44,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def busy_cpu_s() -> float | None:
+    """Seconds all CPUs spent busy since boot (/proc/stat: all but idle and iowait), None without it."""
+    try:
+        f = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (sum(f[:8]) - f[3] - f[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def proc_memory(pid: int) -> dict[str, float]:

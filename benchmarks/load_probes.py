@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks.harness import proc_memory
+from benchmarks.harness import busy_cpu_s, proc_memory
 
 
 def cpu_model() -> str:
@@ -40,12 +40,9 @@ def cpu_seconds(pid: int) -> float:
 
 
 def machine_busy_seconds() -> float:
-    """Busy (non-idle) CPU seconds of the whole machine so far, all cores (/proc/stat)."""
-    try:
-        ticks = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    except OSError:
-        return 0.0
-    return (sum(ticks) - ticks[3] - (ticks[4] if len(ticks) > 4 else 0)) / os.sysconf("SC_CLK_TCK")
+    """Busy (non-idle) CPU seconds of the whole machine so far, all cores (`harness.busy_cpu_s`;
+    0 without /proc/stat)."""
+    return busy_cpu_s() or 0.0
 
 
 class MemorySampler(threading.Thread):

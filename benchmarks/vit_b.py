@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from benchmarks.clicks import bias_page_compute, click_patches, compare_page_compute
-from benchmarks.environment import busy_cpu_s, environment, own_cpu_s
-from benchmarks.harness import background_jobs, proc_memory
+from benchmarks.environment import environment, own_cpu_s
+from benchmarks.harness import background_jobs, busy_cpu_s, proc_memory
 from benchmarks.memory import probe_process
 from benchmarks.timing import Plan, percentiles, timed_kinds
 from vitpe_core import analysis, inputs

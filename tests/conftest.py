@@ -30,7 +30,7 @@ import torch  # noqa: E402  (after the thread settings above)
 if _WORKER:
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
-from benchmarks.harness import APP_ENCODINGS, write_random_checkpoints  # noqa: E402  (imports torch)
+from benchmarks.harness import APP_ENCODINGS, busy_cpu_s, write_random_checkpoints  # noqa: E402  (imports torch)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -164,21 +164,17 @@ def pytest_collection_modifyitems(config, items) -> None:
 CPU_LOG_ENV = "VITPE_TEST_CPU"
 
 
-def _machine_busy_s() -> float:
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")     # all but idle and iowait
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     log = os.environ.get(CPU_LOG_ENV)
-    if not log or not Path("/proc/stat").exists():
+    busy = busy_cpu_s() if log else None
+    if busy is None:                 # not asked for, or no /proc/stat
         yield
         return
-    busy, t0 = _machine_busy_s(), time.monotonic()
+    t0 = time.monotonic()
     yield
     with open(log, "a") as f:
-        f.write(f"{_machine_busy_s() - busy:.1f}\t{time.monotonic() - t0:.1f}\t{item.nodeid}\n")
+        f.write(f"{busy_cpu_s() - busy:.1f}\t{time.monotonic() - t0:.1f}\t{item.nodeid}\n")
 
 
 # ----------------------------------------------------------------------------- AppTest
