@@ -45,6 +45,10 @@ RUN mkdir -p "$VITPE_UPLOAD_DIR"
 # The fused kernel, built now into the user's torch extension cache, so that no visitor waits for
 # the compiler (about 15 s on 2 cores); the server's warm-up then only loads it.
 RUN python -m vitpe_core kernel
+# The app's own modules as bytecode: PYTHONDONTWRITEBYTECODE (above) keeps Python from writing it
+# while the app runs, so without this every start of the container would compile them again
+# (pip compiled the installed packages already).
+RUN python -m compileall -q app.py pages vitpe_core
 
 EXPOSE 8501
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \

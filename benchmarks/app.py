@@ -3,13 +3,16 @@ app.py`) cold, in the browser, and its memory.
 
 Cold start: to `/_stcore/health` and to `GET /` (HTTP), and in headless Debian chromium
 (playwright) to the first element and to the end of the first script run, median over
-`plan.app_runs` starts. In the last run: patch changes end to end on the bias and compare pages
-(informational), and the server's resident memory (VmHWM / VmRSS) after the first page, the
-compare page, and the compare page showing every listed checkpoint. The server and browser
-helpers are `benchmarks.harness`'s.
+`plan.app_runs` starts, the app's modules compiled to bytecode first (`compile_bytecode`). After
+each, the floor: `FLOOR_APP`, a two-line Streamlit app, started and timed the same way (what
+Streamlit and chromium alone take on this machine). In the last run: patch changes end to end
+on the bias and compare pages (informational), and the server's resident memory (VmHWM /
+VmRSS) after the first page, the compare page, and the compare page showing every listed
+checkpoint. The server and browser helpers are `benchmarks.harness`'s.
 """
 from __future__ import annotations
 
+import compileall
 import contextlib
 import logging
 import time
@@ -20,13 +23,45 @@ from urllib.parse import quote
 import numpy as np
 
 from benchmarks.checkpoints import CheckpointSet, app_default
-from benchmarks.harness import (Server, chromium_or_reason, launch_chromium, patch_label, proc_memory,
+from benchmarks.harness import (REPO, Server, chromium_or_reason, launch_chromium, patch_label, proc_memory,
                                 streamlit_server, wait_script_run)
 from benchmarks.timing import Plan
 from vitpe_core.checkpoint import listed_checkpoints, load_checkpoint, resolve_checkpoint
 from vitpe_core.viewstate import show_value
 
 log = logging.getLogger(__name__)
+
+# The floor of a cold start: a Streamlit app that imports nothing else and draws a title and a line.
+FLOOR_APP = 'import streamlit as st\n\nst.title("Floor")\nst.write("A two-line Streamlit app.")\n'
+# What the app's server imports from the repository (compiled before the cold starts).
+APP_SOURCES = ("app.py", "pages", "vitpe_core")
+
+
+def compile_bytecode() -> float:
+    """Compile the app's own modules to bytecode (`__pycache__`, ignored by git), as installing a
+    package does (pip compiles what it installs) and a checkout's first start does where Python
+    may write bytecode: no timed start compiles them, also where PYTHONDONTWRITEBYTECODE is set
+    (this project's machines, the Dockerfile), which keeps Python from writing them but not from
+    reading them. Returns the seconds it took."""
+    t0 = time.perf_counter()
+    for name in APP_SOURCES:
+        path = REPO / name
+        ok = (compileall.compile_dir(path, quiet=1) if path.is_dir() else compileall.compile_file(path, quiet=1))
+        if not ok:
+            raise RuntimeError(f"compileall failed on {path}")
+    return time.perf_counter() - t0
+
+
+def first_page(browser, server: Server) -> tuple[Any, dict[str, float]]:
+    """Open the server's `/` in a new tab of `browser`: (the page, seconds from the server's
+    process start to the first `h1` shown and to the end of the first script run)."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(server.url + "/")
+    page.locator("h1").first.wait_for(state="visible", timeout=180_000)
+    times = {"first_element_s": time.perf_counter() - server.started}
+    wait_script_run(page)
+    times["first_run_s"] = time.perf_counter() - server.started
+    return page, times
 
 
 def e2e_patch_changes(page, n: int, grid: tuple[int, int], start: tuple[int, int], prefix: str = "bias") -> list[float]:
@@ -50,9 +85,12 @@ def bench_app(plan: Plan, cs: CheckpointSet, workdir: Path) -> dict:
     run: patch changes on the bias page, the compare page with every checkpoint, its memory."""
     exe, reason = chromium_or_reason()
     runs: list[dict] = []
+    floor: list[dict] = []
     out: dict[str, Any] = {"checkpoints": cs.names, "listed": listed_checkpoints(cs.root), "fresh": cs.fresh,
                            "default": app_default(cs),
-                           "browser": reason is None, "browser_reason": reason}
+                           "browser": reason is None, "browser_reason": reason, "bytecode_s": compile_bytecode()}
+    floor_app = workdir / "floor_app.py"
+    floor_app.write_text(FLOOR_APP)
     with contextlib.ExitStack() as stack:
         browser = None
         if exe is not None:
@@ -68,20 +106,25 @@ def bench_app(plan: Plan, cs: CheckpointSet, workdir: Path) -> dict:
             last = i == plan.app_runs - 1
             log.info("app cold start %d/%d", i + 1, plan.app_runs)
             with streamlit_server(cs.root, log=workdir / f"streamlit-{i}.log", timeout=120) as server:
-                run, t0 = dict(server.ready), server.started
+                run = dict(server.ready)
                 if browser is not None:
-                    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-                    page.goto(server.url + "/")
-                    page.locator("h1").first.wait_for(state="visible", timeout=180_000)
-                    run["first_element_s"] = time.perf_counter() - t0
-                    wait_script_run(page)
-                    run["first_run_s"] = time.perf_counter() - t0
-                    run["after_first_page_mib"] = proc_memory(server.pid)
+                    page, times = first_page(browser, server)
+                    run.update(times, after_first_page_mib=proc_memory(server.pid))
                     if last:
                         out.update(_browse(page, server, plan, cs, out["listed"]))
                     page.close()
                 runs.append(run)
+            if browser is not None:          # the floor, right after: the same machine's state
+                with streamlit_server(cs.root, log=workdir / f"streamlit-floor-{i}.log", timeout=120,
+                                      script=floor_app) as server:
+                    page, times = first_page(browser, server)
+                    page.close()
+                    floor.append({**server.ready, **times})
     out["runs"] = runs
+    if floor:
+        out["floor_runs"] = floor
+        out["floor_first_run_s"] = float(np.median([r["first_run_s"] for r in floor]))
+        out["floor_first_run_max_s"] = max(r["first_run_s"] for r in floor)
     for key in ("health_s", "get_root_s", "first_element_s", "first_run_s"):
         values = [r[key] for r in runs if key in r]
         if values:

@@ -160,15 +160,16 @@ def wait_http(server: Server, timeout: float = 60.0) -> dict[str, float]:
 @contextlib.contextmanager
 def streamlit_server(checkpoints: str | Path, *, port: int | None = None, log: Path | None = None,
                      timeout: float = 60.0, args: Sequence[str] = (), env: dict[str, str] | None = None,
-                     prefix: Sequence[str] = ()) -> Iterator[Server]:
+                     prefix: Sequence[str] = (), script: str | Path = "app.py") -> Iterator[Server]:
     """`python -m streamlit run app.py` on 127.0.0.1 with `VITPE_CHECKPOINTS=checkpoints`, in its
     own process group; yields once it answers HTTP (`server.ready`: `wait_http`'s timings) and
     always stops it. `args`: more `streamlit run` options; `env`: more environment variables;
-    `prefix`: a command that runs the server (it must exec it, so the pid stays the server's)."""
+    `prefix`: a command that runs the server (it must exec it, so the pid stays the server's);
+    `script`: another script to serve, still from the repository root (its `.streamlit/config.toml`)."""
     port = port or free_port()
     log = log or Path(tempfile.mkstemp(prefix="vitpe-streamlit-", suffix=".log")[1])
     env = {**os.environ, "VITPE_CHECKPOINTS": str(checkpoints), "PYTHONUNBUFFERED": "1", **(env or {})}
-    cmd = [*prefix, sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
+    cmd = [*prefix, sys.executable, "-m", "streamlit", "run", str(script), "--server.headless", "true",
            "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", *args]
     with open(log, "wb") as out:
         started = time.perf_counter()

@@ -184,11 +184,19 @@ def md_app(res: dict) -> list[str]:
             each = ", ".join(fmt(r["first_run_s"], "s") for r in app["runs"] if "first_run_s" in r)
             rows += [[f"first script run complete (chromium), slowest of the {len(app['runs'])} ({each})",
                       fmt(app["first_run_max_s"], "s")]]
+        if "floor_first_run_s" in app:    # what Streamlit and chromium alone take here
+            each = ", ".join(fmt(r["first_run_s"], "s") for r in app["floor_runs"])
+            rows += [["floor: a two-line Streamlit app, first script run complete (chromium)",
+                      fmt(app["floor_first_run_s"], "s")],
+                     [f"floor, slowest of the {len(app['floor_runs'])} ({each})",
+                      fmt(app["floor_first_run_max_s"], "s")]]
         if "compare_first_run_s" in app:
             loaded = len(app["checkpoints"]) if "after_compare_all" in app else len(listed(app))
             rows += [[f"compare page, first run: {loaded} checkpoints loaded, the default "
                       f"{len(app['checkpoints'])} shown (after the bias page)", fmt(app["compare_first_run_s"], "s")]]
     out += [md_table(["measure", "median"], rows), ""] + T.lines("app.http")
+    if app["browser"] and "floor_first_run_s" in app:
+        out += T.lines("app.floor")
     if not app["browser"]:
         out += T.lines("app.no_browser", reason=app["browser_reason"])
     if app.get("e2e_bias"):

@@ -41,6 +41,10 @@ chown -R "$UID_:$UID_" "$APP" "$HOME_1000"
 (cd "$APP" && setpriv --reuid "$UID_" --regid "$UID_" --clear-groups \
   env -i PATH="$VENV/bin:/usr/bin:/bin" HOME="$HOME_1000" "$VENV/bin/python" -m vitpe_core kernel)
 
+# RUN python -m compileall -q app.py pages vitpe_core   (as uid 1000)
+(cd "$APP" && setpriv --reuid "$UID_" --regid "$UID_" --clear-groups \
+  env -i PATH="$VENV/bin:/usr/bin:/bin" HOME="$HOME_1000" "$VENV/bin/python" -m compileall -q app.py pages vitpe_core)
+
 # CMD ["streamlit", "run", "app.py", "--server.address", "0.0.0.0", "--server.port", "8501", "--server.fileWatcherType", "none"]
 cd "$APP"
 setpriv --reuid "$UID_" --regid "$UID_" --clear-groups \

@@ -96,7 +96,9 @@ def fake_results(*, mode: str = "full", skip_app: bool = False) -> dict:
                       "first_run_max_s": run["first_run_s"],
                       "compare_first_run_s": 3.0, "after_compare": {"VmHWM": 450.0, "VmRSS": 380.0},
                       "after_compare_all": mem, "e2e_bias": [300.0, 310.0],
-                      "e2e_compare": [900.0]}
+                      "e2e_compare": [900.0],
+                      "floor_runs": [{"health_s": 0.9, "get_root_s": 1.0, "first_element_s": 2.9, "first_run_s": 3.0}],
+                      "floor_first_run_s": 3.0, "floor_first_run_max_s": 3.0}
     return res
 
 
@@ -163,6 +165,8 @@ def test_report_has_every_section_target_and_verdict():
     assert "| compare | all 10 | new image (cold traces) | 8 | 200.0 | 400.0 |" in clicks
     app = md_section(md, "## 4. App cold start")
     assert "| first script run complete (chromium) | 7.00 s |" in app and "Patch change end to end" in app
+    assert "| floor: a two-line Streamlit app, first script run complete (chromium) | 3.00 s |" in app
+    assert "| floor, slowest of the 1 (3.00 s) | 3.00 s |" in app and "`benchmarks.app.FLOOR_APP`" in app
     memory = md_section(md, "## 5. Peak memory")
     assert "| app server after the compare page (the default 10 shown and loaded) | 450 | 380 |" in memory
     assert "| app server after the compare page (then all 12 listed shown and loaded) | 500 | 400 |" in memory
@@ -171,6 +175,20 @@ def test_report_has_every_section_target_and_verdict():
     assert "| app server peak resident (VmHWM) with all 12 listed checkpoints loaded (compare page) | 500 MiB |" in md
     machine = md_section(md, "## Machine and run")
     assert "pid 7 `vitpe_core train --encoding none`: running" in machine and "| load average" in machine
+
+
+def test_the_benchmark_compiles_what_the_dockerfile_compiles_and_the_floor_app_draws_a_title(tmp_path):
+    """Cold starts are timed with the app's modules compiled to bytecode, as the image has them
+    (its PYTHONDONTWRITEBYTECODE keeps the server from writing any): the same modules both ways.
+    The floor app is a Streamlit script with the `h1` the timing waits for."""
+    from benchmarks.app import APP_SOURCES, FLOOR_APP
+
+    runs = [line.split() for line in (REPO / "Dockerfile").read_text().splitlines()
+            if line.startswith("RUN python -m compileall")]
+    assert len(runs) == 1 and runs[0][-len(APP_SOURCES):] == list(APP_SOURCES), runs
+    assert "PYTHONDONTWRITEBYTECODE=1" in (REPO / "Dockerfile").read_text()
+    compile(FLOOR_APP, "floor_app.py", "exec")
+    assert "st.title(" in FLOOR_APP and "import torch" not in FLOOR_APP
 
 
 def test_report_of_a_quick_run_without_the_app():
