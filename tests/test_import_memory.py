@@ -170,6 +170,27 @@ def test_spending_the_files_tensors_leaves_every_weight_as_it_was(dtype):
         assert all(v.numel() == 0 for v in mine.values() if v.is_floating_point()), name   # Swin's too
 
 
+@pytest.mark.parametrize("dtype, hold", [(torch.float32, False), (torch.float16, True)])
+def test_a_callers_state_dict_and_the_imported_model_share_no_memory(dtype, hold):
+    """`import_state_dict` of a caller's own state dict (a notebook's `timm_model.state_dict()`)
+    loads its weights by assignment; the model then takes memory of its own (`own_memory`):
+    changing the caller's tensors in place changes nothing in the model, in float32 and in the
+    half precision it holds, in every reference layout (Swin's too)."""
+    for name, sd, kw in _reference_cases():
+        mine = {k: (v.to(dtype) if v.is_floating_point() else v).clone() for k, v in sd.items()}
+        model = import_state_dict(mine, hold=hold, **kw).model
+        theirs = {v.untyped_storage().data_ptr() for v in mine.values() if v.numel()}
+        weights = model.state_dict()
+        shared = [k for k, v in weights.items() if v.numel() and v.untyped_storage().data_ptr() in theirs]
+        assert not shared, (name, shared[:4])
+        before = {k: v.clone() for k, v in weights.items()}
+        with torch.no_grad():
+            for v in mine.values():
+                if v.is_floating_point():
+                    v.add_(1)
+        assert all(torch.equal(weights[k], v) for k, v in before.items()), name
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_a_half_precision_file_imported_held_is_its_float32_import_bit_for_bit(dtype, tmp_path):
     """`import_state_dict(hold=True)` (the app's and the CLI's imports) loads the layer weights in

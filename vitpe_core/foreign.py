@@ -164,6 +164,26 @@ def upcast(weights: Mapping[str, torch.Tensor], spent: Mapping[str, torch.Tensor
     return out
 
 
+def own_memory(model: torch.nn.Module, given: Mapping[str, torch.Tensor]) -> int:
+    """Give every parameter and buffer of `model` that shares memory with one of `given`'s
+    tensors (a caller's state dict, its weights loaded by assignment) memory of its own, so
+    that the caller's tensors and the model never change each other (a parameter shared by two
+    modules stays shared). Returns how many it copied."""
+    theirs = {_memory(t) for t in given.values() if isinstance(t, torch.Tensor) and t.numel()}
+    copies: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for store in (module._parameters, module._buffers):
+            for name, t in list(store.items()):
+                if t is None or not t.numel() or _memory(t) not in theirs:
+                    continue
+                if id(t) not in copies:
+                    data = t.detach().clone()
+                    copies[id(t)] = (torch.nn.Parameter(data, requires_grad=t.requires_grad)
+                                     if isinstance(t, torch.nn.Parameter) else data)
+                store[name] = copies[id(t)]
+    return len(copies)
+
+
 def _memory(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 

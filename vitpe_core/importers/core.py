@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from ..checkpoint import CheckpointError, clean_state_dict, load_weights
-from ..foreign import source_dtype, upcast
+from ..foreign import own_memory, source_dtype, upcast
 from ..held_precision import HALF, held_names, hold_weights
 from ..model import ViT, empty_model
 from ..swin.convert import import_swin, is_swin
@@ -91,6 +91,8 @@ def import_state_dict(state_dict: Mapping[str, torch.Tensor], *, family: str = "
     `hf_config`). `window`: a timm Swin-V2's window, where no timm config.json says it.
     `consume`: `state_dict` is the importer's to spend (`import_file`'s, read from a file; never a
     caller's own): a ViT's tensors are emptied as their float32 copies are made (`upcast`).
+    Without it the model shares no memory with `state_dict` (`foreign.own_memory`): changing one
+    never changes the other.
     `hold`: a float16 / bfloat16 file's layer weights stay in its precision and are computed in
     float32 (`held_precision`, bit-identical outputs, half the memory): a ViT's are loaded so, and
     never have a float32 copy (the app's imports: a ViT-B/16 in float16 peaked at 165 + 330 MiB)."""
@@ -111,6 +113,8 @@ def import_state_dict(state_dict: Mapping[str, torch.Tensor], *, family: str = "
                                   held=held, spent=sd if consume else None)
         if held:
             hold_weights(model, held)
+        if not consume:
+            own_memory(model, state_dict)     # the caller's tensors stay the caller's
         return Imported(model.eval(), **info)
     if window is not None:
         raise CheckpointError("--window is for timm Swin-V2 files (its window is not in the keys); this file has "
@@ -146,6 +150,8 @@ def import_state_dict(state_dict: Mapping[str, torch.Tensor], *, family: str = "
     load_weights(model, weights, f"{family} state dict", assign=True)
     if held:
         hold_weights(model, held)    # the weights loaded in `held`, and float32 ones exact in it
+    if not consume:
+        own_memory(model, state_dict)    # loaded by assignment: the caller's tensors stay the caller's
     pre = _preprocess(family, hf_config, norm, crop_pct)
     n = model.cfg.num_classes
     names = (given_class_names(class_names, n, labels_name) if class_names is not None
