@@ -48,7 +48,8 @@ def compile_bytecode() -> float:
         path = REPO / name
         ok = (compileall.compile_dir(path, quiet=1) if path.is_dir() else compileall.compile_file(path, quiet=1))
         if not ok:
-            raise RuntimeError(f"compileall failed on {path}")
+            raise RuntimeError(f"could not compile {path} to bytecode (a syntax error, or a folder this user cannot "
+                               f"write; compileall's output above says which): each timed start would compile it")
     return time.perf_counter() - t0
 
 
