@@ -184,10 +184,13 @@ def test_a_callers_state_dict_and_the_imported_model_share_no_memory(dtype, hold
         shared = [k for k, v in weights.items() if v.numel() and v.untyped_storage().data_ptr() in theirs]
         assert not shared, (name, shared[:4])
         before = {k: v.clone() for k, v in weights.items()}
+        x = torch.randn(1, 3, *model.cfg.img_size, generator=torch.Generator().manual_seed(0))
         with torch.no_grad():
+            out = model(x)
             for v in mine.values():
                 if v.is_floating_point():
                     v.add_(1)
+            assert torch.equal(model(x), out), name             # no tensor of theirs is used, kept anywhere
         assert all(torch.equal(weights[k], v) for k, v in before.items()), name
 
 
