@@ -23,6 +23,7 @@ import torch
 from safetensors import safe_open
 
 from .checkpoint import SUFFIX, CheckpointError
+from .held_precision import held_names
 
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 NPZ_MAX_EXPANSION = 20   # a compressed .npz may hold up to this many times its size (weights compress ~1.1x)
@@ -162,6 +163,12 @@ def upcast(weights: Mapping[str, torch.Tensor], spent: Mapping[str, torch.Tensor
         if not pending[mem]:
             _empty(holders.pop(mem, []), kept)
     return out
+
+
+def held_keep(model: torch.nn.Module, dtype: torch.dtype | None) -> tuple[set[str], torch.dtype] | None:
+    """`upcast`'s `keep` for `model`: the weights `held_precision.hold_weights` will hold, in `dtype`
+    (None: none held)."""
+    return None if dtype is None else (held_names(model), dtype)
 
 
 def own_memory(model: torch.nn.Module, given: Mapping[str, torch.Tensor]) -> int:

@@ -9,8 +9,8 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from ..checkpoint import CheckpointError, clean_state_dict, load_weights
-from ..foreign import own_memory, source_dtype, upcast
-from ..held_precision import HALF, held_names, hold_weights
+from ..foreign import held_keep, own_memory, source_dtype, upcast
+from ..held_precision import HALF, hold_weights
 from ..model import ViT, empty_model
 from ..swin.convert import import_swin, is_swin
 from . import beit, clip, dinov2, dinov3, timm_beit, timm_clip, timm_dinov3, timm_eva, timm_hub
@@ -111,10 +111,7 @@ def import_state_dict(state_dict: Mapping[str, torch.Tensor], *, family: str = "
         model, info = import_swin(sd, hf_config, notes=[], class_names=class_names, img_size=img_size,
                                   norm=NORMS[norm] if norm else None, crop_pct=crop_pct, window=window,
                                   held=held, spent=sd if consume else None)
-        if held:
-            hold_weights(model, held)
-        if not consume:
-            own_memory(model, state_dict)     # the caller's tensors stay the caller's
+        _settle(model, held, None if consume else state_dict)
         return Imported(model.eval(), **info)
     if window is not None:
         raise CheckpointError("--window is for timm Swin-V2 files (its window is not in the keys); this file has "
@@ -138,20 +135,17 @@ def import_state_dict(state_dict: Mapping[str, torch.Tensor], *, family: str = "
                                   "and its keys' (docs/importing.md)")
         cfg, weights, family = CONVERTERS[family](sd, hf_config or {}, img_size=img_size, heads=heads, notes=notes)
         model = empty_model(cfg)           # filled by assignment below: never held twice
-        weights = _encoding_names(model, upcast(weights, sd if consume else None, _keep(model, held)))
+        weights = _encoding_names(model, upcast(weights, sd if consume else None, held_keep(model, held)))
     elif family in TIMM_FAMILIES:
         cfg, weights, family = TIMM_CONVERTERS[family](sd, hf_config or {}, img_size=img_size, heads=heads, pool=pool,
                                                        notes=notes)
         model = empty_model(cfg)           # filled by assignment below: never held twice
-        weights = _encoding_names(model, upcast(weights, sd if consume else None, _keep(model, held)))
+        weights = _encoding_names(model, upcast(weights, sd if consume else None, held_keep(model, held)))
     else:
         model, weights, family = _timm_model(sd, family, img_size, heads, hf_config, pool, notes, act, consume, held)
     place_encoding_params(model, weights)
     load_weights(model, weights, f"{family} state dict", assign=True)
-    if held:
-        hold_weights(model, held)    # the weights loaded in `held`, and float32 ones exact in it
-    if not consume:
-        own_memory(model, state_dict)    # loaded by assignment: the caller's tensors stay the caller's
+    _settle(model, held, None if consume else state_dict)
     pre = _preprocess(family, hf_config, norm, crop_pct)
     n = model.cfg.num_classes
     names = (given_class_names(class_names, n, labels_name) if class_names is not None
@@ -162,9 +156,14 @@ def import_state_dict(state_dict: Mapping[str, torch.Tensor], *, family: str = "
     return Imported(model.eval(), family, names, pre, notes, dtype)
 
 
-def _keep(model: ViT, dtype: torch.dtype | None) -> tuple[set[str], torch.dtype] | None:
-    """`upcast`'s `keep`: the model's weights that `hold_weights` holds, in `dtype` (None: none)."""
-    return None if dtype is None else (held_names(model), dtype)
+def _settle(model: torch.nn.Module, held: torch.dtype | None, given: Mapping[str, torch.Tensor] | None) -> None:
+    """After the weights are loaded by assignment: hold the layer weights loaded in `held` (and
+    float32 ones exact in it), and give the model memory of its own wherever it shares some with
+    `given`, a caller's state dict (None: the importer's own, spent), so the caller's tensors stay theirs."""
+    if held:
+        hold_weights(model, held)
+    if given is not None:
+        own_memory(model, given)
 
 
 def _encoding_names(model: ViT, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -218,7 +217,7 @@ def _timm_model(sd, family, img_size, heads, hf_config, pool, notes, act=None, c
             raise
         cfg, sd = timm_config(sd, family, img_size=timm_hub.img_size(hf_config), **kw)
     model = empty_model(cfg)
-    weights = upcast(sd, given if consume else None, _keep(model, held))
+    weights = upcast(sd, given if consume else None, held_keep(model, held))
     if "freqs" in weights:
         weights["rope_freqs"] = rope_freqs(weights.pop("freqs"), cfg.heads)
     if "patch_embed.proj.bias" not in weights:

@@ -31,8 +31,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import torch
 
 from ..checkpoint import CheckpointError, clean_state_dict, load_weights
-from ..foreign import source_dtype, upcast
-from ..held_precision import held_names
+from ..foreign import held_keep, source_dtype, upcast
 from .config import SwinConfig, build_windows
 from .model import SwinTransformer
 from .timm_layout import check_windows, convert as convert_timm, is_timm_swin
@@ -112,8 +111,7 @@ def import_swin(state_dict: Mapping[str, torch.Tensor], hf_config: Mapping[str, 
         check_windows(cfg, name)
     with torch.device("meta"):                      # no buffers: every tensor comes from the file
         model = SwinTransformer(cfg, init_weights=False)
-    keep = None if held is None else (held_names(model), held)
-    load_weights(model, upcast(weights, spent, keep), name, assign=True)
+    load_weights(model, upcast(weights, spent, held_keep(model, held)), name, assign=True)
     model.eval()
     names = _class_names(cfg.num_classes, cfg_in, class_names, name)
     if names is None and cfg.num_classes:
