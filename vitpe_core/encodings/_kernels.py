@@ -18,8 +18,10 @@ written to memory:
   squared sum in a vector register. Only the descriptors and the line gates are kept
   (`(B, h, N, W + H)` values), not the eager path's two `N x N` `1/distance` buffers.
 * SaPE² backward: the distance gradient (recomputed distances, upper triangle, weight
-  `(G + Gᵀ)/distance` from the logits' gradient G), the line backward (read-out gradient,
-  gate cumsum, `σ′`), the gate gradient added into the logits' gradient.
+  `(G + Gᵀ)/distance` from the logits' gradient G, whose transpose is read in 8 x 8 tiles;
+  the descriptors' gradient summed a row of coordinates at a time, so no horizontal sums),
+  the line backward (read-out gradient, gate cumsum, `σ′`), the gate gradient added into the
+  logits' gradient.
 * CoPE forward / backward, keys in their own order: (gates from ATen's sigmoid) reverse cumsum,
   interpolation, bias added into the logits; backward scatter into the read-outs' gradient,
   cumsum, `σ′`, added into the logits' gradient.

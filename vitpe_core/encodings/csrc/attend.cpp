@@ -115,24 +115,6 @@ INL void sqdist_chunks(const T* sT, const T* si, int64_t c0, int64_t Np, int64_t
   }
 }
 
-// gi[k] += sum_n w[n] (s_i − s_n)[k], gT[k][n] −= w[n] (s_i − s_n)[k], n in [c0, Np).
-template <typename T>
-INL void dist_grad_chunks(const T* sT, const T* si, const T* w, int64_t c0, int64_t Np, int64_t m, T* gi, T* gT) {
-  typedef typename Chunk<T>::V V;
-  constexpr int C = Chunk<T>::C;
-  for (int64_t k = 0; k < m; ++k) {
-    V acc = {};
-    for (int64_t c = c0; c < Np; c += C) {
-      V t = vload<V>(w + c) * (si[k] - vload<V>(sT + k * Np + c));
-      acc += t;
-      vstore(gT + k * Np + c, vload<V>(gT + k * Np + c) - t);
-    }
-    T sum = 0;
-    for (int l = 0; l < C; ++l) sum += acc[l];
-    gi[k] += sum;
-  }
-}
-
 template <typename T>
 INL void transpose_pad(const T* s, int64_t N, int64_t Np, int64_t m, T* sT) {
   for (int64_t k = 0; k < m; ++k) {
@@ -188,13 +170,65 @@ INL void sape2_fwd_range(T* logits, const T* z, T* sx, T* sy, T* gx, T* gy, int6
 HOT void sape2_fwd_one(float* logits, const float* z, float* sx, float* sy, float* gx, float* gy, int64_t BH, int64_t Tt, int64_t P, int64_t H, int64_t W, int64_t np, int64_t b0, int64_t b1) { sape2_fwd_range<float>(logits, z, sx, sy, gx, gy, BH, Tt, P, H, W, np, b0, b1); }
 HOT void sape2_fwd_one(double* logits, const double* z, double* sx, double* sy, double* gx, double* gy, int64_t BH, int64_t Tt, int64_t P, int64_t H, int64_t W, int64_t np, int64_t b0, int64_t b1) { sape2_fwd_range<double>(logits, z, sx, sy, gx, gy, BH, Tt, P, H, W, np, b0, b1); }
 
+// The pair weights' source: Gs[i][n] = G[i][n] + G[n][i] (the distance is symmetric) for the
+// 8 x 8 tiles on and above the diagonal, Np columns, 0 past N; G's rows have stride Tt. A tile
+// of G's columns is read as tile rows instead of one strided element at a time. The weights
+// read only n > i.
+template <typename T>
+INL void symmetric_upper(const T* G, int64_t Tt, int64_t N, int64_t Np, T* Gs) {
+  constexpr int B = 8;
+  T tile[B][B];                                            // tile[b][a] = G[n0 + b][i0 + a]
+  for (int64_t i0 = 0; i0 < N; i0 += B)
+    for (int64_t n0 = i0; n0 < Np; n0 += B) {
+      const bool whole = n0 + B <= N && i0 + B <= N;
+      for (int b = 0; b < B; ++b)
+        for (int a = 0; a < B; ++a)
+          tile[b][a] = (whole || (n0 + b < N && i0 + a < N)) ? G[(n0 + b) * Tt + i0 + a] : T(0);
+      for (int a = 0; a < B && i0 + a < N; ++a) {
+        const int64_t i = i0 + a;
+        T* row = Gs + i * Np + n0;
+        for (int b = 0; b < B && n0 + b < Np; ++b)     // Np is a multiple of the chunk, not of B
+          row[b] = (whole || n0 + b < N) ? G[i * Tt + n0 + b] + tile[b][a] : T(0);
+      }
+    }
+}
+
+// Rows of s (N x m) copied into N x mp, each row zero-padded to mp (a multiple of the chunk).
+template <typename T>
+INL void pad_rows(const T* s, int64_t N, int64_t m, int64_t mp, T* out) {
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t k = 0; k < m; ++k) out[n * mp + k] = s[n * m + k];
+    for (int64_t k = m; k < mp; ++k) out[n * mp + k] = 0;
+  }
+}
+
+// Pairs i < n of one axis, rows of sP (N x mp): g_i += w[n] (s_i − s_n), g_n −= w[n] (s_i − s_n),
+// a chunk of coordinates at a time: the sums stay in vector lanes (the transposed layout the
+// distances use would end each row in horizontal sums, ~12 % of the backward).
+template <typename T>
+INL void pair_grad_rows(const T* sP, const T* w, int64_t i, int64_t N, int64_t mp, T* gP) {
+  typedef typename Chunk<T>::V V;
+  constexpr int C = Chunk<T>::C;
+  for (int64_t j = 0; j < mp; j += C) {
+    const V si = vload<V>(sP + i * mp + j);
+    V acc = {};
+    for (int64_t n = i + 1; n < N; ++n) {
+      const V t = w[n] * (si - vload<V>(sP + n * mp + j));
+      acc += t;
+      vstore(gP + n * mp + j, vload<V>(gP + n * mp + j) - t);
+    }
+    vstore(gP + i * mp + j, vload<V>(gP + i * mp + j) + acc);
+  }
+}
+
 template <typename T>
 INL void sape2_bwd_range(T* gl, const T* z, const T* sx, const T* sy, const T* gx, const T* gy, T* gz, int64_t BH, int64_t Tt, int64_t P, int64_t H, int64_t W, int64_t np, int64_t b0, int64_t b1) {
+  typedef typename Chunk<T>::V V;
   const int64_t N = H * W, M = np - 1, Z = 2 * np;
   constexpr int C = Chunk<T>::C;
-  const int64_t Np = (N + C - 1) / C * C;
-  std::vector<T> sxT(Np * W), syT(Np * H), gsx(N * W), gsy(N * H), gxT(Np * W), gyT(Np * H),
-      gsym(Np), d2(Np), gline(std::max(H, W)), zs(Z), gzs(Z);
+  const int64_t Np = (N + C - 1) / C * C, Wp = (W + C - 1) / C * C, Hp = (H + C - 1) / C * C;
+  std::vector<T> sxT(Np * W), syT(Np * H), sxP(N * Wp), syP(N * Hp), gsx(N * Wp), gsy(N * Hp),
+      Gs(Np * Np), wx(Np), wy(Np), gline(std::max(H, W)), zs(Z), gzs(Z);
   for (int64_t b = b0; b < b1; ++b) {
     T* G = gl + b * Tt * Tt + P * Tt + P;
     const T* zb = z + (b * Tt + P) * Z;
@@ -203,28 +237,27 @@ INL void sape2_bwd_range(T* gl, const T* z, const T* sx, const T* sy, const T* g
     const T* gxb = gx + b * N * W; const T* gyb = gy + b * N * H;
     transpose_pad(sxb, N, Np, W, sxT.data());
     transpose_pad(syb, N, Np, H, syT.data());
-    std::fill(gxT.begin(), gxT.end(), T(0)); std::fill(gyT.begin(), gyT.end(), T(0));
+    pad_rows(sxb, N, W, Wp, sxP.data());
+    pad_rows(syb, N, H, Hp, syP.data());
+    symmetric_upper(G, Tt, N, Np, Gs.data());
     std::fill(gsx.begin(), gsx.end(), T(0)); std::fill(gsy.begin(), gsy.end(), T(0));
-    for (int64_t i = 0; i < N; ++i) {                    // pairs i < n: the distance is symmetric
-      for (int64_t n = i + 1; n < N; ++n) gsym[n] = G[i * Tt + n] + G[n * Tt + i];
-      for (int64_t n = N; n < Np; ++n) gsym[n] = 0;
+    for (int64_t i = 0; i < N; ++i) {                    // pairs i < n (Gs is 0 elsewhere)
       const int64_t c0 = (i + 1) / C * C;
-      for (int r = 0; r < 2; ++r) {                      // x, then y
-        const T* sT = r ? syT.data() : sxT.data();
-        const T* si = r ? syb + i * H : sxb + i * W;
-        const int64_t m = r ? H : W;
-        sqdist_chunks(sT, si, c0, Np, m, d2.data());
-        for (int64_t n = c0; n < Np; ++n) {             // weight gsym / distance; 0 at n <= i, 0 at 0
-          T d = std::sqrt(d2[n]);
-          d2[n] = (n > i && d > T(0)) ? gsym[n] / d : T(0);
-        }
-        dist_grad_chunks(sT, si, d2.data(), c0, Np, m, (r ? gsy.data() + i * H : gsx.data() + i * W),
-                         r ? gyT.data() : gxT.data());
+      const T* sxi = sxb + i * W; const T* syi = syb + i * H;
+      for (int64_t c = c0; c < Np; c += C) {             // squared distances, 8 (4) pairs at a time
+        V ax = {}, ay = {};
+        for (int64_t k = 0; k < W; ++k) { V d = sxi[k] - vload<V>(sxT.data() + k * Np + c); ax += d * d; }
+        for (int64_t k = 0; k < H; ++k) { V d = syi[k] - vload<V>(syT.data() + k * Np + c); ay += d * d; }
+        vstore(wx.data() + c, ax); vstore(wy.data() + c, ay);
       }
-    }
-    for (int64_t n = 0; n < N; ++n) {
-      for (int64_t k = 0; k < W; ++k) gsx[n * W + k] += gxT[k * Np + n];
-      for (int64_t k = 0; k < H; ++k) gsy[n * H + k] += gyT[k * Np + n];
+      const T* gs = Gs.data() + i * Np;
+      for (int64_t n = c0; n < Np; ++n) {                // weight Gs / distance, 0 where the distance is
+        T dx = std::sqrt(wx[n]), dy = std::sqrt(wy[n]);
+        wx[n] = (n > i && dx > T(0)) ? gs[n] / dx : T(0);
+        wy[n] = (n > i && dy > T(0)) ? gs[n] / dy : T(0);
+      }
+      pair_grad_rows(sxP.data(), wx.data(), i, N, Wp, gsx.data());
+      pair_grad_rows(syP.data(), wy.data(), i, N, Hp, gsy.data());
     }
     for (int64_t y = 0; y < H; ++y)                      // lines; gates' gradient into G
       for (int64_t x = 0; x < W; ++x) {
@@ -234,9 +267,9 @@ INL void sape2_bwd_range(T* gl, const T* z, const T* sx, const T* sy, const T* g
         T* Gr = G + n * Tt;
         steps(zn, M, zs.data()); steps(zn + np, M, zs.data() + np);
         std::fill(gzs.begin(), gzs.end(), T(0));
-        line_bwd(gxb + n * W, gsx.data() + n * W, W, zs.data(), M, gzn, gzs.data(), gline.data());
+        line_bwd(gxb + n * W, gsx.data() + n * Wp, W, zs.data(), M, gzn, gzs.data(), gline.data());
         for (int64_t u = 0; u < W; ++u) Gr[y * W + u] += gline[u];
-        line_bwd(gyb + n * H, gsy.data() + n * H, H, zs.data() + np, M, gzn + np, gzs.data() + np, gline.data());
+        line_bwd(gyb + n * H, gsy.data() + n * Hp, H, zs.data() + np, M, gzn + np, gzs.data() + np, gline.data());
         for (int64_t v = 0; v < H; ++v) Gr[v * W + x] += gline[v];
         steps_bwd(gzs.data(), M, gzn); steps_bwd(gzs.data() + np, M, gzn + np);
       }
