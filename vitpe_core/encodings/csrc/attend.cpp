@@ -184,12 +184,10 @@ HOT void sape2_fwd_one(double* logits, const double* z, double* sx, double* sy, 
 template <typename T>
 INL void symmetric_upper(const T* G, int64_t Tt, int64_t N, int64_t Np, T* Gs) {
   constexpr int B = 8;
-  T tile[B][B];                                            // tile[b][a] = G[n0 + b][i0 + a]
+  T tileT[B][B];                                           // tileT[a][b] = G[n0 + b][i0 + a]
   for (int64_t i0 = 0; i0 < N; i0 += B)
     for (int64_t n0 = i0; n0 < Np; n0 += B) {
-      const bool whole = n0 + B <= N && i0 + B <= N;
-      if (whole) {                                         // tileT[a][b] = G[n0 + b][i0 + a]
-        T tileT[B][B];
+      if (n0 + B <= N && i0 + B <= N) {                    // inside the block: no bounds tests
         for (int b = 0; b < B; ++b)
           for (int a = 0; a < B; ++a) tileT[a][b] = G[(n0 + b) * Tt + i0 + a];
         for (int a = 0; a < B; ++a)
@@ -198,12 +196,12 @@ INL void symmetric_upper(const T* G, int64_t Tt, int64_t N, int64_t Np, T* Gs) {
       }
       for (int b = 0; b < B; ++b)
         for (int a = 0; a < B; ++a)
-          tile[b][a] = (n0 + b < N && i0 + a < N) ? G[(n0 + b) * Tt + i0 + a] : T(0);
+          tileT[a][b] = (n0 + b < N && i0 + a < N) ? G[(n0 + b) * Tt + i0 + a] : T(0);
       for (int a = 0; a < B && i0 + a < N; ++a) {
         const int64_t i = i0 + a;
         T* row = Gs + i * Np + n0;
         for (int b = 0; b < B && n0 + b < Np; ++b)     // Np is a multiple of the chunk, not of B
-          row[b] = n0 + b < N ? G[i * Tt + n0 + b] + tile[b][a] : T(0);
+          row[b] = n0 + b < N ? G[i * Tt + n0 + b] + tileT[a][b] : T(0);
       }
     }
 }
