@@ -234,6 +234,21 @@ IMAGE_FRAME = "iframe[title*='streamlit_image_coordinates']"   # the old clickab
 PICKER_AREA = ".st-key-{key} .nsewdrag"
 
 
+def wait_quiet(page: Any, still_ms: int = 1000, timeout_s: float = 180.0) -> None:
+    """Until the script run is over and no other starts for `still_ms`, the address bar unchanged
+    meanwhile. One idle moment is not the end: quick actions queue reruns behind the one running,
+    and a slider sends its new value only after a short debounce, so the rerun for the last key
+    press may not have begun when the one before it ends."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        page.wait_for_function(IDLE_JS, timeout=timeout_s * 1e3)
+        url = page.url
+        page.wait_for_timeout(still_ms)
+        if page.evaluate(IDLE_JS) and page.url == url:
+            return
+    raise AssertionError(f"the app did not settle in {timeout_s:g} s")
+
+
 def picker_area(page: Any, key: str = "bias_click") -> Any:
     """The patch picker's clickable plot area on a playwright page (sync or async locator)."""
     return page.locator(PICKER_AREA.format(key=key)).first

@@ -13,7 +13,6 @@ checkpoints are random-weight models of the shipped size (`compact`: 6 layers, 4
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 
@@ -41,16 +40,7 @@ def app_url(tmp_path_factory):
 
 
 def quiet(page, still_ms: int = 1000) -> None:
-    """Until the script run is over and no other starts for `still_ms` (quick actions queue
-    reruns behind the one running: one idle moment is not the end)."""
-    deadline = time.monotonic() + TIMEOUT_MS / 1000
-    while time.monotonic() < deadline:
-        page.wait_for_function(lt.IDLE_JS, timeout=TIMEOUT_MS)
-        url = page.url
-        page.wait_for_timeout(still_ms)
-        if page.evaluate(lt.IDLE_JS) and page.url == url:
-            return
-    raise AssertionError("the app did not settle")
+    lt.wait_quiet(page, still_ms, timeout_s=TIMEOUT_MS / 1000)
 
 
 def no_exception(page) -> None:
