@@ -371,12 +371,15 @@ def _both(fn, tensors, seed=0):
 @pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-10), (torch.float32, 2e-5)])
 @pytest.mark.parametrize("grid, P, readout, npos_max, scale", [
     ((8, 8), 1, "query", 10, 1.0), ((3, 7), 0, "key", 4, 2.5), ((5, 2), 2, "query", 3, 3.0),
-    ((1, 9), 1, "key", 10, 1.0)])
+    ((1, 9), 1, "key", 10, 1.0), ((16, 16), 1, "key", 10, 1.0)])
 def test_sape2_kernel_matches_eager(grid, P, readout, npos_max, scale, dtype, tol):
-    """Values and every gradient, including capped positions (small npos_max, large logits)."""
+    """Values and every gradient, including capped positions (small npos_max, large logits), v
+    narrower than q and k. 16 x 16 patches: a (batch, head) pair's 257 x 257 block is more than
+    the kernel's chunk budget, so each thread runs several one-pair chunks."""
     H, W = grid
     g = torch.Generator().manual_seed(H * 10 + W)
-    q, k, v = (torch.randn(3, 2, P + H * W, 8, generator=g, dtype=torch.float64).mul(scale).to(dtype) for _ in range(3))
+    q, k, v = (torch.randn(3, 2, P + H * W, dim, generator=g, dtype=torch.float64).mul(scale).to(dtype)
+               for dim in (8, 8, 5))
     e_x, e_y = (torch.randn(8, npos_max, generator=g, dtype=dtype) for _ in range(2))
     (a, ga), (b, gb) = _both(lambda q, k, v, ex, ey, use_kernel: sape2_attention(
         q, k, v, ex, ey, grid, readout, npos_max, num_prefix=P, use_kernel=use_kernel), (q, k, v, e_x, e_y))
@@ -578,8 +581,8 @@ def test_compiled_model_keeps_the_fused_kernel_and_matches_eager(encoding, optio
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad, grads[name], atol=1e-5, rtol=1e-4, msg=name)
-    kind = "cope" if encoding.startswith("cope") else "sape2"
-    assert counting.calls.get(f"{kind}_fwd") == cfg.depth and counting.calls.get(f"{kind}_bwd") == cfg.depth
+    fwd, bwd = ("cope_fwd", "cope_bwd") if encoding.startswith("cope") else ("sape2_attend_fwd", "sape2_attend_bwd")
+    assert counting.calls.get(fwd) == cfg.depth and counting.calls.get(bwd) == cfg.depth
 
 
 def test_the_custom_ops_stay_out_of_the_start_up_path():

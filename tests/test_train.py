@@ -96,8 +96,8 @@ def test_compiled_training_follows_the_eager_run(data_dir, tmp_path, monkeypatch
     calls = []
     if _kernels.available():
         real = _kernels.kernels()
-        counting = SimpleNamespace(sape2_fwd=real.sape2_fwd,
-                                   sape2_bwd=lambda *a: calls.append("bwd") or real.sape2_bwd(*a))
+        counting = SimpleNamespace(sape2_attend_fwd=real.sape2_attend_fwd,
+                                   sape2_attend_bwd=lambda *a: calls.append("bwd") or real.sape2_attend_bwd(*a))
         monkeypatch.setattr(compiled_ops, "_kernels", SimpleNamespace(kernels=lambda: counting))
     compiled = train(c, data_dir=data_dir, out=tmp_path / "compiled", progress=False, full_eval=False,
                      compile_model=True)

@@ -57,13 +57,11 @@ def _sape2_fwd(q: Tensor, k: Tensor, v: Tensor, e_x: Tensor, e_y: Tensor, H: int
     kern = _kernels.kernels()
     q_s = torch.mul(q, scale, out=torch.empty(q.shape, dtype=q.dtype, device=q.device))   # (B, h, T, d)
     k, v = k.contiguous(), v.contiguous()
-    logits = torch.matmul(q_s, k.transpose(-1, -2))                           # (B, h, T, T)
     src, tab = (q_s, _readout_tables(e_x, e_y, q.dtype, 1.0 / scale)) if readout == "query" \
         else (k, _readout_tables(e_x, e_y, q.dtype, 1.0))
     z = torch.matmul(src, tab)                                                # (B, h, T, 2 npos_max)
-    sx, sy, gx, gy = kern.sape2_fwd(logits, z, P, H, W, npos_max)           # distances added in place
-    attn = _softmax_(logits)
-    return torch.matmul(attn, v), q_s, attn, z, sx, sy, gx, gy
+    out, attn, sx, sy, gx, gy = kern.sape2_attend_fwd(q_s, k, v, z, P, H, W, npos_max)
+    return out, q_s, attn, z, sx, sy, gx, gy
 
 
 @_sape2_fwd.register_fake
@@ -81,13 +79,9 @@ def _sape2_bwd(grad_out: Tensor, q_s: Tensor, k: Tensor, v: Tensor, attn: Tensor
                npos_max: int, readout: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     kern = _kernels.kernels()
     k, v, grad_out = k.contiguous(), v.contiguous(), grad_out.contiguous()
-    grad_v = torch.matmul(attn.transpose(-1, -2), grad_out)                  # (B, h, T, dv)
-    grad_logits = torch.matmul(grad_out, v.transpose(-1, -2))                 # (B, h, T, T)
-    grad_logits = torch.ops.aten._softmax_backward_data.out(grad_logits, attn, -1, attn.dtype,
-                                                           grad_input=grad_logits)
-    grad_z = kern.sape2_bwd(grad_logits, z, sx, sy, gx, gy, P, H, W, npos_max)   # (B, h, T, 2 npos_max)
-    grad_q = torch.matmul(grad_logits, k).mul_(scale)
-    grad_k = torch.matmul(grad_logits.transpose(-1, -2), q_s)
+    grad_q, grad_k, grad_v = torch.empty_like(q_s), torch.empty_like(k), torch.empty_like(v)
+    grad_z = kern.sape2_attend_bwd(grad_out, q_s, k, v, attn, z, sx, sy, gx, gy, grad_q, grad_k, grad_v,
+                                   scale, P, H, W, npos_max)                  # (B, h, T, 2 npos_max)
     src, s = (q_s, 1.0 / scale) if readout == "query" else (k, 1.0)
     tab = _readout_tables(e_x, e_y, q_s.dtype, 1.0)
     (grad_q if readout == "query" else grad_k).view(-1, tab.shape[0]).addmm_(

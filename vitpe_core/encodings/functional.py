@@ -235,7 +235,6 @@ class _SaPE2Attend(torch.autograd.Function):
         H, W = grid
         P, M = num_prefix, npos_max - 1
         q_s, k, v = _scaled_contiguous(q, scale), k.contiguous(), v.contiguous()  # each copied once, kept
-        logits = torch.matmul(q_s, k.transpose(-1, -2))                       # (B, h, T, T)
         ctx.kern = kern
         if kern is not None:                                                  # fused C++ (_kernels.py)
             # read-outs of every token (the prefix rows are not read): from q_s or k as they are,
@@ -243,12 +242,11 @@ class _SaPE2Attend(torch.autograd.Function):
             src, tab = (q_s, _readout_tables(e_x, e_y, q.dtype, 1.0 / scale)) if readout == "query" \
                 else (k, _readout_tables(e_x, e_y, q.dtype, 1.0))
             z = torch.matmul(src, tab)                                        # (B, h, T, 2 npos_max)
-            lines = kern.sape2_fwd(logits, z, P, H, W, npos_max)             # distances added in place
-            attn = _softmax_(logits)
-            del logits
+            out, attn, *lines = kern.sape2_attend_fwd(q_s, k, v, z, P, H, W, npos_max)   # chunk by chunk
             ctx.save_for_backward(q_s, k, v, attn, e_x, e_y, z, *lines)
             ctx.args = grid, scale, P, npos_max, readout
-            return torch.matmul(attn, v)
+            return out
+        logits = torch.matmul(q_s, k.transpose(-1, -2))                       # (B, h, T, T)
         row, col = (t.contiguous() for t in _lines(logits, grid, P))          # (B,h,H,W,W), (B,h,W,H,H)
         r = (q if readout == "query" else k)[:, :, P:].contiguous()           # (B, h, N, d): once, kept
         z = r @ _tables(e_x, e_y, r.dtype)                                    # (B, h, N, 4(M+1))
@@ -303,18 +301,17 @@ class _SaPE2Attend(torch.autograd.Function):
 
     @staticmethod
     def _backward_kernel(ctx, grad_out):
-        """The backward with the fused C++ kernel: distance and line gradients in one pass per
-        (batch, head), the gates' gradient added into the logits' gradient in place."""
+        """The backward with the fused C++ kernel, chunk by chunk of (batch, head) pairs as the
+        forward (`sape2_attend_bwd`): softmax backward, distance and line gradients, the gates'
+        gradient added into the logits' gradient, the three matmuls into q, k, v's gradients."""
         q_s, k, v, attn, e_x, e_y, z, *lines = ctx.saved_tensors
         (H, W), scale, P, npos_max, readout = ctx.args
         grad_out = grad_out.contiguous()
-        buf, (out_q, out_k, out_v) = _grad_buffers(ctx, q_s)
-        grad_v = torch.matmul(attn.transpose(-1, -2), grad_out, out=out_v)
-        grad_logits = _softmax_backward_(torch.matmul(grad_out, v.transpose(-1, -2)), attn).contiguous()
-        del attn
-        grad_z = ctx.kern.sape2_bwd(grad_logits, z, *lines, P, H, W, npos_max)   # (B, h, T, 2 npos_max)
-        grad_q = torch.matmul(grad_logits, k, out=out_q).mul_(scale)
-        grad_k = torch.matmul(grad_logits.transpose(-1, -2), q_s, out=out_k)
+        buf, (grad_q, grad_k, grad_v) = _grad_buffers(ctx, q_s)
+        if buf is None:
+            grad_q, grad_k, grad_v = torch.empty_like(q_s), torch.empty_like(k), torch.empty_like(v)
+        grad_z = ctx.kern.sape2_attend_bwd(grad_out, q_s, k, v, attn, z, *lines, grad_q, grad_k, grad_v,
+                                           scale, P, H, W, npos_max)         # (B, h, T, 2 npos_max)
         # z = q·[E_x, E_y] (or k·[E_x, E_y]): q_s = q·scale is what is kept
         src, s = (q_s, 1.0 / scale) if readout == "query" else (k, 1.0)
         tab = _readout_tables(e_x, e_y, q_s.dtype, 1.0)

@@ -1,14 +1,20 @@
 // Fused C++ CPU kernels for the hot part of SaPE² and CoPE attention (vitpe_core/encodings/functional.py:
 // `sape2_attention`, `cope_attention`). Built on first use by ../_kernels.py with
 // torch.utils.cpp_extension.load (-O3, OpenMP, no -march); what each kernel fuses is described there.
-// Bound functions: sape2_fwd, sape2_bwd, cope_fwd, cope_bwd (float32 / float64 CPU tensors, contiguous).
-// Lean headers (the Tensor class, two factory ops, parallel_for, the dtype switch, op registration),
+// Bound functions: sape2_attend_fwd, sape2_attend_bwd, cope_fwd, cope_bwd (float32 / float64 CPU
+// tensors, contiguous).
+// Lean headers (the Tensor class, the few ops called, parallel_for, the dtype switch, op registration),
 // not <torch/extension.h>: that pulls in all of libtorch's C++ API and pybind11 and made the one-time
 // build take ~2.5x as long (BENCHMARKS.md, section 1's build time).
 #include <ATen/core/Tensor.h>
 #include <ATen/Dispatch.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros_like.h>
+#include <ATen/ops/bmm.h>
+#include <ATen/ops/_softmax.h>
+#include <ATen/ops/_softmax_backward_data.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <torch/library.h>
 #include <ATen/Parallel.h>
 #include <cmath>
@@ -291,15 +297,6 @@ INL void sape2_bwd_range(T* gl, const T* z, const T* sx, const T* sy, const T* g
 HOT void sape2_bwd_one(float* gl, const float* z, const float* sx, const float* sy, const float* gx, const float* gy, float* gz, int64_t BH, int64_t Tt, int64_t P, int64_t H, int64_t W, int64_t np, int64_t b0, int64_t b1) { sape2_bwd_range<float>(gl, z, sx, sy, gx, gy, gz, BH, Tt, P, H, W, np, b0, b1); }
 HOT void sape2_bwd_one(double* gl, const double* z, const double* sx, const double* sy, const double* gx, const double* gy, double* gz, int64_t BH, int64_t Tt, int64_t P, int64_t H, int64_t W, int64_t np, int64_t b0, int64_t b1) { sape2_bwd_range<double>(gl, z, sx, sy, gx, gy, gz, BH, Tt, P, H, W, np, b0, b1); }
 
-template <typename T>
-void sape2_fwd_impl(T* logits, const T* z, T* sx, T* sy, T* gx, T* gy, int64_t BH, int64_t Tt, int64_t P, int64_t H, int64_t W, int64_t np) {
-  at::parallel_for(0, BH, 1, [&](int64_t b0, int64_t b1) { sape2_fwd_one(logits, z, sx, sy, gx, gy, BH, Tt, P, H, W, np, b0, b1); });
-}
-template <typename T>
-void sape2_bwd_impl(T* gl, const T* z, const T* sx, const T* sy, const T* gx, const T* gy, T* gz, int64_t BH, int64_t Tt, int64_t P, int64_t H, int64_t W, int64_t np) {
-  at::parallel_for(0, BH, 1, [&](int64_t b0, int64_t b1) { sape2_bwd_one(gl, z, sx, sy, gx, gy, gz, BH, Tt, P, H, W, np, b0, b1); });
-}
-
 // CoPE, keys in their own order: each row of logits is one line of line_fwd (gates g = σ of
 // the logits, pos[j] = min(sum_{t >= j} g[t], M)), its descriptor added as the bias.
 template <typename T>
@@ -345,41 +342,19 @@ void check(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(), name, " must be a contiguous CPU tensor");
 }
 
+// (batch, head) pairs per chunk of the whole-attention ops below: a chunk's T x T block (the
+// attention weights, or the logits' gradient) about 256 KiB, so that it stays in the core's L2
+// cache from the matmul that writes it through the SaPE² kernel and the softmax to the matmuls
+// that read it (the whole (B, h, T, T) tensor, ~8.6 MB at batch 128 and 65 tokens, does not:
+// op by op over all of it took twice as long). At least 1, and no more than an even share of
+// the pairs per thread, so that small batches still use every thread.
+int64_t pairs_per_chunk(int64_t BH, int64_t Tt, int64_t item) {
+  const int64_t fit = std::max<int64_t>(1, (int64_t(256) << 10) / std::max<int64_t>(1, Tt * Tt * item));
+  const int64_t share = (BH + at::get_num_threads() - 1) / at::get_num_threads();
+  return std::max<int64_t>(1, std::min(fit, share));
+}
+
 }  // namespace
-
-// logits (B, h, T, T) is changed in place; z (B, h, T, 2 np): every token's read-outs of E_x, then
-// E_y (the prefix tokens' rows are not read). Returns s_x (B,h,N,W), s_y (B,h,N,H), gates alike.
-std::vector<at::Tensor> sape2_fwd(at::Tensor logits, at::Tensor z, int64_t P, int64_t H, int64_t W,
-                                     int64_t np) {
-  check(logits, "logits"); check(z, "z");
-  TORCH_CHECK(z.scalar_type() == logits.scalar_type(), "dtype mismatch");
-  const int64_t B = logits.size(0), h = logits.size(1), Tt = logits.size(2), N = H * W;
-  TORCH_CHECK(Tt == P + N && z.size(2) == Tt && z.size(3) == 2 * np, "shape mismatch");
-  auto o = logits.options();
-  auto sx = at::empty({B, h, N, W}, o), sy = at::empty({B, h, N, H}, o);
-  auto gx = at::empty({B, h, N, W}, o), gy = at::empty({B, h, N, H}, o);
-  AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "sape2_fwd", [&] {
-    sape2_fwd_impl<scalar_t>(logits.data_ptr<scalar_t>(), z.data_ptr<scalar_t>(), sx.data_ptr<scalar_t>(),
-                             sy.data_ptr<scalar_t>(), gx.data_ptr<scalar_t>(), gy.data_ptr<scalar_t>(),
-                             B * h, Tt, P, H, W, np);
-  });
-  return {sx, sy, gx, gy};
-}
-
-// grad_logits (B, h, T, T) gets the gates' gradient added in place; returns grad z (B, h, T, 2 np),
-// 0 in the prefix tokens' rows.
-at::Tensor sape2_bwd(at::Tensor gl, at::Tensor z, at::Tensor sx, at::Tensor sy, at::Tensor gx,
-                        at::Tensor gy, int64_t P, int64_t H, int64_t W, int64_t np) {
-  check(gl, "grad_logits"); check(z, "z"); check(sx, "s_x"); check(sy, "s_y"); check(gx, "g_x"); check(gy, "g_y");
-  const int64_t B = gl.size(0), h = gl.size(1), Tt = gl.size(2);
-  auto gz = at::zeros_like(z);
-  AT_DISPATCH_FLOATING_TYPES(gl.scalar_type(), "sape2_bwd", [&] {
-    sape2_bwd_impl<scalar_t>(gl.data_ptr<scalar_t>(), z.data_ptr<scalar_t>(), sx.data_ptr<scalar_t>(),
-                             sy.data_ptr<scalar_t>(), gx.data_ptr<scalar_t>(), gy.data_ptr<scalar_t>(),
-                             gz.data_ptr<scalar_t>(), B * h, Tt, P, H, W, np);
-  });
-  return gz;
-}
 
 // logits (B, h, T, T), keys in their own order, gets the CoPE bias added in place; gates = sigmoid(logits)
 // (computed by ATen's vectorised sigmoid: a scalar exp here costs more than that pass).
@@ -404,11 +379,99 @@ at::Tensor cope_bwd(at::Tensor gl, at::Tensor z, at::Tensor gates, int64_t np) {
   return gz;
 }
 
-// Registered as torch operators in a namespace named after the build (`torch.ops.<name>.sape2_fwd`, ...):
+// The whole SaPE² attention, forward: q_s = q·scale (B, h, T, d), k (B, h, T, d), v (B, h, T, dv),
+// z (B, h, T, 2 np): every token's read-outs of E_x, then E_y (the prefix tokens' rows are not
+// read). Chunk by chunk of (batch, head) pairs, each chunk in one thread: logits = q_s·kᵀ, the
+// distances added in place (sape2_fwd_range), softmax in place, out = attn·v. Returns out,
+// attn (B, h, T, T, kept for the backward), the descriptors s_x (B,h,N,W), s_y (B,h,N,H) and the
+// line gates g_x, g_y alike.
+std::vector<at::Tensor> sape2_attend_fwd(at::Tensor q_s, at::Tensor k, at::Tensor v, at::Tensor z, int64_t P,
+                                         int64_t H, int64_t W, int64_t np) {
+  check(q_s, "q_s"); check(k, "k"); check(v, "v"); check(z, "z");
+  const int64_t B = q_s.size(0), h = q_s.size(1), Tt = q_s.size(2), d = q_s.size(3), dv = v.size(3);
+  const int64_t N = H * W, BH = B * h;
+  TORCH_CHECK(Tt == P + N && z.size(2) == Tt && z.size(3) == 2 * np && k.sizes() == q_s.sizes()
+              && v.size(2) == Tt && k.scalar_type() == q_s.scalar_type() && v.scalar_type() == q_s.scalar_type()
+              && z.scalar_type() == q_s.scalar_type(), "sape2_attend_fwd: shape or dtype mismatch");
+  auto o = q_s.options();
+  auto attn = at::empty({B, h, Tt, Tt}, o), out = at::empty({B, h, Tt, dv}, o);
+  auto sx = at::empty({B, h, N, W}, o), sy = at::empty({B, h, N, H}, o);
+  auto gx = at::empty({B, h, N, W}, o), gy = at::empty({B, h, N, H}, o);
+  auto q3 = q_s.view({BH, Tt, d}), k3 = k.view({BH, Tt, d}), v3 = v.view({BH, Tt, dv});
+  auto a3 = attn.view({BH, Tt, Tt}), o3 = out.view({BH, Tt, dv});
+  const int64_t C = pairs_per_chunk(BH, Tt, q_s.element_size());
+  at::parallel_for(0, BH, C, [&](int64_t b0, int64_t b1) {
+    c10::AutoGradMode no_grad(false);                     // plain tensors: no autograd in the workers
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    for (int64_t c0 = b0; c0 < b1; c0 += C) {
+      const int64_t c1 = std::min(c0 + C, b1), n = c1 - c0;
+      auto a = a3.slice(0, c0, c1);
+      at::bmm_out(a, q3.slice(0, c0, c1), k3.slice(0, c0, c1).transpose(1, 2));
+      AT_DISPATCH_FLOATING_TYPES(q_s.scalar_type(), "sape2_attend_fwd", [&] {
+        sape2_fwd_one(a.data_ptr<scalar_t>(), z.data_ptr<scalar_t>() + c0 * Tt * 2 * np,
+                      sx.data_ptr<scalar_t>() + c0 * N * W, sy.data_ptr<scalar_t>() + c0 * N * H,
+                      gx.data_ptr<scalar_t>() + c0 * N * W, gy.data_ptr<scalar_t>() + c0 * N * H,
+                      n, Tt, P, H, W, np, 0, n);
+      });
+      at::_softmax_out(a, a, -1, false);
+      auto oc = o3.slice(0, c0, c1);
+      at::bmm_out(oc, a, v3.slice(0, c0, c1));
+    }
+  });
+  return {out, attn, sx, sy, gx, gy};
+}
+
+// The whole SaPE² attention, backward, chunk by chunk as the forward: the logits' gradient
+// (softmax backward, then sape2_bwd_range) lives only in a per-thread chunk buffer. Writes
+// the gradients of q (as q = q_s / scale), k and v into gq, gk, gv (contiguous, B, h, T, d|dv)
+// and returns that of z (B, h, T, 2 np), 0 in the prefix rows.
+at::Tensor sape2_attend_bwd(at::Tensor g, at::Tensor q_s, at::Tensor k, at::Tensor v, at::Tensor attn,
+                            at::Tensor z, at::Tensor sx, at::Tensor sy, at::Tensor gx, at::Tensor gy,
+                            at::Tensor gq, at::Tensor gk, at::Tensor gv, double scale, int64_t P, int64_t H,
+                            int64_t W, int64_t np) {
+  for (auto& [t, name] : std::vector<std::pair<at::Tensor*, const char*>>{
+           {&g, "grad_out"}, {&q_s, "q_s"}, {&k, "k"}, {&v, "v"}, {&attn, "attn"}, {&z, "z"}, {&sx, "s_x"},
+           {&sy, "s_y"}, {&gx, "g_x"}, {&gy, "g_y"}, {&gq, "grad_q"}, {&gk, "grad_k"}, {&gv, "grad_v"}})
+    check(*t, name);
+  const int64_t B = q_s.size(0), h = q_s.size(1), Tt = q_s.size(2), d = q_s.size(3), dv = v.size(3);
+  const int64_t N = H * W, BH = B * h;
+  TORCH_CHECK(attn.size(2) == Tt && attn.size(3) == Tt && g.sizes() == v.sizes() && gq.sizes() == q_s.sizes()
+              && gk.sizes() == k.sizes() && gv.sizes() == v.sizes(), "sape2_attend_bwd: shape mismatch");
+  auto gz = at::zeros_like(z);
+  auto q3 = q_s.view({BH, Tt, d}), k3 = k.view({BH, Tt, d}), v3 = v.view({BH, Tt, dv});
+  auto a3 = attn.view({BH, Tt, Tt}), g3 = g.view({BH, Tt, dv});
+  auto gq3 = gq.view({BH, Tt, d}), gk3 = gk.view({BH, Tt, d}), gv3 = gv.view({BH, Tt, dv});
+  const int64_t C = pairs_per_chunk(BH, Tt, q_s.element_size());
+  at::parallel_for(0, BH, C, [&](int64_t b0, int64_t b1) {
+    c10::AutoGradMode no_grad(false);
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    auto buf = at::empty({std::min(C, b1 - b0), Tt, Tt}, q_s.options());
+    for (int64_t c0 = b0; c0 < b1; c0 += C) {
+      const int64_t c1 = std::min(c0 + C, b1), n = c1 - c0;
+      auto a = a3.slice(0, c0, c1), gc = g3.slice(0, c0, c1), G = buf.slice(0, 0, n);
+      auto gvc = gv3.slice(0, c0, c1), gkc = gk3.slice(0, c0, c1), gqc = gq3.slice(0, c0, c1);
+      at::bmm_out(gvc, a.transpose(1, 2), gc);
+      at::bmm_out(G, gc, v3.slice(0, c0, c1).transpose(1, 2));
+      at::_softmax_backward_data_out(G, G, a, -1, a.scalar_type());
+      AT_DISPATCH_FLOATING_TYPES(q_s.scalar_type(), "sape2_attend_bwd", [&] {
+        sape2_bwd_one(G.data_ptr<scalar_t>(), z.data_ptr<scalar_t>() + c0 * Tt * 2 * np,
+                      sx.data_ptr<scalar_t>() + c0 * N * W, sy.data_ptr<scalar_t>() + c0 * N * H,
+                      gx.data_ptr<scalar_t>() + c0 * N * W, gy.data_ptr<scalar_t>() + c0 * N * H,
+                      gz.data_ptr<scalar_t>() + c0 * Tt * 2 * np, n, Tt, P, H, W, np, 0, n);
+      });
+      at::bmm_out(gqc, G, k3.slice(0, c0, c1));
+      gqc.mul_(scale);
+      at::bmm_out(gkc, G.transpose(1, 2), q3.slice(0, c0, c1));
+    }
+  });
+  return gz;
+}
+
+// Registered as torch operators in a namespace named after the build (`torch.ops.<name>.sape2_attend_fwd`, ...):
 // no pybind11. A failed TORCH_CHECK reaches Python as a RuntimeError.
 TORCH_LIBRARY(TORCH_EXTENSION_NAME, m) {
-  m.def("sape2_fwd", &sape2_fwd);
-  m.def("sape2_bwd", &sape2_bwd);
+  m.def("sape2_attend_fwd", &sape2_attend_fwd);
+  m.def("sape2_attend_bwd", &sape2_attend_bwd);
   m.def("cope_fwd", &cope_fwd);
   m.def("cope_bwd", &cope_bwd);
 }
