@@ -403,10 +403,12 @@ def test_sape2_kernel_coincident_descriptors():
 
 @needs_kernel
 @pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-10), (torch.float32, 2e-5)])
-@pytest.mark.parametrize("T, npos_max, scale", [(65, 10, 1.0), (17, 4, 3.0), (40, 64, 1.0)])
+@pytest.mark.parametrize("T, npos_max, scale", [(65, 10, 1.0), (17, 4, 3.0), (40, 64, 1.0), (257, 10, 1.0)])
 def test_cope_kernel_matches_eager(T, npos_max, scale, dtype, tol):
+    """Values and every gradient; v narrower than q and k; 257 tokens: one-pair chunks, several
+    per thread (as test_sape2_kernel_matches_eager's 16 x 16 grid)."""
     g = torch.Generator().manual_seed(T)
-    q, k, v = (torch.randn(3, 2, T, 8, generator=g, dtype=torch.float64).mul(scale).to(dtype) for _ in range(3))
+    q, k, v = (torch.randn(3, 2, T, dim, generator=g, dtype=torch.float64).mul(scale).to(dtype) for dim in (8, 8, 5))
     e = torch.randn(8, npos_max, generator=g, dtype=dtype)
     (a, ga), (b, gb) = _both(lambda q, k, v, e, use_kernel: cope_attention(
         q, k, v, e, npos_max, use_kernel=use_kernel), (q, k, v, e))
@@ -581,7 +583,8 @@ def test_compiled_model_keeps_the_fused_kernel_and_matches_eager(encoding, optio
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad, grads[name], atol=1e-5, rtol=1e-4, msg=name)
-    fwd, bwd = ("cope_fwd", "cope_bwd") if encoding.startswith("cope") else ("sape2_attend_fwd", "sape2_attend_bwd")
+    kind = "cope" if encoding.startswith("cope") else "sape2"
+    fwd, bwd = f"{kind}_attend_fwd", f"{kind}_attend_bwd"
     assert counting.calls.get(fwd) == cfg.depth and counting.calls.get(bwd) == cfg.depth
 
 

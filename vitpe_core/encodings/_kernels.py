@@ -10,11 +10,13 @@ keeps its own. A lock the OS releases with its holder serialises concurrent load
 
 What they fuse, per (batch, head) and with every `N x N` intermediate kept in cache instead of
 written to memory:
-* SaPE² attention, forward and backward, as a whole (`sape2_attend_fwd` / `_bwd`): the
-  `(batch, head)` pairs in chunks whose `T x T` block fits the core's L2 cache, each chunk in one
-  thread from the matmul that writes it through the kernel below and the softmax (or its
-  backward) to the matmuls that read it; op by op over the whole `(B, h, T, T)` tensor the same
-  work took ~1.7x as long (8.6 MB at batch 128: out of L2, streamed through L3 by every op).
+* The whole attention, forward and backward (`sape2_attend_fwd` / `_bwd`, `cope_attend_fwd` /
+  `_bwd`): the `(batch, head)` pairs in chunks whose `T x T` block (~256 KiB) fits the core's L2
+  cache, each chunk in one thread from the matmul that writes it through the kernels below and
+  the softmax (or its backward) to the matmuls that read it; the logits' gradient exists only
+  as a chunk per thread. Op by op over the whole `(B, h, T, T)` tensor (8.6 MB at batch 128,
+  65 tokens: out of L2, and a barrier between threads after every op) the same work took ~1.7x
+  as long.
 * SaPE² forward: the logits on every row and column line gathered and turned into gates by a
   vectorised σ, their reverse cumulative sums, the read-out interpolation (the descriptors
   `s_x, s_y`; the steps between read-outs formed here from `z = src·[E_x, E_y]`), and the

@@ -41,10 +41,6 @@ def fused_under_compile(q: Tensor) -> bool:
     return q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and _kernel_ready()
 
 
-def _softmax_(x: Tensor) -> Tensor:
-    return torch.ops.aten._softmax.out(x, -1, False, out=x)
-
-
 def _readout_tables(e_x: Tensor, e_y: Tensor, dtype: torch.dtype, mul: float) -> Tensor:
     tab = torch.cat((e_x, e_y), dim=1).to(dtype)
     return tab * mul if mul != 1.0 else tab
@@ -126,11 +122,8 @@ def _cope_fwd(q: Tensor, k: Tensor, v: Tensor, e: Tensor, scale: float, npos_max
     q_s = torch.mul(q, scale, out=torch.empty(q.shape, dtype=q.dtype, device=q.device))   # (B, h, T, d)
     z = torch.matmul(q_s, e.to(q.dtype) / scale)                              # q·e (B, h, T, M+1)
     k, v = k.contiguous(), v.contiguous()
-    logits = torch.matmul(q_s, k.transpose(-1, -2))                           # (B, h, T, T)
-    gates = torch.sigmoid(logits)
-    kern.cope_fwd(logits, gates, z, npos_max)                                 # bias added in place
-    attn = _softmax_(logits)
-    return torch.matmul(attn, v), q_s, attn, gates, z
+    out, attn, gates = kern.cope_attend_fwd(q_s, k, v, z, npos_max)
+    return out, q_s, attn, gates, z
 
 
 @_cope_fwd.register_fake
@@ -146,13 +139,8 @@ def _cope_bwd(grad_out: Tensor, q_s: Tensor, k: Tensor, v: Tensor, attn: Tensor,
     kern = _kernels.kernels()
     k, v, grad_out = k.contiguous(), v.contiguous(), grad_out.contiguous()
     e_q = e.to(q_s.dtype)
-    grad_v = torch.matmul(attn.transpose(-1, -2), grad_out)
-    grad_logits = torch.matmul(grad_out, v.transpose(-1, -2))
-    grad_logits = torch.ops.aten._softmax_backward_data.out(grad_logits, attn, -1, attn.dtype,
-                                                           grad_input=grad_logits)
-    grad_z = kern.cope_bwd(grad_logits, z, gates, npos_max)                   # gates' gradient added in place
-    grad_k = torch.matmul(grad_logits.transpose(-1, -2), q_s)
-    grad_q = torch.matmul(grad_logits, k).mul_(scale)
+    grad_q, grad_k, grad_v = torch.empty_like(q_s), torch.empty_like(k), torch.empty_like(v)
+    grad_z = kern.cope_attend_bwd(grad_out, q_s, k, v, attn, gates, z, grad_q, grad_k, grad_v, scale, npos_max)
     grad_q.view(-1, grad_q.shape[-1]).addmm_(grad_z.view(-1, npos_max), e_q.transpose(0, 1))   # z = q·e
     grad_e = torch.mm(q_s.reshape(-1, q_s.shape[-1]).transpose(0, 1), grad_z.view(-1, npos_max)).div_(scale)
     return grad_q, grad_k, grad_v, grad_e.to(e.dtype)

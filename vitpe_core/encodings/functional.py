@@ -377,13 +377,9 @@ class _CoPEAttend(torch.autograd.Function):
         ctx.kern, ctx.scale, ctx.npos_max, ctx.e_dtype = kern, scale, npos_max, e.dtype
         if kern is not None:                                                  # fused C++ (_kernels.py)
             k, v = k.contiguous(), v.contiguous()
-            logits = torch.matmul(q_s, k.transpose(-1, -2))                   # (B, h, T, T)
-            gates = torch.sigmoid(logits)
-            kern.cope_fwd(logits, gates, z, npos_max)                         # bias added in place
-            attn = _softmax_(logits)
-            del logits
+            out, attn, gates = kern.cope_attend_fwd(q_s, k, v, z, npos_max)    # chunk by chunk
             ctx.save_for_backward(q_s, k, v, attn, gates, z, e_q)
-            return torch.matmul(attn, v)
+            return out
         k_r, v_r = k.flip(2), v.flip(2)                                       # reversed keys
         logits = torch.matmul(q_s, k_r.transpose(-1, -2))                    # (B, h, T, T) reversed keys
         gates = torch.sigmoid(logits)
@@ -406,12 +402,11 @@ class _CoPEAttend(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         if ctx.kern is not None:
             q_s, k, v, attn, gates, z, e_q = ctx.saved_tensors
-            out, (out_q, out_k, out_v) = _grad_buffers(ctx, q_s)
-            grad_v = torch.matmul(attn.transpose(-1, -2), grad_out, out=out_v)
-            grad_logits = _softmax_backward_(torch.matmul(grad_out, v.transpose(-1, -2)), attn).contiguous()
-            del attn
-            grad_z = ctx.kern.cope_bwd(grad_logits, z, gates, npos_max)       # gates' gradient added in place
-            grad_k = torch.matmul(grad_logits.transpose(-1, -2), q_s, out=out_k)
+            out, (grad_q, grad_k, grad_v) = _grad_buffers(ctx, q_s)
+            if out is None:
+                grad_q, grad_k, grad_v = torch.empty_like(q_s), torch.empty_like(k), torch.empty_like(v)
+            grad_z = ctx.kern.cope_attend_bwd(grad_out, q_s, k, v, attn, gates, z, grad_q, grad_k, grad_v,
+                                              scale, npos_max)               # (B, h, T, M+1)
         else:
             q_s, k, v_r, attn, gates, frac, lo, step_lo, e_q = ctx.saved_tensors   # k: reversed
             out, (out_q, out_k, out_v) = _grad_buffers(ctx, q_s)
@@ -433,7 +428,7 @@ class _CoPEAttend(torch.autograd.Function):
             if out is not None:
                 out_v.copy_(grad_v)
                 out_k.copy_(grad_k)
-        grad_q = torch.matmul(grad_logits, k, out=out_q).mul_(scale)
+            grad_q = torch.matmul(grad_logits, k, out=out_q).mul_(scale)
         grad_q.view(-1, grad_q.shape[-1]).addmm_(grad_z.view(-1, npos_max), e_q.transpose(0, 1))  # z = q·e
         grad_e = torch.mm(q_s.view(-1, q_s.shape[-1]).transpose(0, 1), grad_z.view(-1, npos_max)).div_(scale)
         return (*_qkv_grads(out, grad_q, grad_k, grad_v), grad_e.to(ctx.e_dtype), None, None, None)

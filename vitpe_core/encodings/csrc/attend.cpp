@@ -1,8 +1,8 @@
 // Fused C++ CPU kernels for the hot part of SaPE² and CoPE attention (vitpe_core/encodings/functional.py:
 // `sape2_attention`, `cope_attention`). Built on first use by ../_kernels.py with
 // torch.utils.cpp_extension.load (-O3, OpenMP, no -march); what each kernel fuses is described there.
-// Bound functions: sape2_attend_fwd, sape2_attend_bwd, cope_fwd, cope_bwd (float32 / float64 CPU
-// tensors, contiguous).
+// Bound functions: sape2_attend_fwd / _bwd, cope_attend_fwd / _bwd (float32 / float64 CPU tensors,
+// contiguous).
 // Lean headers (the Tensor class, the few ops called, parallel_for, the dtype switch, op registration),
 // not <torch/extension.h>: that pulls in all of libtorch's C++ API and pybind11 and made the one-time
 // build take ~2.5x as long (BENCHMARKS.md, section 1's build time).
@@ -13,6 +13,7 @@
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/_softmax.h>
 #include <ATen/ops/_softmax_backward_data.h>
+#include <ATen/ops/sigmoid.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <torch/library.h>
@@ -312,10 +313,6 @@ INL void cope_fwd_range(T* logits, const T* z, const T* gates, int64_t BH, int64
 }
 HOT void cope_fwd_one(float* logits, const float* z, const float* gates, int64_t BH, int64_t Tt, int64_t np, int64_t r0, int64_t r1) { cope_fwd_range<float>(logits, z, gates, BH, Tt, np, r0, r1); }
 HOT void cope_fwd_one(double* logits, const double* z, const double* gates, int64_t BH, int64_t Tt, int64_t np, int64_t r0, int64_t r1) { cope_fwd_range<double>(logits, z, gates, BH, Tt, np, r0, r1); }
-template <typename T>
-void cope_fwd_impl(T* logits, const T* z, const T* gates, int64_t BH, int64_t Tt, int64_t np) {
-  at::parallel_for(0, BH * Tt, 16, [&](int64_t r0, int64_t r1) { cope_fwd_one(logits, z, gates, BH, Tt, np, r0, r1); });
-}
 
 // Backward: gl holds d logits; the gates are σ of the same logits, so their gradient adds into it.
 template <typename T>
@@ -333,10 +330,6 @@ INL void cope_bwd_range(T* gl, const T* z, const T* gates, T* gz, int64_t BH, in
 }
 HOT void cope_bwd_one(float* gl, const float* z, const float* gates, float* gz, int64_t BH, int64_t Tt, int64_t np, int64_t r0, int64_t r1) { cope_bwd_range<float>(gl, z, gates, gz, BH, Tt, np, r0, r1); }
 HOT void cope_bwd_one(double* gl, const double* z, const double* gates, double* gz, int64_t BH, int64_t Tt, int64_t np, int64_t r0, int64_t r1) { cope_bwd_range<double>(gl, z, gates, gz, BH, Tt, np, r0, r1); }
-template <typename T>
-void cope_bwd_impl(T* gl, const T* z, const T* gates, T* gz, int64_t BH, int64_t Tt, int64_t np) {
-  at::parallel_for(0, BH * Tt, 16, [&](int64_t r0, int64_t r1) { cope_bwd_one(gl, z, gates, gz, BH, Tt, np, r0, r1); });
-}
 
 void check(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(), name, " must be a contiguous CPU tensor");
@@ -355,29 +348,6 @@ int64_t pairs_per_chunk(int64_t BH, int64_t Tt, int64_t item) {
 }
 
 }  // namespace
-
-// logits (B, h, T, T), keys in their own order, gets the CoPE bias added in place; gates = sigmoid(logits)
-// (computed by ATen's vectorised sigmoid: a scalar exp here costs more than that pass).
-void cope_fwd(at::Tensor logits, at::Tensor gates, at::Tensor z, int64_t np) {
-  check(logits, "logits"); check(z, "z"); check(gates, "gates");
-  TORCH_CHECK(z.scalar_type() == logits.scalar_type() && gates.scalar_type() == logits.scalar_type()
-              && z.size(3) == np && gates.sizes() == logits.sizes(), "z / gates mismatch");
-  AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "cope_fwd", [&] {
-    cope_fwd_impl<scalar_t>(logits.data_ptr<scalar_t>(), z.data_ptr<scalar_t>(), gates.data_ptr<scalar_t>(),
-                            logits.size(0) * logits.size(1), logits.size(2), np);
-  });
-}
-
-// grad_logits gets the gates' gradient added in place; returns grad z (B, h, T, np).
-at::Tensor cope_bwd(at::Tensor gl, at::Tensor z, at::Tensor gates, int64_t np) {
-  check(gl, "grad_logits"); check(z, "z"); check(gates, "gates");
-  auto gz = at::zeros_like(z);
-  AT_DISPATCH_FLOATING_TYPES(gl.scalar_type(), "cope_bwd", [&] {
-    cope_bwd_impl<scalar_t>(gl.data_ptr<scalar_t>(), z.data_ptr<scalar_t>(), gates.data_ptr<scalar_t>(),
-                            gz.data_ptr<scalar_t>(), gl.size(0) * gl.size(1), gl.size(2), np);
-  });
-  return gz;
-}
 
 // The whole SaPE² attention, forward: q_s = q·scale (B, h, T, d), k (B, h, T, d), v (B, h, T, dv),
 // z (B, h, T, 2 np): every token's read-outs of E_x, then E_y (the prefix tokens' rows are not
@@ -467,11 +437,86 @@ at::Tensor sape2_attend_bwd(at::Tensor g, at::Tensor q_s, at::Tensor k, at::Tens
   return gz;
 }
 
+// The whole CoPE attention, forward, chunk by chunk as sape2_attend_fwd: logits = q_s·kᵀ, gates =
+// σ(logits) (kept), the bias added in place (cope_fwd_range), softmax in place, out = attn·v.
+// z = q·e (B, h, T, np). Returns out, attn and gates.
+std::vector<at::Tensor> cope_attend_fwd(at::Tensor q_s, at::Tensor k, at::Tensor v, at::Tensor z, int64_t np) {
+  check(q_s, "q_s"); check(k, "k"); check(v, "v"); check(z, "z");
+  const int64_t B = q_s.size(0), h = q_s.size(1), Tt = q_s.size(2), d = q_s.size(3), dv = v.size(3), BH = B * h;
+  TORCH_CHECK(z.size(2) == Tt && z.size(3) == np && k.sizes() == q_s.sizes() && v.size(2) == Tt
+              && k.scalar_type() == q_s.scalar_type() && v.scalar_type() == q_s.scalar_type()
+              && z.scalar_type() == q_s.scalar_type(), "cope_attend_fwd: shape or dtype mismatch");
+  auto o = q_s.options();
+  auto attn = at::empty({B, h, Tt, Tt}, o), gates = at::empty({B, h, Tt, Tt}, o), out = at::empty({B, h, Tt, dv}, o);
+  auto q3 = q_s.view({BH, Tt, d}), k3 = k.view({BH, Tt, d}), v3 = v.view({BH, Tt, dv});
+  auto a3 = attn.view({BH, Tt, Tt}), g3 = gates.view({BH, Tt, Tt}), o3 = out.view({BH, Tt, dv});
+  const int64_t C = pairs_per_chunk(BH, Tt, q_s.element_size());
+  at::parallel_for(0, BH, C, [&](int64_t b0, int64_t b1) {
+    c10::AutoGradMode no_grad(false);
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    for (int64_t c0 = b0; c0 < b1; c0 += C) {
+      const int64_t c1 = std::min(c0 + C, b1), n = c1 - c0;
+      auto a = a3.slice(0, c0, c1), gc = g3.slice(0, c0, c1), oc = o3.slice(0, c0, c1);
+      at::bmm_out(a, q3.slice(0, c0, c1), k3.slice(0, c0, c1).transpose(1, 2));
+      at::sigmoid_out(gc, a);
+      AT_DISPATCH_FLOATING_TYPES(q_s.scalar_type(), "cope_attend_fwd", [&] {
+        cope_fwd_one(a.data_ptr<scalar_t>(), z.data_ptr<scalar_t>() + c0 * Tt * np, gc.data_ptr<scalar_t>(),
+                     n, Tt, np, 0, n * Tt);
+      });
+      at::_softmax_out(a, a, -1, false);
+      at::bmm_out(oc, a, v3.slice(0, c0, c1));
+    }
+  });
+  return {out, attn, gates};
+}
+
+// The whole CoPE attention, backward, chunk by chunk as sape2_attend_bwd: writes the gradients of
+// q (as q = q_s / scale; without z's part), k and v into gq, gk, gv and returns that of z.
+at::Tensor cope_attend_bwd(at::Tensor g, at::Tensor q_s, at::Tensor k, at::Tensor v, at::Tensor attn,
+                           at::Tensor gates, at::Tensor z, at::Tensor gq, at::Tensor gk, at::Tensor gv, double scale,
+                           int64_t np) {
+  for (auto& [t, name] : std::vector<std::pair<at::Tensor*, const char*>>{
+           {&g, "grad_out"}, {&q_s, "q_s"}, {&k, "k"}, {&v, "v"}, {&attn, "attn"}, {&gates, "gates"}, {&z, "z"},
+           {&gq, "grad_q"}, {&gk, "grad_k"}, {&gv, "grad_v"}})
+    check(*t, name);
+  const int64_t B = q_s.size(0), h = q_s.size(1), Tt = q_s.size(2), d = q_s.size(3), dv = v.size(3), BH = B * h;
+  TORCH_CHECK(attn.size(2) == Tt && attn.size(3) == Tt && gates.sizes() == attn.sizes() && g.sizes() == v.sizes()
+              && gq.sizes() == q_s.sizes() && gk.sizes() == k.sizes() && gv.sizes() == v.sizes(),
+              "cope_attend_bwd: shape mismatch");
+  auto gz = at::zeros_like(z);
+  auto q3 = q_s.view({BH, Tt, d}), k3 = k.view({BH, Tt, d}), v3 = v.view({BH, Tt, dv});
+  auto a3 = attn.view({BH, Tt, Tt}), g3 = g.view({BH, Tt, dv});
+  auto gq3 = gq.view({BH, Tt, d}), gk3 = gk.view({BH, Tt, d}), gv3 = gv.view({BH, Tt, dv});
+  const int64_t C = pairs_per_chunk(BH, Tt, q_s.element_size());
+  at::parallel_for(0, BH, C, [&](int64_t b0, int64_t b1) {
+    c10::AutoGradMode no_grad(false);
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    auto buf = at::empty({std::min(C, b1 - b0), Tt, Tt}, q_s.options());
+    for (int64_t c0 = b0; c0 < b1; c0 += C) {
+      const int64_t c1 = std::min(c0 + C, b1), n = c1 - c0;
+      auto a = a3.slice(0, c0, c1), gc = g3.slice(0, c0, c1), G = buf.slice(0, 0, n);
+      auto gvc = gv3.slice(0, c0, c1), gkc = gk3.slice(0, c0, c1), gqc = gq3.slice(0, c0, c1);
+      at::bmm_out(gvc, a.transpose(1, 2), gc);
+      at::bmm_out(G, gc, v3.slice(0, c0, c1).transpose(1, 2));
+      at::_softmax_backward_data_out(G, G, a, -1, a.scalar_type());
+      AT_DISPATCH_FLOATING_TYPES(q_s.scalar_type(), "cope_attend_bwd", [&] {
+        cope_bwd_one(G.data_ptr<scalar_t>(), z.data_ptr<scalar_t>() + c0 * Tt * np,
+                     gates.data_ptr<scalar_t>() + c0 * Tt * Tt, gz.data_ptr<scalar_t>() + c0 * Tt * np,
+                     n, Tt, np, 0, n * Tt);
+      });
+      at::bmm_out(gqc, G, k3.slice(0, c0, c1));
+      gqc.mul_(scale);
+      at::bmm_out(gkc, G.transpose(1, 2), q3.slice(0, c0, c1));
+    }
+  });
+  return gz;
+}
+
 // Registered as torch operators in a namespace named after the build (`torch.ops.<name>.sape2_attend_fwd`, ...):
 // no pybind11. A failed TORCH_CHECK reaches Python as a RuntimeError.
 TORCH_LIBRARY(TORCH_EXTENSION_NAME, m) {
   m.def("sape2_attend_fwd", &sape2_attend_fwd);
   m.def("sape2_attend_bwd", &sape2_attend_bwd);
-  m.def("cope_fwd", &cope_fwd);
-  m.def("cope_bwd", &cope_bwd);
+  m.def("cope_attend_fwd", &cope_attend_fwd);
+  m.def("cope_attend_bwd", &cope_attend_bwd);
 }
