@@ -5,6 +5,7 @@ import math
 import os
 import shutil
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -520,6 +521,11 @@ def test_an_edited_source_is_a_new_build_in_the_extensions_dir(tmp_path, monkeyp
     edited.write_bytes(_kernels.SOURCE.read_bytes() + b"\n// edited\n")
     monkeypatch.setattr(_kernels, "SOURCE", edited)
     assert _kernels.extension_name() != here
+    # the kernels' header beside the source counts too: a header added or edited, another name
+    before = _kernels.extension_name()
+    header = Path(_kernels.__file__).with_name("csrc") / "attend_kernels.h"
+    (tmp_path / header.name).write_bytes(header.read_bytes() + b"\n// edited\n")
+    assert _kernels.extension_name() != before
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
     folder = _kernels.build_directory("vitpe_attend_x")
     assert folder == str(tmp_path / "ext" / "vitpe_attend_x") and (tmp_path / "ext" / "vitpe_attend_x").is_dir()

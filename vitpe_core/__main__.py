@@ -429,7 +429,7 @@ def _report(args: argparse.Namespace) -> int:
 
 def _add_kernel(sub) -> None:
     k = sub.add_parser("kernel", help="build and load the fused SaPE²/CoPE CPU kernel (once per install)",
-                       description="Builds the fused C++ kernel (vitpe_core/encodings/csrc/attend.cpp) into the "
+                       description="Builds the fused C++ kernel (vitpe_core/encodings/csrc/) into the "
                                    "torch extension cache if it is not there, loads it, and prints where it is: run "
                                    "at install or image build time so that no visitor or first training step waits "
                                    "for the compiler. Exit status 1 when it cannot be built (no C++ compiler): "

@@ -1,6 +1,7 @@
 """Fused C++ CPU kernels for the hot part of `sape2_attention` / `cope_attention`.
 
-The source is `csrc/attend.cpp` (package data). It is built once, on first use, with
+The source is `csrc/attend.cpp` (the operators) with `csrc/attend_kernels.h` (the kernels),
+package data. It is built once, on first use, with
 `torch.utils.cpp_extension.load` into `build_directory()`: `$TORCH_EXTENSIONS_DIR/<name>`, else
 `<torch's default build root, ~/.cache/torch_extensions>/py<X.Y>_torch<version>/<name>`. The
 name (`extension_name`) holds a hash of the source and the compiler flags and one of this torch
@@ -55,7 +56,12 @@ from typing import Iterator
 
 __all__ = ["kernels", "available", "build_seconds", "extension_name", "build_directory", "SOURCE"]
 
-SOURCE = Path(__file__).with_name("csrc") / "attend.cpp"
+SOURCE = Path(__file__).with_name("csrc") / "attend.cpp"     # the operators; it includes the kernels' header
+
+
+def _source_bytes() -> bytes:
+    """What the build is made of: `SOURCE` and the headers beside it (attend_kernels.h)."""
+    return b"".join(f.read_bytes() for f in (SOURCE, *sorted(SOURCE.parent.glob("*.h"))))
 _CFLAGS = ["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
 _LDFLAGS = ["-fopenmp"]
 
@@ -111,13 +117,13 @@ def _held_by_this_process(name: str) -> Iterator[bool]:
 
 def extension_name() -> str:
     """`vitpe_attend_<8 hex digits of the source and flags>_<8 hex digits of this torch's
-    folder and of the source file's path>`. A changed `SOURCE` (or flags) is a new name, hence
+    folder and of the source file's path>`. A changed `SOURCE` or header (or flags) is a new name, hence
     a fresh build, never a stale one loaded. Each virtual environment and each checkout gets its
     own build in the shared extension cache: one name for all made two environments (or two
     clones) rebuild it in turn, 15-40 s each time (torch's build.ninja holds the torch
     include paths and the source's path, and a different one makes ninja rebuild)."""
     import torch
-    build = hashlib.sha256(SOURCE.read_bytes() + repr((_CFLAGS, _LDFLAGS)).encode()).hexdigest()[:8]
+    build = hashlib.sha256(_source_bytes() + repr((_CFLAGS, _LDFLAGS)).encode()).hexdigest()[:8]
     where = f"{Path(torch.__file__).resolve().parent}|{SOURCE.resolve()}"   # build.ninja names both paths
     tag = hashlib.sha256(where.encode()).hexdigest()[:8]
     return f"vitpe_attend_{build}_{tag}"
