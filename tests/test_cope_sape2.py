@@ -390,6 +390,23 @@ def test_sape2_kernel_matches_eager(grid, P, readout, npos_max, scale, dtype, to
 
 
 @needs_kernel
+@pytest.mark.parametrize("mode", [torch.inference_mode, torch.no_grad])
+def test_kernel_runs_under_inference_mode_and_no_grad(mode):
+    """The operators run ATen ops in torch's worker threads, which do not inherit the caller's
+    inference mode: under `torch.inference_mode()` (its tensors may not be written outside it)
+    and `torch.no_grad()` both fused functions still give the eager values."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(4, 2, 17, 8, generator=g) for _ in range(3))
+    e_x, e_y = (torch.randn(8, 10, generator=g) for _ in range(2))
+    want = (sape2_attention(q, k, v, e_x, e_y, (4, 4), num_prefix=1, use_kernel=False),
+            cope_attention(q, k, v, e_x, use_kernel=False))
+    with mode():
+        got = (sape2_attention(q, k, v, e_x, e_y, (4, 4), num_prefix=1), cope_attention(q, k, v, e_x))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5)
+
+
+@needs_kernel
 def test_sape2_kernel_coincident_descriptors():
     """Identical tokens: every distance is 0, whose gradient is 0 (as torch.cdist's), finite."""
     q = torch.ones(2, 2, 5, 8, dtype=torch.float64)
