@@ -407,6 +407,24 @@ def test_kernel_runs_under_inference_mode_and_no_grad(mode):
 
 
 @needs_kernel
+def test_the_operators_refuse_mismatched_tensors():
+    """Called directly (not through functional.py, which checks first), the C++ operators say
+    which rule a tensor breaks instead of reading past it: another batch size, a non-contiguous
+    tensor, a grid that does not match the tokens."""
+    kern = _kernels.kernels()
+    q, k, v = (torch.randn(2, 2, 5, 8) for _ in range(3))
+    z = torch.randn(2, 2, 5, 20)
+    with pytest.raises(RuntimeError, match=r"\(B, h, \., \.\) of one dtype"):
+        kern.sape2_attend_fwd(q, k, v[:1].contiguous(), z, 1, 2, 2, 10)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        kern.sape2_attend_fwd(q, k.transpose(-1, -2), v, z, 1, 2, 2, 10)
+    with pytest.raises(RuntimeError, match="mismatch"):
+        kern.sape2_attend_fwd(q, k, v, z, 1, 3, 2, 10)
+    with pytest.raises(RuntimeError, match=r"\(B, h, \., \.\) of one dtype"):
+        kern.cope_attend_fwd(q, k, v.double(), z[..., :10].contiguous(), 10)
+
+
+@needs_kernel
 def test_sape2_kernel_coincident_descriptors():
     """Identical tokens: every distance is 0, whose gradient is 0 (as torch.cdist's), finite."""
     q = torch.ones(2, 2, 5, 8, dtype=torch.float64)

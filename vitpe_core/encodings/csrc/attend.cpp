@@ -19,6 +19,7 @@
 #include <torch/library.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
+#include <initializer_list>
 #include <vector>
 
 #include "attend_kernels.h"
@@ -29,11 +30,19 @@ void check(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(), name, " must be a contiguous CPU tensor");
 }
 
+// Every tensor 4-d (B, h, ., .) with the batch and head counts of the first, and its dtype.
+void check_bh(std::initializer_list<const at::Tensor*> ts, const char* op) {
+  const at::Tensor& a = **ts.begin();
+  for (const at::Tensor* t : ts)
+    TORCH_CHECK(t->dim() == 4 && t->size(0) == a.size(0) && t->size(1) == a.size(1)
+                && t->scalar_type() == a.scalar_type(), op, ": every tensor must be (B, h, ., .) of one dtype");
+}
+
 // (batch, head) pairs per chunk of the whole-attention ops below: a chunk's T x T block (the
 // attention weights, or the logits' gradient) about 256 KiB, so that it stays in the core's L2
 // cache from the matmul that writes it through the SaPE² kernel and the softmax to the matmuls
 // that read it (the whole (B, h, T, T) tensor, ~8.6 MB at batch 128 and 65 tokens, does not:
-// op by op over all of it took twice as long). At least 1, and no more than an even share of
+// op by op over all of it took ~1.7x as long). At least 1, and no more than an even share of
 // the pairs per thread, so that small batches still use every thread.
 int64_t pairs_per_chunk(int64_t BH, int64_t Tt, int64_t item) {
   const int64_t fit = std::max<int64_t>(1, (int64_t(256) << 10) / std::max<int64_t>(1, Tt * Tt * item));
@@ -52,6 +61,7 @@ int64_t pairs_per_chunk(int64_t BH, int64_t Tt, int64_t item) {
 std::vector<at::Tensor> sape2_attend_fwd(at::Tensor q_s, at::Tensor k, at::Tensor v, at::Tensor z, int64_t P,
                                          int64_t H, int64_t W, int64_t np) {
   check(q_s, "q_s"); check(k, "k"); check(v, "v"); check(z, "z");
+  check_bh({&q_s, &k, &v, &z}, "sape2_attend_fwd");
   const int64_t B = q_s.size(0), h = q_s.size(1), Tt = q_s.size(2), d = q_s.size(3), dv = v.size(3);
   const int64_t N = H * W, BH = B * h;
   TORCH_CHECK(Tt == P + N && z.size(2) == Tt && z.size(3) == 2 * np && k.sizes() == q_s.sizes()
@@ -97,8 +107,12 @@ at::Tensor sape2_attend_bwd(at::Tensor g, at::Tensor q_s, at::Tensor k, at::Tens
            {&g, "grad_out"}, {&q_s, "q_s"}, {&k, "k"}, {&v, "v"}, {&attn, "attn"}, {&z, "z"}, {&sx, "s_x"},
            {&sy, "s_y"}, {&gx, "g_x"}, {&gy, "g_y"}, {&gq, "grad_q"}, {&gk, "grad_k"}, {&gv, "grad_v"}})
     check(*t, name);
+  check_bh({&q_s, &g, &k, &v, &attn, &z, &sx, &sy, &gx, &gy, &gq, &gk, &gv}, "sape2_attend_bwd");
   const int64_t B = q_s.size(0), h = q_s.size(1), Tt = q_s.size(2), d = q_s.size(3), dv = v.size(3);
   const int64_t N = H * W, BH = B * h;
+  TORCH_CHECK(Tt == P + N && z.size(2) == Tt && z.size(3) == 2 * np && sx.size(2) == N && sx.size(3) == W
+              && sy.size(2) == N && sy.size(3) == H && gx.sizes() == sx.sizes() && gy.sizes() == sy.sizes(),
+              "sape2_attend_bwd: z or the saved lines do not match the grid");
   TORCH_CHECK(attn.size(2) == Tt && attn.size(3) == Tt && g.sizes() == v.sizes() && gq.sizes() == q_s.sizes()
               && gk.sizes() == k.sizes() && gv.sizes() == v.sizes(), "sape2_attend_bwd: shape mismatch");
   auto gz = at::zeros_like(z);
@@ -136,6 +150,7 @@ at::Tensor sape2_attend_bwd(at::Tensor g, at::Tensor q_s, at::Tensor k, at::Tens
 // z = q·e (B, h, T, np). Returns out, attn and gates.
 std::vector<at::Tensor> cope_attend_fwd(at::Tensor q_s, at::Tensor k, at::Tensor v, at::Tensor z, int64_t np) {
   check(q_s, "q_s"); check(k, "k"); check(v, "v"); check(z, "z");
+  check_bh({&q_s, &k, &v, &z}, "cope_attend_fwd");
   const int64_t B = q_s.size(0), h = q_s.size(1), Tt = q_s.size(2), d = q_s.size(3), dv = v.size(3), BH = B * h;
   TORCH_CHECK(z.size(2) == Tt && z.size(3) == np && k.sizes() == q_s.sizes() && v.size(2) == Tt
               && k.scalar_type() == q_s.scalar_type() && v.scalar_type() == q_s.scalar_type()
@@ -173,7 +188,9 @@ at::Tensor cope_attend_bwd(at::Tensor g, at::Tensor q_s, at::Tensor k, at::Tenso
            {&g, "grad_out"}, {&q_s, "q_s"}, {&k, "k"}, {&v, "v"}, {&attn, "attn"}, {&gates, "gates"}, {&z, "z"},
            {&gq, "grad_q"}, {&gk, "grad_k"}, {&gv, "grad_v"}})
     check(*t, name);
+  check_bh({&q_s, &g, &k, &v, &attn, &gates, &z, &gq, &gk, &gv}, "cope_attend_bwd");
   const int64_t B = q_s.size(0), h = q_s.size(1), Tt = q_s.size(2), d = q_s.size(3), dv = v.size(3), BH = B * h;
+  TORCH_CHECK(z.size(2) == Tt && z.size(3) == np, "cope_attend_bwd: z must be (B, h, T, np)");
   TORCH_CHECK(attn.size(2) == Tt && attn.size(3) == Tt && gates.sizes() == attn.sizes() && g.sizes() == v.sizes()
               && gq.sizes() == q_s.sizes() && gk.sizes() == k.sizes() && gv.sizes() == v.sizes(),
               "cope_attend_bwd: shape mismatch");
