@@ -14,8 +14,9 @@ written to memory:
 * The whole attention, forward and backward (`sape2_attend_fwd` / `_bwd`, `cope_attend_fwd` /
   `_bwd`): the `(batch, head)` pairs in chunks whose `T x T` block (~256 KiB) fits the core's L2
   cache, each chunk in one thread from the matmul that writes it through the kernels below and
-  the softmax (or its backward) to the matmuls that read it; the logits' gradient exists only
-  as a chunk per thread. Op by op over the whole `(B, h, T, T)` tensor (8.6 MB at batch 128,
+  the softmax (or its backward) to the matmuls that read it, the chunks handed out one at a
+  time (a thread slowed by another process does fewer); the logits' gradient exists only as a
+  chunk per thread. Op by op over the whole `(B, h, T, T)` tensor (8.6 MB at batch 128,
   65 tokens: out of L2, and a barrier between threads after every op) the same work took ~1.7x
   as long.
 * SaPE² forward: the logits on every row and column line gathered and turned into gates by a

@@ -19,6 +19,7 @@
 #include <torch/library.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
+#include <atomic>
 #include <initializer_list>
 #include <vector>
 
@@ -50,6 +51,25 @@ int64_t pairs_per_chunk(int64_t BH, int64_t Tt, int64_t item) {
   return std::max<int64_t>(1, std::min(fit, share));
 }
 
+// Runs body(c0, c1, scratch) over the chunks [c0, c1) of C pairs in [0, BH), handed out one at a
+// time from a shared counter to torch's threads: a thread slowed by another process on the host
+// does fewer chunks instead of leaving the others idle at the end. Each thread dispatches as on
+// plain tensors (no autograd, no inference-mode checks: a worker does not inherit the caller's
+// modes) and, when scratch_T > 0, has its own C x scratch_T x scratch_T scratch tensor.
+template <typename Body>
+void for_chunks(int64_t BH, int64_t C, const at::TensorOptions& o, int64_t scratch_T, const Body& body) {
+  const int64_t chunks = (BH + C - 1) / C;
+  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), chunks));
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    c10::AutoGradMode no_grad(false);
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    at::Tensor scratch = scratch_T > 0 ? at::empty({C, scratch_T, scratch_T}, o) : at::Tensor();
+    for (int64_t i = next.fetch_add(1); i < chunks; i = next.fetch_add(1))
+      body(i * C, std::min(BH, (i + 1) * C), scratch);
+  });
+}
+
 }  // namespace
 
 // The whole SaPE² attention, forward: q_s = q·scale (B, h, T, d), k (B, h, T, d), v (B, h, T, dv),
@@ -74,23 +94,19 @@ std::vector<at::Tensor> sape2_attend_fwd(at::Tensor q_s, at::Tensor k, at::Tenso
   auto q3 = q_s.view({BH, Tt, d}), k3 = k.view({BH, Tt, d}), v3 = v.view({BH, Tt, dv});
   auto a3 = attn.view({BH, Tt, Tt}), o3 = out.view({BH, Tt, dv});
   const int64_t C = pairs_per_chunk(BH, Tt, q_s.element_size());
-  at::parallel_for(0, BH, C, [&](int64_t b0, int64_t b1) {
-    c10::AutoGradMode no_grad(false);                     // plain tensors: no autograd in the workers
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    for (int64_t c0 = b0; c0 < b1; c0 += C) {
-      const int64_t c1 = std::min(c0 + C, b1), n = c1 - c0;
-      auto a = a3.slice(0, c0, c1);
-      at::bmm_out(a, q3.slice(0, c0, c1), k3.slice(0, c0, c1).transpose(1, 2));
-      AT_DISPATCH_FLOATING_TYPES(q_s.scalar_type(), "sape2_attend_fwd", [&] {
-        sape2_fwd_one(a.data_ptr<scalar_t>(), z.data_ptr<scalar_t>() + c0 * Tt * 2 * np,
-                      sx.data_ptr<scalar_t>() + c0 * N * W, sy.data_ptr<scalar_t>() + c0 * N * H,
-                      gx.data_ptr<scalar_t>() + c0 * N * W, gy.data_ptr<scalar_t>() + c0 * N * H,
-                      n, Tt, P, H, W, np, 0, n);
-      });
-      at::_softmax_out(a, a, -1, false);
-      auto oc = o3.slice(0, c0, c1);
-      at::bmm_out(oc, a, v3.slice(0, c0, c1));
-    }
+  for_chunks(BH, C, q_s.options(), 0, [&](int64_t c0, int64_t c1, at::Tensor&) {
+    const int64_t n = c1 - c0;
+    auto a = a3.slice(0, c0, c1);
+    at::bmm_out(a, q3.slice(0, c0, c1), k3.slice(0, c0, c1).transpose(1, 2));
+    AT_DISPATCH_FLOATING_TYPES(q_s.scalar_type(), "sape2_attend_fwd", [&] {
+      sape2_fwd_one(a.data_ptr<scalar_t>(), z.data_ptr<scalar_t>() + c0 * Tt * 2 * np,
+                    sx.data_ptr<scalar_t>() + c0 * N * W, sy.data_ptr<scalar_t>() + c0 * N * H,
+                    gx.data_ptr<scalar_t>() + c0 * N * W, gy.data_ptr<scalar_t>() + c0 * N * H,
+                    n, Tt, P, H, W, np, 0, n);
+    });
+    at::_softmax_out(a, a, -1, false);
+    auto oc = o3.slice(0, c0, c1);
+    at::bmm_out(oc, a, v3.slice(0, c0, c1));
   });
   return {out, attn, sx, sy, gx, gy};
 }
@@ -120,27 +136,22 @@ at::Tensor sape2_attend_bwd(at::Tensor g, at::Tensor q_s, at::Tensor k, at::Tens
   auto a3 = attn.view({BH, Tt, Tt}), g3 = g.view({BH, Tt, dv});
   auto gq3 = gq.view({BH, Tt, d}), gk3 = gk.view({BH, Tt, d}), gv3 = gv.view({BH, Tt, dv});
   const int64_t C = pairs_per_chunk(BH, Tt, q_s.element_size());
-  at::parallel_for(0, BH, C, [&](int64_t b0, int64_t b1) {
-    c10::AutoGradMode no_grad(false);
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto buf = at::empty({std::min(C, b1 - b0), Tt, Tt}, q_s.options());
-    for (int64_t c0 = b0; c0 < b1; c0 += C) {
-      const int64_t c1 = std::min(c0 + C, b1), n = c1 - c0;
-      auto a = a3.slice(0, c0, c1), gc = g3.slice(0, c0, c1), G = buf.slice(0, 0, n);
-      auto gvc = gv3.slice(0, c0, c1), gkc = gk3.slice(0, c0, c1), gqc = gq3.slice(0, c0, c1);
-      at::bmm_out(gvc, a.transpose(1, 2), gc);
-      at::bmm_out(G, gc, v3.slice(0, c0, c1).transpose(1, 2));
-      at::_softmax_backward_data_out(G, G, a, -1, a.scalar_type());
-      AT_DISPATCH_FLOATING_TYPES(q_s.scalar_type(), "sape2_attend_bwd", [&] {
-        sape2_bwd_one(G.data_ptr<scalar_t>(), z.data_ptr<scalar_t>() + c0 * Tt * 2 * np,
-                      sx.data_ptr<scalar_t>() + c0 * N * W, sy.data_ptr<scalar_t>() + c0 * N * H,
-                      gx.data_ptr<scalar_t>() + c0 * N * W, gy.data_ptr<scalar_t>() + c0 * N * H,
-                      gz.data_ptr<scalar_t>() + c0 * Tt * 2 * np, n, Tt, P, H, W, np, 0, n);
-      });
-      at::bmm_out(gqc, G, k3.slice(0, c0, c1));
-      gqc.mul_(scale);
-      at::bmm_out(gkc, G.transpose(1, 2), q3.slice(0, c0, c1));
-    }
+  for_chunks(BH, C, q_s.options(), Tt, [&](int64_t c0, int64_t c1, at::Tensor& buf) {
+    const int64_t n = c1 - c0;
+    auto a = a3.slice(0, c0, c1), gc = g3.slice(0, c0, c1), G = buf.slice(0, 0, n);
+    auto gvc = gv3.slice(0, c0, c1), gkc = gk3.slice(0, c0, c1), gqc = gq3.slice(0, c0, c1);
+    at::bmm_out(gvc, a.transpose(1, 2), gc);
+    at::bmm_out(G, gc, v3.slice(0, c0, c1).transpose(1, 2));
+    at::_softmax_backward_data_out(G, G, a, -1, a.scalar_type());
+    AT_DISPATCH_FLOATING_TYPES(q_s.scalar_type(), "sape2_attend_bwd", [&] {
+      sape2_bwd_one(G.data_ptr<scalar_t>(), z.data_ptr<scalar_t>() + c0 * Tt * 2 * np,
+                    sx.data_ptr<scalar_t>() + c0 * N * W, sy.data_ptr<scalar_t>() + c0 * N * H,
+                    gx.data_ptr<scalar_t>() + c0 * N * W, gy.data_ptr<scalar_t>() + c0 * N * H,
+                    gz.data_ptr<scalar_t>() + c0 * Tt * 2 * np, n, Tt, P, H, W, np, 0, n);
+    });
+    at::bmm_out(gqc, G, k3.slice(0, c0, c1));
+    gqc.mul_(scale);
+    at::bmm_out(gkc, G.transpose(1, 2), q3.slice(0, c0, c1));
   });
   return gz;
 }
@@ -160,21 +171,17 @@ std::vector<at::Tensor> cope_attend_fwd(at::Tensor q_s, at::Tensor k, at::Tensor
   auto q3 = q_s.view({BH, Tt, d}), k3 = k.view({BH, Tt, d}), v3 = v.view({BH, Tt, dv});
   auto a3 = attn.view({BH, Tt, Tt}), g3 = gates.view({BH, Tt, Tt}), o3 = out.view({BH, Tt, dv});
   const int64_t C = pairs_per_chunk(BH, Tt, q_s.element_size());
-  at::parallel_for(0, BH, C, [&](int64_t b0, int64_t b1) {
-    c10::AutoGradMode no_grad(false);
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    for (int64_t c0 = b0; c0 < b1; c0 += C) {
-      const int64_t c1 = std::min(c0 + C, b1), n = c1 - c0;
-      auto a = a3.slice(0, c0, c1), gc = g3.slice(0, c0, c1), oc = o3.slice(0, c0, c1);
-      at::bmm_out(a, q3.slice(0, c0, c1), k3.slice(0, c0, c1).transpose(1, 2));
-      at::sigmoid_out(gc, a);
-      AT_DISPATCH_FLOATING_TYPES(q_s.scalar_type(), "cope_attend_fwd", [&] {
-        cope_fwd_one(a.data_ptr<scalar_t>(), z.data_ptr<scalar_t>() + c0 * Tt * np, gc.data_ptr<scalar_t>(),
-                     n, Tt, np, 0, n * Tt);
-      });
-      at::_softmax_out(a, a, -1, false);
-      at::bmm_out(oc, a, v3.slice(0, c0, c1));
-    }
+  for_chunks(BH, C, q_s.options(), 0, [&](int64_t c0, int64_t c1, at::Tensor&) {
+    const int64_t n = c1 - c0;
+    auto a = a3.slice(0, c0, c1), gc = g3.slice(0, c0, c1), oc = o3.slice(0, c0, c1);
+    at::bmm_out(a, q3.slice(0, c0, c1), k3.slice(0, c0, c1).transpose(1, 2));
+    at::sigmoid_out(gc, a);
+    AT_DISPATCH_FLOATING_TYPES(q_s.scalar_type(), "cope_attend_fwd", [&] {
+      cope_fwd_one(a.data_ptr<scalar_t>(), z.data_ptr<scalar_t>() + c0 * Tt * np, gc.data_ptr<scalar_t>(),
+                   n, Tt, np, 0, n * Tt);
+    });
+    at::_softmax_out(a, a, -1, false);
+    at::bmm_out(oc, a, v3.slice(0, c0, c1));
   });
   return {out, attn, gates};
 }
@@ -199,26 +206,21 @@ at::Tensor cope_attend_bwd(at::Tensor g, at::Tensor q_s, at::Tensor k, at::Tenso
   auto a3 = attn.view({BH, Tt, Tt}), g3 = g.view({BH, Tt, dv});
   auto gq3 = gq.view({BH, Tt, d}), gk3 = gk.view({BH, Tt, d}), gv3 = gv.view({BH, Tt, dv});
   const int64_t C = pairs_per_chunk(BH, Tt, q_s.element_size());
-  at::parallel_for(0, BH, C, [&](int64_t b0, int64_t b1) {
-    c10::AutoGradMode no_grad(false);
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto buf = at::empty({std::min(C, b1 - b0), Tt, Tt}, q_s.options());
-    for (int64_t c0 = b0; c0 < b1; c0 += C) {
-      const int64_t c1 = std::min(c0 + C, b1), n = c1 - c0;
-      auto a = a3.slice(0, c0, c1), gc = g3.slice(0, c0, c1), G = buf.slice(0, 0, n);
-      auto gvc = gv3.slice(0, c0, c1), gkc = gk3.slice(0, c0, c1), gqc = gq3.slice(0, c0, c1);
-      at::bmm_out(gvc, a.transpose(1, 2), gc);
-      at::bmm_out(G, gc, v3.slice(0, c0, c1).transpose(1, 2));
-      at::_softmax_backward_data_out(G, G, a, -1, a.scalar_type());
-      AT_DISPATCH_FLOATING_TYPES(q_s.scalar_type(), "cope_attend_bwd", [&] {
-        cope_bwd_one(G.data_ptr<scalar_t>(), z.data_ptr<scalar_t>() + c0 * Tt * np,
-                     gates.data_ptr<scalar_t>() + c0 * Tt * Tt, gz.data_ptr<scalar_t>() + c0 * Tt * np,
-                     n, Tt, np, 0, n * Tt);
-      });
-      at::bmm_out(gqc, G, k3.slice(0, c0, c1));
-      gqc.mul_(scale);
-      at::bmm_out(gkc, G.transpose(1, 2), q3.slice(0, c0, c1));
-    }
+  for_chunks(BH, C, q_s.options(), Tt, [&](int64_t c0, int64_t c1, at::Tensor& buf) {
+    const int64_t n = c1 - c0;
+    auto a = a3.slice(0, c0, c1), gc = g3.slice(0, c0, c1), G = buf.slice(0, 0, n);
+    auto gvc = gv3.slice(0, c0, c1), gkc = gk3.slice(0, c0, c1), gqc = gq3.slice(0, c0, c1);
+    at::bmm_out(gvc, a.transpose(1, 2), gc);
+    at::bmm_out(G, gc, v3.slice(0, c0, c1).transpose(1, 2));
+    at::_softmax_backward_data_out(G, G, a, -1, a.scalar_type());
+    AT_DISPATCH_FLOATING_TYPES(q_s.scalar_type(), "cope_attend_bwd", [&] {
+      cope_bwd_one(G.data_ptr<scalar_t>(), z.data_ptr<scalar_t>() + c0 * Tt * np,
+                   gates.data_ptr<scalar_t>() + c0 * Tt * Tt, gz.data_ptr<scalar_t>() + c0 * Tt * np,
+                   n, Tt, np, 0, n * Tt);
+    });
+    at::bmm_out(gqc, G, k3.slice(0, c0, c1));
+    gqc.mul_(scale);
+    at::bmm_out(gkc, G.transpose(1, 2), q3.slice(0, c0, c1));
   });
   return gz;
 }
