@@ -70,157 +70,151 @@ void for_chunks(int64_t BH, int64_t C, const at::TensorOptions& o, int64_t scrat
   });
 }
 
-}  // namespace
-
-// The whole SaPE² attention, forward: q_s = q·scale (B, h, T, d), k (B, h, T, d), v (B, h, T, dv),
-// z (B, h, T, 2 np): every token's read-outs of E_x, then E_y (the prefix tokens' rows are not
-// read). Chunk by chunk of (batch, head) pairs, each chunk in one thread: logits = q_s·kᵀ, the
-// distances added in place (sape2_fwd_range), softmax in place, out = attn·v. Returns out,
-// attn (B, h, T, T, kept for the backward), the descriptors s_x (B,h,N,W), s_y (B,h,N,H) and the
-// line gates g_x, g_y alike.
-std::vector<at::Tensor> sape2_attend_fwd(at::Tensor q_s, at::Tensor k, at::Tensor v, at::Tensor z, int64_t P,
-                                         int64_t H, int64_t W, int64_t np) {
-  check(q_s, "q_s"); check(k, "k"); check(v, "v"); check(z, "z");
-  check_bh({&q_s, &k, &v, &z}, "sape2_attend_fwd");
-  const int64_t B = q_s.size(0), h = q_s.size(1), Tt = q_s.size(2), d = q_s.size(3), dv = v.size(3);
-  const int64_t N = H * W, BH = B * h;
-  TORCH_CHECK(Tt == P + N && z.size(2) == Tt && z.size(3) == 2 * np && k.sizes() == q_s.sizes()
-              && v.size(2) == Tt && k.scalar_type() == q_s.scalar_type() && v.scalar_type() == q_s.scalar_type()
-              && z.scalar_type() == q_s.scalar_type(), "sape2_attend_fwd: shape or dtype mismatch");
-  auto o = q_s.options();
-  auto attn = at::empty({B, h, Tt, Tt}, o), out = at::empty({B, h, Tt, dv}, o);
-  auto sx = at::empty({B, h, N, W}, o), sy = at::empty({B, h, N, H}, o);
-  auto gx = at::empty({B, h, N, W}, o), gy = at::empty({B, h, N, H}, o);
+// The attention around an encoding's bias, forward, chunk by chunk (for_chunks): logits = q_s·kᵀ
+// written into attn, add_bias(c0, c1, logits of pairs [c0, c1)) adds the bias in place, softmax in
+// place, out = attn·v. q_s, k (B, h, T, d), v (B, h, T, dv). Returns {out, attn}.
+template <typename AddBias>
+std::vector<at::Tensor> attend_fwd(const char* op, const at::Tensor& q_s, const at::Tensor& k, const at::Tensor& v,
+                                   const AddBias& add_bias) {
+  check(q_s, "q_s"); check(k, "k"); check(v, "v");
+  check_bh({&q_s, &k, &v}, op);
+  TORCH_CHECK(k.sizes() == q_s.sizes() && v.size(2) == q_s.size(2), op, ": shape or dtype mismatch");
+  const int64_t B = q_s.size(0), h = q_s.size(1), Tt = q_s.size(2), d = q_s.size(3), dv = v.size(3), BH = B * h;
+  auto attn = at::empty({B, h, Tt, Tt}, q_s.options()), out = at::empty({B, h, Tt, dv}, q_s.options());
   auto q3 = q_s.view({BH, Tt, d}), k3 = k.view({BH, Tt, d}), v3 = v.view({BH, Tt, dv});
   auto a3 = attn.view({BH, Tt, Tt}), o3 = out.view({BH, Tt, dv});
   const int64_t C = pairs_per_chunk(BH, Tt, q_s.element_size());
   for_chunks(BH, C, q_s.options(), 0, [&](int64_t c0, int64_t c1, at::Tensor&) {
-    const int64_t n = c1 - c0;
-    auto a = a3.slice(0, c0, c1);
+    auto a = a3.slice(0, c0, c1), oc = o3.slice(0, c0, c1);
     at::bmm_out(a, q3.slice(0, c0, c1), k3.slice(0, c0, c1).transpose(1, 2));
-    AT_DISPATCH_FLOATING_TYPES(q_s.scalar_type(), "sape2_attend_fwd", [&] {
-      sape2_fwd_one(a.data_ptr<scalar_t>(), z.data_ptr<scalar_t>() + c0 * Tt * 2 * np,
-                    sx.data_ptr<scalar_t>() + c0 * N * W, sy.data_ptr<scalar_t>() + c0 * N * H,
-                    gx.data_ptr<scalar_t>() + c0 * N * W, gy.data_ptr<scalar_t>() + c0 * N * H,
-                    n, Tt, P, H, W, np, 0, n);
-    });
+    add_bias(c0, c1, a);
     at::_softmax_out(a, a, -1, false);
-    auto oc = o3.slice(0, c0, c1);
     at::bmm_out(oc, a, v3.slice(0, c0, c1));
   });
-  return {out, attn, sx, sy, gx, gy};
+  return {out, attn};
 }
 
-// The whole SaPE² attention, backward, chunk by chunk as the forward: the logits' gradient
-// (softmax backward, then sape2_bwd_range) lives only in a per-thread chunk buffer. Writes
-// the gradients of q (as q = q_s / scale), k and v into gq, gk, gv (contiguous, B, h, T, d|dv)
-// and returns that of z (B, h, T, 2 np), 0 in the prefix rows.
+// The same attention, backward, chunk by chunk: the logits' gradient G lives only in a per-thread
+// chunk buffer (softmax backward of g·vᵀ), grad_bias(c0, c1, G) adds the bias inputs' part into it
+// in place and writes the encoding's own gradients; then the gradients of q (as q = q_s / scale),
+// k and v go into gq, gk, gv (contiguous).
+template <typename GradBias>
+void attend_bwd(const char* op, const at::Tensor& g, const at::Tensor& q_s, const at::Tensor& k, const at::Tensor& v,
+                const at::Tensor& attn, const at::Tensor& gq, const at::Tensor& gk, const at::Tensor& gv, double scale,
+                const GradBias& grad_bias) {
+  for (auto& [t, name] : std::vector<std::pair<const at::Tensor*, const char*>>{
+           {&g, "grad_out"}, {&q_s, "q_s"}, {&k, "k"}, {&v, "v"}, {&attn, "attn"}, {&gq, "grad_q"}, {&gk, "grad_k"},
+           {&gv, "grad_v"}})
+    check(*t, name);
+  check_bh({&q_s, &g, &k, &v, &attn, &gq, &gk, &gv}, op);
+  const int64_t B = q_s.size(0), h = q_s.size(1), Tt = q_s.size(2), d = q_s.size(3), dv = v.size(3), BH = B * h;
+  TORCH_CHECK(attn.size(2) == Tt && attn.size(3) == Tt && g.sizes() == v.sizes() && gq.sizes() == q_s.sizes()
+              && gk.sizes() == k.sizes() && gv.sizes() == v.sizes(), op, ": shape mismatch");
+  auto q3 = q_s.view({BH, Tt, d}), k3 = k.view({BH, Tt, d}), v3 = v.view({BH, Tt, dv});
+  auto a3 = attn.view({BH, Tt, Tt}), g3 = g.view({BH, Tt, dv});
+  auto gq3 = gq.view({BH, Tt, d}), gk3 = gk.view({BH, Tt, d}), gv3 = gv.view({BH, Tt, dv});
+  const int64_t C = pairs_per_chunk(BH, Tt, q_s.element_size());
+  for_chunks(BH, C, q_s.options(), Tt, [&](int64_t c0, int64_t c1, at::Tensor& buf) {
+    auto a = a3.slice(0, c0, c1), gc = g3.slice(0, c0, c1), G = buf.slice(0, 0, c1 - c0);
+    auto gvc = gv3.slice(0, c0, c1), gkc = gk3.slice(0, c0, c1), gqc = gq3.slice(0, c0, c1);
+    at::bmm_out(gvc, a.transpose(1, 2), gc);
+    at::bmm_out(G, gc, v3.slice(0, c0, c1).transpose(1, 2));
+    at::_softmax_backward_data_out(G, G, a, -1, a.scalar_type());
+    grad_bias(c0, c1, G);
+    at::bmm_out(gqc, G, k3.slice(0, c0, c1));
+    gqc.mul_(scale);
+    at::bmm_out(gkc, G.transpose(1, 2), q3.slice(0, c0, c1));
+  });
+}
+
+}  // namespace
+
+// The whole SaPE² attention, forward (attend_fwd around sape2_fwd_range): q_s = q·scale
+// (B, h, T, d), k (B, h, T, d), v (B, h, T, dv), z (B, h, T, 2 np): every token's read-outs of
+// E_x, then E_y (the prefix tokens' rows are not read); the distances added into each chunk's
+// logits. Returns out, attn (B, h, T, T, kept for the backward), the descriptors s_x (B,h,N,W),
+// s_y (B,h,N,H) and the line gates g_x, g_y alike.
+std::vector<at::Tensor> sape2_attend_fwd(at::Tensor q_s, at::Tensor k, at::Tensor v, at::Tensor z, int64_t P,
+                                         int64_t H, int64_t W, int64_t np) {
+  check(z, "z");
+  check_bh({&q_s, &z}, "sape2_attend_fwd");
+  const int64_t B = q_s.size(0), h = q_s.size(1), Tt = q_s.size(2), N = H * W;
+  TORCH_CHECK(Tt == P + N && z.size(2) == Tt && z.size(3) == 2 * np, "sape2_attend_fwd: shape or dtype mismatch");
+  auto o = q_s.options();
+  auto sx = at::empty({B, h, N, W}, o), sy = at::empty({B, h, N, H}, o);
+  auto gx = at::empty({B, h, N, W}, o), gy = at::empty({B, h, N, H}, o);
+  auto res = attend_fwd("sape2_attend_fwd", q_s, k, v, [&](int64_t c0, int64_t c1, at::Tensor& logits) {
+    AT_DISPATCH_FLOATING_TYPES(q_s.scalar_type(), "sape2_attend_fwd", [&] {
+      sape2_fwd_one(logits.data_ptr<scalar_t>(), z.data_ptr<scalar_t>() + c0 * Tt * 2 * np,
+                    sx.data_ptr<scalar_t>() + c0 * N * W, sy.data_ptr<scalar_t>() + c0 * N * H,
+                    gx.data_ptr<scalar_t>() + c0 * N * W, gy.data_ptr<scalar_t>() + c0 * N * H,
+                    c1 - c0, Tt, P, H, W, np, 0, c1 - c0);
+    });
+  });
+  return {res[0], res[1], sx, sy, gx, gy};
+}
+
+// The whole SaPE² attention, backward (attend_bwd around sape2_bwd_range): the gradients of q, k
+// and v into gq, gk, gv; returns that of z (B, h, T, 2 np), 0 in the prefix rows.
 at::Tensor sape2_attend_bwd(at::Tensor g, at::Tensor q_s, at::Tensor k, at::Tensor v, at::Tensor attn,
                             at::Tensor z, at::Tensor sx, at::Tensor sy, at::Tensor gx, at::Tensor gy,
                             at::Tensor gq, at::Tensor gk, at::Tensor gv, double scale, int64_t P, int64_t H,
                             int64_t W, int64_t np) {
-  for (auto& [t, name] : std::vector<std::pair<at::Tensor*, const char*>>{
-           {&g, "grad_out"}, {&q_s, "q_s"}, {&k, "k"}, {&v, "v"}, {&attn, "attn"}, {&z, "z"}, {&sx, "s_x"},
-           {&sy, "s_y"}, {&gx, "g_x"}, {&gy, "g_y"}, {&gq, "grad_q"}, {&gk, "grad_k"}, {&gv, "grad_v"}})
-    check(*t, name);
-  check_bh({&q_s, &g, &k, &v, &attn, &z, &sx, &sy, &gx, &gy, &gq, &gk, &gv}, "sape2_attend_bwd");
-  const int64_t B = q_s.size(0), h = q_s.size(1), Tt = q_s.size(2), d = q_s.size(3), dv = v.size(3);
-  const int64_t N = H * W, BH = B * h;
+  check(z, "z"); check(sx, "s_x"); check(sy, "s_y"); check(gx, "g_x"); check(gy, "g_y");
+  check_bh({&q_s, &z, &sx, &sy, &gx, &gy}, "sape2_attend_bwd");
+  const int64_t Tt = q_s.size(2), N = H * W;
   TORCH_CHECK(Tt == P + N && z.size(2) == Tt && z.size(3) == 2 * np && sx.size(2) == N && sx.size(3) == W
               && sy.size(2) == N && sy.size(3) == H && gx.sizes() == sx.sizes() && gy.sizes() == sy.sizes(),
               "sape2_attend_bwd: z or the saved lines do not match the grid");
-  TORCH_CHECK(attn.size(2) == Tt && attn.size(3) == Tt && g.sizes() == v.sizes() && gq.sizes() == q_s.sizes()
-              && gk.sizes() == k.sizes() && gv.sizes() == v.sizes(), "sape2_attend_bwd: shape mismatch");
   auto gz = at::zeros_like(z);
-  auto q3 = q_s.view({BH, Tt, d}), k3 = k.view({BH, Tt, d}), v3 = v.view({BH, Tt, dv});
-  auto a3 = attn.view({BH, Tt, Tt}), g3 = g.view({BH, Tt, dv});
-  auto gq3 = gq.view({BH, Tt, d}), gk3 = gk.view({BH, Tt, d}), gv3 = gv.view({BH, Tt, dv});
-  const int64_t C = pairs_per_chunk(BH, Tt, q_s.element_size());
-  for_chunks(BH, C, q_s.options(), Tt, [&](int64_t c0, int64_t c1, at::Tensor& buf) {
-    const int64_t n = c1 - c0;
-    auto a = a3.slice(0, c0, c1), gc = g3.slice(0, c0, c1), G = buf.slice(0, 0, n);
-    auto gvc = gv3.slice(0, c0, c1), gkc = gk3.slice(0, c0, c1), gqc = gq3.slice(0, c0, c1);
-    at::bmm_out(gvc, a.transpose(1, 2), gc);
-    at::bmm_out(G, gc, v3.slice(0, c0, c1).transpose(1, 2));
-    at::_softmax_backward_data_out(G, G, a, -1, a.scalar_type());
+  attend_bwd("sape2_attend_bwd", g, q_s, k, v, attn, gq, gk, gv, scale, [&](int64_t c0, int64_t c1, at::Tensor& G) {
     AT_DISPATCH_FLOATING_TYPES(q_s.scalar_type(), "sape2_attend_bwd", [&] {
       sape2_bwd_one(G.data_ptr<scalar_t>(), z.data_ptr<scalar_t>() + c0 * Tt * 2 * np,
                     sx.data_ptr<scalar_t>() + c0 * N * W, sy.data_ptr<scalar_t>() + c0 * N * H,
                     gx.data_ptr<scalar_t>() + c0 * N * W, gy.data_ptr<scalar_t>() + c0 * N * H,
-                    gz.data_ptr<scalar_t>() + c0 * Tt * 2 * np, n, Tt, P, H, W, np, 0, n);
+                    gz.data_ptr<scalar_t>() + c0 * Tt * 2 * np, c1 - c0, Tt, P, H, W, np, 0, c1 - c0);
     });
-    at::bmm_out(gqc, G, k3.slice(0, c0, c1));
-    gqc.mul_(scale);
-    at::bmm_out(gkc, G.transpose(1, 2), q3.slice(0, c0, c1));
   });
   return gz;
 }
 
-// The whole CoPE attention, forward, chunk by chunk as sape2_attend_fwd: logits = q_s·kᵀ, gates =
-// σ(logits) (kept), the bias added in place (cope_fwd_range), softmax in place, out = attn·v.
-// z = q·e (B, h, T, np). Returns out, attn and gates.
+// The whole CoPE attention, forward (attend_fwd around cope_fwd_range): gates = σ(logits) of each
+// chunk (kept), the bias added in place. z = q·e (B, h, T, np). Returns out, attn and gates.
 std::vector<at::Tensor> cope_attend_fwd(at::Tensor q_s, at::Tensor k, at::Tensor v, at::Tensor z, int64_t np) {
-  check(q_s, "q_s"); check(k, "k"); check(v, "v"); check(z, "z");
-  check_bh({&q_s, &k, &v, &z}, "cope_attend_fwd");
-  const int64_t B = q_s.size(0), h = q_s.size(1), Tt = q_s.size(2), d = q_s.size(3), dv = v.size(3), BH = B * h;
-  TORCH_CHECK(z.size(2) == Tt && z.size(3) == np && k.sizes() == q_s.sizes() && v.size(2) == Tt
-              && k.scalar_type() == q_s.scalar_type() && v.scalar_type() == q_s.scalar_type()
-              && z.scalar_type() == q_s.scalar_type(), "cope_attend_fwd: shape or dtype mismatch");
-  auto o = q_s.options();
-  auto attn = at::empty({B, h, Tt, Tt}, o), gates = at::empty({B, h, Tt, Tt}, o), out = at::empty({B, h, Tt, dv}, o);
-  auto q3 = q_s.view({BH, Tt, d}), k3 = k.view({BH, Tt, d}), v3 = v.view({BH, Tt, dv});
-  auto a3 = attn.view({BH, Tt, Tt}), g3 = gates.view({BH, Tt, Tt}), o3 = out.view({BH, Tt, dv});
-  const int64_t C = pairs_per_chunk(BH, Tt, q_s.element_size());
-  for_chunks(BH, C, q_s.options(), 0, [&](int64_t c0, int64_t c1, at::Tensor&) {
-    const int64_t n = c1 - c0;
-    auto a = a3.slice(0, c0, c1), gc = g3.slice(0, c0, c1), oc = o3.slice(0, c0, c1);
-    at::bmm_out(a, q3.slice(0, c0, c1), k3.slice(0, c0, c1).transpose(1, 2));
-    at::sigmoid_out(gc, a);
+  check(z, "z");
+  check_bh({&q_s, &z}, "cope_attend_fwd");
+  const int64_t Tt = q_s.size(2);
+  TORCH_CHECK(z.size(2) == Tt && z.size(3) == np, "cope_attend_fwd: shape or dtype mismatch");
+  auto gates = at::empty({q_s.size(0), q_s.size(1), Tt, Tt}, q_s.options());
+  auto g3 = gates.view({q_s.size(0) * q_s.size(1), Tt, Tt});
+  auto res = attend_fwd("cope_attend_fwd", q_s, k, v, [&](int64_t c0, int64_t c1, at::Tensor& logits) {
+    auto gc = g3.slice(0, c0, c1);
+    at::sigmoid_out(gc, logits);
     AT_DISPATCH_FLOATING_TYPES(q_s.scalar_type(), "cope_attend_fwd", [&] {
-      cope_fwd_one(a.data_ptr<scalar_t>(), z.data_ptr<scalar_t>() + c0 * Tt * np, gc.data_ptr<scalar_t>(),
-                   n, Tt, np, 0, n * Tt);
+      cope_fwd_one(logits.data_ptr<scalar_t>(), z.data_ptr<scalar_t>() + c0 * Tt * np, gc.data_ptr<scalar_t>(),
+                   c1 - c0, Tt, np, 0, (c1 - c0) * Tt);
     });
-    at::_softmax_out(a, a, -1, false);
-    at::bmm_out(oc, a, v3.slice(0, c0, c1));
   });
-  return {out, attn, gates};
+  return {res[0], res[1], gates};
 }
 
-// The whole CoPE attention, backward, chunk by chunk as sape2_attend_bwd: writes the gradients of
-// q (as q = q_s / scale; without z's part), k and v into gq, gk, gv and returns that of z.
+// The whole CoPE attention, backward (attend_bwd around cope_bwd_range): the gradients of q (without
+// z's part), k and v into gq, gk, gv; returns that of z.
 at::Tensor cope_attend_bwd(at::Tensor g, at::Tensor q_s, at::Tensor k, at::Tensor v, at::Tensor attn,
                            at::Tensor gates, at::Tensor z, at::Tensor gq, at::Tensor gk, at::Tensor gv, double scale,
                            int64_t np) {
-  for (auto& [t, name] : std::vector<std::pair<at::Tensor*, const char*>>{
-           {&g, "grad_out"}, {&q_s, "q_s"}, {&k, "k"}, {&v, "v"}, {&attn, "attn"}, {&gates, "gates"}, {&z, "z"},
-           {&gq, "grad_q"}, {&gk, "grad_k"}, {&gv, "grad_v"}})
-    check(*t, name);
-  check_bh({&q_s, &g, &k, &v, &attn, &gates, &z, &gq, &gk, &gv}, "cope_attend_bwd");
-  const int64_t B = q_s.size(0), h = q_s.size(1), Tt = q_s.size(2), d = q_s.size(3), dv = v.size(3), BH = B * h;
+  check(gates, "gates"); check(z, "z");
+  check_bh({&q_s, &gates, &z}, "cope_attend_bwd");
+  const int64_t Tt = q_s.size(2);
   TORCH_CHECK(z.size(2) == Tt && z.size(3) == np, "cope_attend_bwd: z must be (B, h, T, np)");
-  TORCH_CHECK(attn.size(2) == Tt && attn.size(3) == Tt && gates.sizes() == attn.sizes() && g.sizes() == v.sizes()
-              && gq.sizes() == q_s.sizes() && gk.sizes() == k.sizes() && gv.sizes() == v.sizes(),
-              "cope_attend_bwd: shape mismatch");
+  TORCH_CHECK(gates.sizes() == attn.sizes(), "cope_attend_bwd: shape mismatch");
   auto gz = at::zeros_like(z);
-  auto q3 = q_s.view({BH, Tt, d}), k3 = k.view({BH, Tt, d}), v3 = v.view({BH, Tt, dv});
-  auto a3 = attn.view({BH, Tt, Tt}), g3 = g.view({BH, Tt, dv});
-  auto gq3 = gq.view({BH, Tt, d}), gk3 = gk.view({BH, Tt, d}), gv3 = gv.view({BH, Tt, dv});
-  const int64_t C = pairs_per_chunk(BH, Tt, q_s.element_size());
-  for_chunks(BH, C, q_s.options(), Tt, [&](int64_t c0, int64_t c1, at::Tensor& buf) {
-    const int64_t n = c1 - c0;
-    auto a = a3.slice(0, c0, c1), gc = g3.slice(0, c0, c1), G = buf.slice(0, 0, n);
-    auto gvc = gv3.slice(0, c0, c1), gkc = gk3.slice(0, c0, c1), gqc = gq3.slice(0, c0, c1);
-    at::bmm_out(gvc, a.transpose(1, 2), gc);
-    at::bmm_out(G, gc, v3.slice(0, c0, c1).transpose(1, 2));
-    at::_softmax_backward_data_out(G, G, a, -1, a.scalar_type());
+  attend_bwd("cope_attend_bwd", g, q_s, k, v, attn, gq, gk, gv, scale, [&](int64_t c0, int64_t c1, at::Tensor& G) {
     AT_DISPATCH_FLOATING_TYPES(q_s.scalar_type(), "cope_attend_bwd", [&] {
       cope_bwd_one(G.data_ptr<scalar_t>(), z.data_ptr<scalar_t>() + c0 * Tt * np,
                    gates.data_ptr<scalar_t>() + c0 * Tt * Tt, gz.data_ptr<scalar_t>() + c0 * Tt * np,
-                   n, Tt, np, 0, n * Tt);
+                   c1 - c0, Tt, np, 0, (c1 - c0) * Tt);
     });
-    at::bmm_out(gqc, G, k3.slice(0, c0, c1));
-    gqc.mul_(scale);
-    at::bmm_out(gkc, G.transpose(1, 2), q3.slice(0, c0, c1));
   });
   return gz;
 }

@@ -230,7 +230,6 @@ INL void pair_grad_rows(const T* sP, const T* w, int64_t i, int64_t N, int64_t m
 
 template <typename T>
 INL void sape2_bwd_range(T* gl, const T* z, const T* sx, const T* sy, const T* gx, const T* gy, T* gz, int64_t BH, int64_t Tt, int64_t P, int64_t H, int64_t W, int64_t np, int64_t b0, int64_t b1) {
-  typedef typename Chunk<T>::V V;
   const int64_t N = H * W, M = np - 1, Z = 2 * np;
   constexpr int C = Chunk<T>::C;
   const int64_t Np = (N + C - 1) / C * C, Wp = (W + C - 1) / C * C, Hp = (H + C - 1) / C * C;
@@ -250,13 +249,8 @@ INL void sape2_bwd_range(T* gl, const T* z, const T* sx, const T* sy, const T* g
     std::fill(gsx.begin(), gsx.end(), T(0)); std::fill(gsy.begin(), gsy.end(), T(0));
     for (int64_t i = 0; i < N; ++i) {                    // pairs i < n (Gs is 0 elsewhere)
       const int64_t c0 = (i + 1) / C * C;
-      const T* sxi = sxb + i * W; const T* syi = syb + i * H;
-      for (int64_t c = c0; c < Np; c += C) {             // squared distances, 8 (4) pairs at a time
-        V ax = {}, ay = {};
-        for (int64_t k = 0; k < W; ++k) { V d = sxi[k] - vload<V>(sxT.data() + k * Np + c); ax += d * d; }
-        for (int64_t k = 0; k < H; ++k) { V d = syi[k] - vload<V>(syT.data() + k * Np + c); ay += d * d; }
-        vstore(wx.data() + c, ax); vstore(wy.data() + c, ay);
-      }
+      sqdist_chunks(sxT.data(), sxb + i * W, c0, Np, W, wx.data());    // squared distances, as the forward
+      sqdist_chunks(syT.data(), syb + i * H, c0, Np, H, wy.data());
       const T* gs = Gs.data() + i * Np;
       for (int64_t n = c0; n < Np; ++n) {                // weight Gs / distance, 0 where the distance is
         T dx = std::sqrt(wx[n]), dy = std::sqrt(wy[n]);
