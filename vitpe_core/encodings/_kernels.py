@@ -58,11 +58,6 @@ from typing import Iterator
 __all__ = ["kernels", "available", "build_seconds", "extension_name", "build_directory", "SOURCE"]
 
 SOURCE = Path(__file__).with_name("csrc") / "attend.cpp"     # the operators; it includes the kernels' header
-
-
-def _source_bytes() -> bytes:
-    """What the build is made of: `SOURCE` and the headers beside it (attend_kernels.h)."""
-    return b"".join(f.read_bytes() for f in (SOURCE, *sorted(SOURCE.parent.glob("*.h"))))
 _CFLAGS = ["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
 _LDFLAGS = ["-fopenmp"]
 
@@ -116,6 +111,11 @@ def _held_by_this_process(name: str) -> Iterator[bool]:
         os.close(fd)                            # releases the lock
 
 
+def _source_bytes() -> bytes:
+    """What the build is made of: `SOURCE` and the headers beside it (attend_kernels.h)."""
+    return b"".join(f.read_bytes() for f in (SOURCE, *sorted(SOURCE.parent.glob("*.h"))))
+
+
 def extension_name() -> str:
     """`vitpe_attend_<8 hex digits of the source and flags>_<8 hex digits of this torch's
     folder and of the source file's path>`. A changed `SOURCE` or header (or flags) is a new name, hence
@@ -157,8 +157,8 @@ def _build():
 
 
 def kernels():
-    """The compiled operators (`.sape2_attend_fwd`, `.sape2_attend_bwd`, `.cope_fwd`, `.cope_bwd`), or None
-    (eager): `VITPE_NO_CPP=1`, or no compiler / a failed build
+    """The compiled operators (`.sape2_attend_fwd`, `.sape2_attend_bwd`, `.cope_attend_fwd`,
+    `.cope_attend_bwd`), or None (eager): `VITPE_NO_CPP=1`, or no compiler / a failed build
     (warned once)."""
     global build_seconds
     if os.environ.get("VITPE_NO_CPP", "") not in ("", "0"):

@@ -95,6 +95,13 @@ def _grad_buffers(ctx, like: Tensor) -> tuple[Tensor | None, list]:
     return buf, list(buf.unbind(0))
 
 
+def _kernel_grad_buffers(ctx, q_s: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor | None, list]:
+    """`_grad_buffers`, with three new tensors where the input was not packed: the C++
+    operators write the gradients of q, k and v into the tensors they are given."""
+    buf, outs = _grad_buffers(ctx, q_s)
+    return buf, outs if buf is not None else [torch.empty_like(q_s), torch.empty_like(k), torch.empty_like(v)]
+
+
 def _qkv_grads(buf: Tensor | None, grad_q: Tensor, grad_k: Tensor, grad_v: Tensor) -> tuple:
     """The backward's first three outputs: `(buf, None, None)` for a packed input (the grads
     were written into it), else `(grad_q, grad_k, grad_v)`."""
@@ -307,9 +314,7 @@ class _SaPE2Attend(torch.autograd.Function):
         q_s, k, v, attn, e_x, e_y, z, *lines = ctx.saved_tensors
         (H, W), scale, P, npos_max, readout = ctx.args
         grad_out = grad_out.contiguous()
-        buf, (grad_q, grad_k, grad_v) = _grad_buffers(ctx, q_s)
-        if buf is None:
-            grad_q, grad_k, grad_v = torch.empty_like(q_s), torch.empty_like(k), torch.empty_like(v)
+        buf, (grad_q, grad_k, grad_v) = _kernel_grad_buffers(ctx, q_s, k, v)
         grad_z = ctx.kern.sape2_attend_bwd(grad_out, q_s, k, v, attn, z, *lines, grad_q, grad_k, grad_v,
                                            scale, P, H, W, npos_max)         # (B, h, T, 2 npos_max)
         # z = q·[E_x, E_y] (or k·[E_x, E_y]): q_s = q·scale is what is kept
@@ -402,9 +407,7 @@ class _CoPEAttend(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         if ctx.kern is not None:
             q_s, k, v, attn, gates, z, e_q = ctx.saved_tensors
-            out, (grad_q, grad_k, grad_v) = _grad_buffers(ctx, q_s)
-            if out is None:
-                grad_q, grad_k, grad_v = torch.empty_like(q_s), torch.empty_like(k), torch.empty_like(v)
+            out, (grad_q, grad_k, grad_v) = _kernel_grad_buffers(ctx, q_s, k, v)
             grad_z = ctx.kern.cope_attend_bwd(grad_out, q_s, k, v, attn, gates, z, grad_q, grad_k, grad_v,
                                               scale, npos_max)               # (B, h, T, M+1)
         else:
