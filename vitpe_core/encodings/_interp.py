@@ -1,5 +1,8 @@
-"""Pieces shared by CoPE and SaPE²: gated positions and their read-out (docs/encodings.md)."""
+"""Pieces shared by CoPE and SaPE²: gated positions and their read-out, and the precision they
+are computed in (docs/encodings.md, "Mixed precision")."""
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from torch import Tensor
@@ -14,6 +17,24 @@ def check_npos_max(npos_max) -> int:
     if not isinstance(npos_max, int) or isinstance(npos_max, bool) or not 2 <= npos_max <= NPOS_MAX_LIMIT:
         raise ValueError(f"npos_max must be an integer from 2 to {NPOS_MAX_LIMIT}, got {npos_max!r}")
     return npos_max
+
+
+def compute_dtype(*ts: Tensor) -> torch.dtype:
+    """The dtype CoPE and SaPE² compute in for inputs `ts`: float64 if any is float64, else
+    float32. bf16 / fp16 inputs (autocast, a half model) are taken as the values they are and
+    computed on in float32: a gate sum rounded to 8 bits of mantissa moves a position across an
+    integer (a read-out from another table column), which float32 does not at these lengths."""
+    return torch.float64 if any(t.dtype == torch.float64 for t in ts) else torch.float32
+
+
+def full_precision(t: Tensor):
+    """A context where autocast is off on `t`'s device, so that the float32 code inside stays
+    float32 (CUDA autocast would run its matmuls in bf16 and its cumsums in float32: a mix
+    that mismatches dtypes, and rounds positions)."""
+    device = t.device.type
+    if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
+        return torch.autocast(device, enabled=False)
+    return contextlib.nullcontext()
 
 
 def reverse_cumsum(g: Tensor) -> Tensor:

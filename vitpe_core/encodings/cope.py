@@ -13,24 +13,26 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ._interp import check_npos_max, interpolate_readout, reverse_cumsum
+from ._interp import check_npos_max, full_precision, interpolate_readout, reverse_cumsum
 from .base import EncodingContext, PositionEncoding, register_encoding
 from .functional import cope_attention
 
 
 def cope_bias(q: Tensor, k: Tensor, e: Tensor, npos_max: int = 10, *, logits: Tensor | None = None) -> Tensor:
-    """`q, k: (B, h, T, d)`, `e: (d, npos_max)` -> bias `(B, h, T, T)` float32. `logits`:
-    `q·k^T/sqrt d` when the caller has it already (the gates then reuse it)."""
+    """`q, k: (B, h, T, d)`, `e: (d, npos_max)` -> bias `(B, h, T, T)` float32 (from half inputs
+    too, autocast off: docs/encodings.md, "Mixed precision"). `logits`: `q·k^T/sqrt d` when
+    the caller has it already (the gates then reuse it)."""
     if e.shape != (q.shape[-1], npos_max):
         raise ValueError(f"e must have shape (d, npos_max) = {(q.shape[-1], npos_max)}, got {tuple(e.shape)}")
-    q, k = q.float(), k.float()
-    scale = q.shape[-1] ** -0.5
-    if logits is None:
-        logits = (q * scale) @ k.transpose(-1, -2)                 # (B, h, T, T)
-    gates = torch.sigmoid(logits.float())                          # (B, h, T, T)
-    pos = reverse_cumsum(gates).clamp(max=npos_max - 1)            # (B, h, T, T)
-    z = q @ e.float()                                              # (B, h, T, M+1)
-    return interpolate_readout(z, pos)                             # (B, h, T, T)
+    with full_precision(q):                                        # float32 under autocast too
+        q, k = q.float(), k.float()
+        scale = q.shape[-1] ** -0.5
+        if logits is None:
+            logits = (q * scale) @ k.transpose(-1, -2)             # (B, h, T, T)
+        gates = torch.sigmoid(logits.float())                      # (B, h, T, T)
+        pos = reverse_cumsum(gates).clamp(max=npos_max - 1)        # (B, h, T, T)
+        z = q @ e.float()                                          # (B, h, T, M+1)
+        return interpolate_readout(z, pos)                         # (B, h, T, T)
 
 
 @register_encoding("cope")

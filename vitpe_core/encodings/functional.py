@@ -39,12 +39,14 @@ allocations of them, not into multiply-adds, so both functions minimise those.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from einops import rearrange
 from torch import Tensor
 
 from . import _kernels
-from ._interp import check_npos_max, reverse_cumsum
+from ._interp import check_npos_max, compute_dtype, full_precision, reverse_cumsum
 
 __all__ = ["sape2_attention", "cope_attention"]
 
@@ -117,6 +119,30 @@ def _is_packed(qkv: Tensor | None, q: Tensor, k: Tensor, v: Tensor) -> bool:
                               for a, b in zip(parts, (q, k, v))):
         raise ValueError("qkv must be the (3, ...) tensor whose slices qkv[0], qkv[1], qkv[2] are q, k, v")
     return True
+
+
+def _in_compute_dtype(q: Tensor, k: Tensor, v: Tensor, qkv: Tensor | None):
+    """`(q, k, v, qkv)` in `compute_dtype` (float32 for bf16 / fp16 inputs; docs/encodings.md,
+    "Mixed precision"). A packed `qkv` is cast once and stays packed (its slices are the new q,
+    k, v); the casts are autograd ops, so the gradients reach the half inputs in their dtype.
+    Under torch.compile q, k, v are cast one by one (dynamo cannot compare data pointers)."""
+    dtype = compute_dtype(q, k, v)
+    if all(t.dtype == dtype for t in (q, k, v)):
+        return q, k, v, qkv
+    if not torch.compiler.is_compiling() and _is_packed(qkv, q, k, v):
+        qkv = qkv.to(dtype)
+        return (*qkv.unbind(0), qkv)
+    return q.to(dtype), k.to(dtype), v.to(dtype), None
+
+
+def _autocast_off(backward):
+    """A Function's backward with autocast off, as its forward (a caller may run `.backward()`
+    inside an autocast block; the matmuls of a hand-written backward would then run in half)."""
+    @functools.wraps(backward)
+    def run(ctx, grad_out):
+        with full_precision(grad_out):
+            return backward(ctx, grad_out)
+    return run
 
 
 def _kernel_for(*ts: Tensor):
@@ -273,6 +299,7 @@ class _SaPE2Attend(torch.autograd.Function):
         return torch.matmul(attn, v)                                          # (B, h, T, dv)
 
     @staticmethod
+    @_autocast_off
     def backward(ctx, grad_out):
         _consume(ctx)
         if ctx.kern is not None:
@@ -356,13 +383,16 @@ def sape2_attention(q: Tensor, k: Tensor, v: Tensor, e_x: Tensor, e_y: Tensor, g
         if e.shape != (d, npos_max):
             raise ValueError(f"{name} must have shape (d, npos_max) = {(d, npos_max)}, got {tuple(e.shape)}")
     scale = d ** -0.5 if scale is None else scale
-    if torch.compiler.is_compiling() and use_kernel and fused_under_compile(q):
-        from . import compiled_ops
-        return compiled_ops.sape2_attend(q, k, v, e_x, e_y, (H, W), scale, P, npos_max, readout)   # a custom op
-    kern = _kernel_for(q, k, v) if use_kernel else None
-    if _is_packed(qkv, q, k, v):
-        return _SaPE2Attend.apply(qkv, None, None, e_x, e_y, (H, W), scale, P, npos_max, readout, kern)
-    return _SaPE2Attend.apply(q, k, v, e_x, e_y, (H, W), scale, P, npos_max, readout, kern)
+    with full_precision(q):                                                   # float32 inside, autocast or not
+        q_in, (q, k, v, qkv) = q, _in_compute_dtype(q, k, v, qkv)
+        if torch.compiler.is_compiling() and use_kernel and fused_under_compile(q):
+            from . import compiled_ops
+            out = compiled_ops.sape2_attend(q, k, v, e_x, e_y, (H, W), scale, P, npos_max, readout)  # a custom op
+        else:
+            kern = _kernel_for(q, k, v) if use_kernel else None
+            args = (qkv, None, None) if _is_packed(qkv, q, k, v) else (q, k, v)
+            out = _SaPE2Attend.apply(*args, e_x, e_y, (H, W), scale, P, npos_max, readout, kern)
+    return out.to(q_in.dtype)                                                 # (B, h, T, dv) in q's dtype
 
 
 # ----------------------------------------------------------------------------- CoPE
@@ -402,6 +432,7 @@ class _CoPEAttend(torch.autograd.Function):
         return torch.matmul(attn, v_r)
 
     @staticmethod
+    @_autocast_off
     def backward(ctx, grad_out):
         scale, npos_max = ctx.scale, ctx.npos_max
         grad_out = grad_out.contiguous()
@@ -449,10 +480,13 @@ def cope_attention(q: Tensor, k: Tensor, v: Tensor, e: Tensor, npos_max: int = 1
     if e.shape != (d, npos_max):
         raise ValueError(f"e must have shape (d, npos_max) = {(d, npos_max)}, got {tuple(e.shape)}")
     scale = d ** -0.5 if scale is None else scale
-    if torch.compiler.is_compiling() and use_kernel and fused_under_compile(q):
-        from . import compiled_ops
-        return compiled_ops.cope_attend(q, k, v, e, scale, npos_max)                              # a custom op
-    kern = _kernel_for(q, k, v) if use_kernel else None
-    if _is_packed(qkv, q, k, v):
-        return _CoPEAttend.apply(qkv, None, None, e, scale, npos_max, kern)
-    return _CoPEAttend.apply(q, k, v, e, scale, npos_max, kern)
+    with full_precision(q):                                                   # float32 inside, autocast or not
+        q_in, (q, k, v, qkv) = q, _in_compute_dtype(q, k, v, qkv)
+        if torch.compiler.is_compiling() and use_kernel and fused_under_compile(q):
+            from . import compiled_ops
+            out = compiled_ops.cope_attend(q, k, v, e, scale, npos_max)                           # a custom op
+        else:
+            kern = _kernel_for(q, k, v) if use_kernel else None
+            args = (qkv, None, None) if _is_packed(qkv, q, k, v) else (q, k, v)
+            out = _CoPEAttend.apply(*args, e, scale, npos_max, kern)
+    return out.to(q_in.dtype)                                                 # (B, h, T, dv) in q's dtype

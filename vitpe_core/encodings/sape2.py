@@ -30,7 +30,7 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from ._interp import check_npos_max, interpolate_readout, reverse_cumsum
+from ._interp import check_npos_max, full_precision, interpolate_readout, reverse_cumsum
 from .base import EncodingContext, PositionEncoding, register_encoding
 from .functional import sape2_attention
 
@@ -153,7 +153,8 @@ def sape2_bias(q: Tensor, k: Tensor, e_x: Tensor, e_y: Tensor, grid: tuple[int, 
     """SaPE² bias between patch tokens.
 
     `q, k: (B, h, N, d)` patch tokens only, `e_x, e_y: (d, npos_max)`, `grid = (H, W)`,
-    `N = H*W` row-major. Returns the `(B, h, N, N)` float32 bias, or with `return_parts=True`
+    `N = H*W` row-major. Returns the `(B, h, N, N)` float32 bias (computed in float32 from
+    half inputs, with autocast off: docs/encodings.md, "Mixed precision"), or with `return_parts=True`
     the tuple `(bias, bias_x, bias_y)`. With `num_prefix=P` the bias comes already padded to
     `(B, h, P+N, P+N)` with zero prefix rows/columns (the parts stay `(B, h, N, N)`).
     `logits`: `q·k^T/sqrt d` over all `P+N` tokens when the caller has them already (the
@@ -168,24 +169,25 @@ def sape2_bias(q: Tensor, k: Tensor, e_x: Tensor, e_y: Tensor, grid: tuple[int, 
     for name, e in (("e_x", e_x), ("e_y", e_y)):
         if e.shape != (d, npos_max):
             raise ValueError(f"{name} must have shape (d, npos_max) = {(d, npos_max)}, got {tuple(e.shape)}")
-    q, k = q.float(), k.float()
-    r = q if readout == "query" else k
-    P = num_prefix
-    if logits is None:  # all gate logits in one matmul, over the patches only
-        logits, offset = (q * d ** -0.5) @ k.transpose(-1, -2), 0             # (B, h, N, N)
-    elif logits.shape[-2:] != (P + N, P + N):
-        raise ValueError(f"logits must cover the {P}+{N} tokens, got shape {tuple(logits.shape)}")
-    else:
-        offset = P                                                            # (B, h, P+N, P+N)
-    row_logits, col_logits = _LineLogits.apply(logits.float(), grid, offset)  # (B,h,H,W,W), (B,h,W,H,H)
-    z = r @ torch.cat((e_x, e_y), dim=1).float()                             # (B, h, N, 2(M+1))
-    z_x = rearrange(z[..., :npos_max], "b h (y x) t -> b h y x t", y=H)      # (B, h, H, W, M+1)
-    z_y = rearrange(z[..., npos_max:], "b h (y x) t -> b h x y t", y=H)      # (B, h, W, H, M+1)
-    s_x = _line_descriptors(row_logits, z_x, npos_max)                       # (B, h, H, W, W)
-    s_y = _line_descriptors(col_logits, z_y, npos_max)                       # (B, h, W, H, H)
-    s_x = rearrange(s_x, "b h y x m -> b h (y x) m")                         # (B, h, N, W)
-    s_y = rearrange(s_y, "b h x y m -> b h (y x) m")                         # (B, h, N, H)
-    return _SaPE2Distance.apply(s_x, s_y, num_prefix, return_parts)          # (B, h, P+N, P+N)
+    with full_precision(q):                                                   # float32 under autocast too
+        q, k = q.float(), k.float()
+        r = q if readout == "query" else k
+        P = num_prefix
+        if logits is None:  # all gate logits in one matmul, over the patches only
+            logits, offset = (q * d ** -0.5) @ k.transpose(-1, -2), 0             # (B, h, N, N)
+        elif logits.shape[-2:] != (P + N, P + N):
+            raise ValueError(f"logits must cover the {P}+{N} tokens, got shape {tuple(logits.shape)}")
+        else:
+            offset = P                                                            # (B, h, P+N, P+N)
+        row_logits, col_logits = _LineLogits.apply(logits.float(), grid, offset)  # (B,h,H,W,W), (B,h,W,H,H)
+        z = r @ torch.cat((e_x, e_y), dim=1).float()                             # (B, h, N, 2(M+1))
+        z_x = rearrange(z[..., :npos_max], "b h (y x) t -> b h y x t", y=H)      # (B, h, H, W, M+1)
+        z_y = rearrange(z[..., npos_max:], "b h (y x) t -> b h x y t", y=H)      # (B, h, W, H, M+1)
+        s_x = _line_descriptors(row_logits, z_x, npos_max)                       # (B, h, H, W, W)
+        s_y = _line_descriptors(col_logits, z_y, npos_max)                       # (B, h, W, H, H)
+        s_x = rearrange(s_x, "b h y x m -> b h (y x) m")                         # (B, h, N, W)
+        s_y = rearrange(s_y, "b h x y m -> b h (y x) m")                         # (B, h, N, H)
+        return _SaPE2Distance.apply(s_x, s_y, num_prefix, return_parts)          # (B, h, P+N, P+N)
 
 
 @register_encoding("sape2")
