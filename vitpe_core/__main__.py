@@ -137,6 +137,9 @@ def _add_train(sub) -> None:
     t.add_argument("--threads", type=int, help="torch.set_num_threads")
     t.add_argument("--save-every", type=int, default=100, help="steps between resume points")
     t.add_argument("--compile", action="store_true", help="torch.compile the model for training")
+    t.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
+                   help="autocast dtype: auto = bf16 on CUDA, float32 on CPU; fp16 with a loss scale "
+                        "(CoPE/SaPE² compute their positions in float32 in every case: docs/encodings.md)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
 
 
@@ -148,7 +151,7 @@ def _train(args: argparse.Namespace) -> int:
     out = args.out or f"runs/{args.encoding}"
     metrics = train(cfg, data_dir=args.data_dir, out=out, resume=args.resume, checkpoint=args.checkpoint,
                     device=args.device, save_every=args.save_every, download=args.download,
-                    compile_model=args.compile, progress=not args.no_progress)
+                    compile_model=args.compile, precision=args.precision, progress=not args.no_progress)
     if int(os.environ.get("RANK", "0")) == 0:  # one line, also under torchrun
         print(json.dumps({"top1": metrics["test"]["top1"], "top5": metrics["test"]["top5"]}))
     return 0

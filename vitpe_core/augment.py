@@ -21,6 +21,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A small CPU tensor (the augmentation's draws) on `device`, without waiting for the GPU: on
+    CUDA from pinned memory and asynchronously (a copy from pageable memory first waits until
+    the GPU's queue has drained, once per copy and step); elsewhere a plain `.to`."""
+    device = torch.device(device)
+    if device.type != "cuda" or t.device.type != "cpu":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def random_crop_flip(x: torch.Tensor, *, padding: int = 4, generator: torch.Generator) -> torch.Tensor:
     """Zero-pad by `padding`, crop a random `H x W` window per sample, flip half horizontally.
 
@@ -32,9 +42,9 @@ def random_crop_flip(x: torch.Tensor, *, padding: int = 4, generator: torch.Gene
     if padding < 0:
         raise ValueError(f"padding must be >= 0, got {padding}.")
     B, C, H, W = x.shape
-    oy = torch.randint(0, 2 * padding + 1, (B,), generator=generator).to(x.device)  # (B,)
-    ox = torch.randint(0, 2 * padding + 1, (B,), generator=generator).to(x.device)  # (B,)
-    flip = (torch.rand(B, generator=generator) < 0.5).to(x.device)  # (B,)
+    oy = to_device(torch.randint(0, 2 * padding + 1, (B,), generator=generator), x.device)  # (B,)
+    ox = to_device(torch.randint(0, 2 * padding + 1, (B,), generator=generator), x.device)  # (B,)
+    flip = to_device(torch.rand(B, generator=generator) < 0.5, x.device)  # (B,)
     xp = F.pad(x, (padding, padding, padding, padding))  # (B, C, H+2p, W+2p), zeros
     rows = oy[:, None] + torch.arange(H, device=x.device)  # (B, H)
     cols = ox[:, None] + torch.arange(W, device=x.device)  # (B, W)
@@ -75,7 +85,7 @@ def mixup_cutmix(
                          "normalize uint8 images first.")
     if y.dtype != torch.int64 or y.shape != x.shape[:1]:
         raise ValueError(f"mixup_cutmix expects int64 labels of shape ({x.shape[0]},), got {y.dtype} {tuple(y.shape)}.")
-    if y.numel() and (int(y.min()) < 0 or int(y.max()) >= num_classes):
+    if y.device.type == "cpu" and y.numel() and (int(y.min()) < 0 or int(y.max()) >= num_classes):  # no GPU sync
         raise ValueError(f"labels must lie in 0..{num_classes - 1}.")
     if mixup_alpha < 0 or cutmix_alpha < 0:
         raise ValueError("mixup_alpha and cutmix_alpha must be >= 0 (0 turns that one off).")

@@ -414,6 +414,7 @@ def batches(
 def _iter_batches(
     ds: ImageDataset, order: torch.Tensor, batch_size: int, start: int, total: int
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    order = order.to(ds.images.device)                      # a dataset on the GPU is indexed there
     for b in range(start, total):
         idx = order[b * batch_size : (b + 1) * batch_size]  # (B,)
         yield ds.images[idx], ds.labels[idx]

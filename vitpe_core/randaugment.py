@@ -51,6 +51,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from .augment import to_device
+
 Tensor = torch.Tensor
 
 OPS: tuple[str, ...] = (
@@ -142,17 +144,17 @@ def _invert(x: Tensor, frac: Tensor, sign: Tensor) -> Tensor:
 def _posterize(x: Tensor, frac: Tensor, sign: Tensor) -> Tensor:
     keep = 4 - (frac * 4).trunc().long()  # (B,) bits kept, 4 .. 0
     mask = (255 - (2 ** (8 - keep) - 1)).to(torch.uint8)  # (B,) top `keep` bits set
-    return x & mask.to(x.device)[:, None, None, None]
+    return x & to_device(mask, x.device)[:, None, None, None]
 
 
 def _solarize(x: Tensor, frac: Tensor, sign: Tensor) -> Tensor:
     thresh = 256 - (frac * 256).trunc().long()  # (B,) 256 .. 0
-    thresh = thresh.to(x.device)[:, None, None, None]
+    thresh = to_device(thresh, x.device)[:, None, None, None]
     return torch.where(x.long() >= thresh, 255 - x, x)
 
 
 def _solarize_add(x: Tensor, frac: Tensor, sign: Tensor) -> Tensor:
-    add = (frac * 110).trunc().long().to(x.device)[:, None, None, None]  # (B, 1, 1, 1)
+    add = to_device((frac * 110).trunc().long(), x.device)[:, None, None, None]  # (B, 1, 1, 1)
     added = (x.long() + add).clamp(max=255).to(torch.uint8)
     return torch.where(x < 128, added, x)
 
@@ -165,7 +167,7 @@ def _blend(degenerate: Tensor, x: Tensor, factor: Tensor) -> Tensor:
 
     degenerate: integer-valued float32, broadcastable to x (B, 3, H, W) uint8; factor (B,).
     """
-    f = factor.to(x.device, torch.float32)[:, None, None, None]  # (B, 1, 1, 1)
+    f = to_device(factor.to(torch.float32), x.device)[:, None, None, None]  # (B, 1, 1, 1)
     out = degenerate + f * (x.float() - degenerate)  # (B, 3, H, W)
     return out.trunc().clamp(0, 255).to(torch.uint8)
 
@@ -234,7 +236,7 @@ def _warp(x: Tensor, mat: Tensor) -> Tensor:
     K = m[:, :, :2] * d[None, :, None] / d[None, None, :]  # (B, 2, 2), diag(d) M diag(d)^-1
     t = m[:, :, 2] + _TIE_BIAS  # (B, 2); grid_sample rounds u - 0.5, PIL floors u
     theta = torch.cat([K, (K.sum(2) + d * t - 1.0)[..., None]], dim=2)  # (B, 2, 3)
-    theta = theta.to(x.device, torch.float32)
+    theta = to_device(theta.to(torch.float32), x.device)
     grid = F.affine_grid(theta, [B, C + 1, H, W], align_corners=False)  # (B, H, W, 2)
     src = torch.cat([x.float(), x.new_ones(B, 1, H, W, dtype=torch.float32)], dim=1)  # (B, 4, H, W)
     out = F.grid_sample(src, grid, mode="nearest", padding_mode="zeros", align_corners=False)
@@ -388,6 +390,6 @@ def rand_augment(
             rows = ((op_idx == k) & applied).nonzero().squeeze(1)  # (b,) samples getting op k
             if rows.numel() == 0:
                 continue
-            rows_dev = rows.to(x.device)
+            rows_dev = to_device(rows, x.device)
             out[rows_dev] = apply_op(out[rows_dev], op, mag[rows], sign[rows])  # (b, 3, H, W)
     return out

@@ -39,6 +39,8 @@ from .randaugment import rand_augment
 
 log = logging.getLogger(__name__)
 SCHEDULES = ("onecycle", "cosine")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")   # auto: bf16 autocast on CUDA, float32 elsewhere
+REFRESH_EVERY = 25   # steps between reads of the loss and accuracy from the device (each read waits for it)
 AUGMENTS = ("cropflip", "mixup", "randaug", "deit", "none")  # each includes crop+flip except none
 
 
@@ -181,11 +183,13 @@ class _Run:
     commits: list[str]                          # the code each (re)start of this run trained with
     starts: list[dict] = field(default_factory=list)  # each (re)start: step, commit, device, compiled (`_start`)
     step: int = 0                               # optimiser steps done
-    train_time: float = 0.0                     # seconds spent in training steps
+    train_time: float = 0.0                     # seconds in the training loop (evaluation and saves not counted)
     curves: dict[str, list] = field(default_factory=lambda: {k: [] for k in _CURVES})  # one value per epoch
     running: dict = field(default_factory=_zero_running)  # this epoch's loss / correct / seen so far
     net: torch.nn.Module | None = None          # the model as trained: DDP- and/or compile-wrapped (`_wrap`)
     autocast: Any = None                        # bf16 on CUDA, a no-op on CPU (`_wrap`)
+    scaler: Any = None                          # fp16's loss scale (`_wrap`), None otherwise
+    precision: str = "fp32"                     # what `_wrap` resolved `precision` to
     epoch_start: float = 0.0                    # perf_counter at the epoch's start, for images_per_s
 
     @property
@@ -204,9 +208,11 @@ class _Run:
 def train(cfg: TrainConfig, *, data_dir: str | Path, out: str | Path, resume: bool = False,
           checkpoint: str | Path | None = None, device: str = "cpu", save_every: int = 100,
           stop_after_steps: int | None = None, progress: bool = True, download: bool = False,
-          full_eval: bool = True, compile_model: bool = False) -> dict:
+          full_eval: bool = True, compile_model: bool = False, precision: str = "auto") -> dict:
     """Train (or resume) a run in `out`; returns its metrics. `stop_after_steps` saves and
-    returns early, as an interruption would (tests).
+    returns early, as an interruption would (tests). `precision`: autocast dtype of the forward
+    (`PRECISIONS`; "auto" = bf16 on CUDA, float32 elsewhere; fp16 with a loss scale), a property
+    of the run like the device, not of the recipe: each (re)start records it (`starts`).
 
     Under `torchrun` every process draws the same global batch and augments it identically,
     then trains on its own contiguous shard; DistributedDataParallel averages the gradients,
@@ -216,7 +222,7 @@ def train(cfg: TrainConfig, *, data_dir: str | Path, out: str | Path, resume: bo
     commit = run.commits[0]                                         # this start's code (before any resume)
     if resume:
         _resume(run)
-    _wrap(run, compile_model)
+    _wrap(run, compile_model, precision)
     _start(run, commit=commit, compiled=compile_model)
     while run.step < run.total:
         epoch = run.step // run.steps_per_epoch
@@ -244,6 +250,8 @@ def _setup(cfg: TrainConfig, *, data_dir: str | Path, out: str | Path, device: s
         train_ds = D.subset(train_ds, cfg.train_subset, seed=cfg.seed)
     if cfg.test_subset:
         test_ds = D.subset(test_ds, cfg.test_subset, seed=cfg.seed)
+    if torch.device(device).type == "cuda":   # the whole uint8 training set (150 MiB for CIFAR) on the GPU once:
+        train_ds = D.ImageDataset(train_ds.images.to(device), train_ds.labels.to(device), train_ds.label_names)
     opt = _optimizer(model, cfg)
     steps_per_epoch = D.num_batches(len(train_ds), cfg.batch_size, drop_last=True)
     aug_gen = torch.Generator().manual_seed(cfg.seed + 1)
@@ -274,7 +282,7 @@ def _resume(run: _Run) -> None:
     log.info("resumed %s at step %d/%d", run.out, run.step, run.total)
 
 
-def _wrap(run: _Run, compile_model: bool) -> None:
+def _wrap(run: _Run, compile_model: bool, precision: str = "auto") -> None:
     """The module trained: DDP under torchrun (after any resume: DDP broadcasts rank 0's weights), compiled
     on request; gradients clip and checkpoints save through the bare `run.model`."""
     net: torch.nn.Module = run.model
@@ -284,14 +292,22 @@ def _wrap(run: _Run, compile_model: bool) -> None:
     if compile_model:
         net = torch.compile(net)
     run.net = net
-    run.autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=run.device.startswith("cuda"))
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; valid: {PRECISIONS}")
+    device_type = torch.device(run.device).type
+    if precision == "auto":
+        precision = "bf16" if device_type == "cuda" else "fp32"
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    run.precision = precision
+    run.autocast = torch.autocast(device_type, dtype=dtype, enabled=dtype is not None)
+    run.scaler = torch.amp.GradScaler(device_type) if precision == "fp16" else None
 
 
 def _start(run: _Run, *, commit: str, compiled: bool) -> None:
     """Record how this (re)start trains: from which step, with which code, on what, compiled or not.
     The metrics keep the list (`starts`), so a run resumed on other hardware or options says so."""
     run.starts.append({"step": run.step, "commit": commit, "device": _describe(run.device, run.world),
-                       "compiled": compiled})
+                       "compiled": compiled, "precision": run.precision})
 
 
 def _save(run: _Run) -> None:
@@ -315,28 +331,57 @@ def _train_epoch(run: _Run, *, save_every: int, stop_after_steps: int | None, pr
     bar = tqdm(it, total=run.steps_per_epoch, initial=in_epoch, desc=f"{cfg.encoding} epoch {epoch + 1}/{cfg.epochs}",
                disable=not progress or run.rank != 0, unit="batch", dynamic_ncols=True)
     run.net.train()
-    run.epoch_start = time.perf_counter()
+    run.epoch_start = mark = time.perf_counter()
+    tally = _Tally(run)
     for x, y in bar:
-        t0 = time.perf_counter()
         x, y, target = _batch(run, x, y)
         logits, loss = _step(run, x, target)
-        run.train_time += time.perf_counter() - t0
-        running = run.running
-        running["loss"] += loss.item() * len(y)
-        running["correct"] += int((logits.argmax(1) == y).sum())
-        running["seen"] += len(y)
-        bar.set_postfix(loss=f"{running['loss'] / running['seen']:.3f}",
-                        acc=f"{100 * running['correct'] / running['seen']:.1f}",
-                        img_s=f"{len(y) * run.world / (time.perf_counter() - t0):.0f}")
-        if run.step % run.steps_per_epoch == 0:
+        tally.add(loss, logits, y)
+        boundary = run.step % run.steps_per_epoch == 0
+        stop = stop_after_steps is not None and run.step >= stop_after_steps
+        save = stop or (save_every and run.step % save_every == 0)
+        if boundary or save or tally.pending >= REFRESH_EVERY:   # reads wait for the device: not every step
+            images = tally.pending * len(y) * run.world
+            tally.read()                                         # waits for the device: the time below is real
+            now = time.perf_counter()
+            run.train_time += now - mark
+            running = run.running
+            bar.set_postfix(loss=f"{running['loss'] / running['seen']:.3f}",
+                            acc=f"{100 * running['correct'] / running['seen']:.1f}",
+                            img_s=f"{images / max(now - mark, 1e-9):.0f}")
+            mark = now
+        if boundary:
             break
-        if stop_after_steps is not None and run.step >= stop_after_steps:
+        if save:
             _save(run)
+            mark = time.perf_counter()                           # saving is not training time
+        if stop:
             return False
-        if save_every and run.step % save_every == 0:
-            _save(run)
     bar.close()
     return True
+
+
+class _Tally:
+    """This epoch's summed loss and correct count, kept on the device and read into `run.running`
+    only by `read()` (each read waits for the device to finish; reading every step would keep a
+    GPU idle between steps). Sums in float64 in step order: the same numbers as summing each
+    step's `loss.item()` on the host, also across a resume."""
+
+    def __init__(self, run: _Run) -> None:
+        self.run, self.pending = run, 0
+        device = run.device
+        self.loss = torch.tensor(run.running["loss"], dtype=torch.float64, device=device)
+        self.correct = torch.tensor(run.running["correct"], dtype=torch.int64, device=device)
+
+    def add(self, loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> None:
+        self.loss += loss.detach().double() * len(y)
+        self.correct += (logits.detach().argmax(1) == y).sum()
+        self.run.running["seen"] += len(y)
+        self.pending += 1
+
+    def read(self) -> None:
+        self.run.running.update(loss=self.loss.item(), correct=int(self.correct))
+        self.pending = 0
 
 
 def _batch(run: _Run, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -368,10 +413,18 @@ def _step(run: _Run, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tenso
         loss = F.cross_entropy(logits.float(), target, label_smoothing=0.0 if cfg.augment in ("mixup", "deit")
                                else cfg.label_smoothing)   # mixup targets carry their own smoothing
     opt.zero_grad(set_to_none=True)
-    loss.backward()
-    if cfg.grad_clip:
-        torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.grad_clip)
-    opt.step()
+    if run.scaler is None:
+        loss.backward()
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.grad_clip)
+        opt.step()
+    else:                                                   # fp16: scaled loss, clip the unscaled gradients
+        run.scaler.scale(loss).backward()
+        run.scaler.unscale_(opt)
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.grad_clip)
+        run.scaler.step(opt)
+        run.scaler.update()
     run.step += 1
     return logits, loss
 
