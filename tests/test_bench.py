@@ -497,3 +497,26 @@ def test_the_compiled_section_has_a_row_per_encoding_with_its_paired_ratio():
     assert md[0].startswith(SECTION) and "--rounds 20 --write BENCHMARKS.md" in md[2]
     assert [r for r in md if r.startswith("| `")] == ["| `sape2` | 262 | 301 | 1.149 (IQR 1.120-1.170) |",
                                                       "| `ape` | 306 | 330 | 1.078 (IQR 1.050-1.100) |"]
+
+
+def test_gpu_benchmark_says_it_needs_a_gpu_and_its_smoke_run_covers_every_section(capsys, tmp_path):
+    """`python -m benchmarks.gpu` exits 2 with a clear message where no CUDA GPU is present;
+    `--smoke` runs every section on the CPU at toy sizes (so the script cannot rot on machines
+    without a GPU) and checks its targets, but never writes a figure to a markdown file."""
+    import torch
+
+    from benchmarks import gpu
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present: the no-GPU message does not apply")
+    assert gpu.main([]) == 2
+    assert "no CUDA GPU here" in capsys.readouterr().err
+    md = tmp_path / "B.md"
+    md.write_text("# B\n")
+    assert gpu.main(["--smoke", "--write", str(md), "--json", str(tmp_path / "r.json")]) == 0
+    out = capsys.readouterr().out
+    assert "SaPE² layer fwd+bwd ≤ 1.3× rpb (toy, bf16)" in out and "bf16 step of sape2+ape" in out
+    assert md.read_text() == "# B\n"
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert {r["encoding"] for r in res["training"]} == set(gpu.ENCODINGS)
+    assert all(r["finite"] for r in res["bf16"])

@@ -27,12 +27,12 @@ Implementation notes (speed: see BENCHMARKS.md):
 from __future__ import annotations
 
 import torch
-from einops import rearrange
 from torch import Tensor, nn
 
-from ._interp import check_npos_max, full_precision, interpolate_readout, reverse_cumsum
+from ._interp import check_npos_max, full_precision
 from .base import EncodingContext, PositionEncoding, register_encoding
 from .functional import sape2_attention
+from .sape2_descriptors import descriptors
 
 READOUTS = ("query", "key")
 
@@ -139,14 +139,6 @@ class _LineLogits(torch.autograd.Function):
         return g, None, None
 
 
-def _line_descriptors(gate_logits: Tensor, z: Tensor, npos_max: int) -> Tensor:
-    """Descriptors along lines: `gate_logits: (B, h, L, A, A)` (token `a` of a line against
-    every token of the same line), `z: (B, h, L, A, M+1)` read-outs -> `(B, h, L, A, A)`:
-    for token `(l, a)`, its read-out at the gated position of each of the A tokens of its line."""
-    pos = reverse_cumsum(torch.sigmoid(gate_logits)).clamp(max=npos_max - 1)  # (B, h, L, A, A)
-    return interpolate_readout(z, pos)                                         # (B, h, L, A, A)
-
-
 def sape2_bias(q: Tensor, k: Tensor, e_x: Tensor, e_y: Tensor, grid: tuple[int, int],
                readout: str = "query", npos_max: int = 10, return_parts: bool = False, *,
                num_prefix: int = 0, logits: Tensor | None = None):
@@ -180,13 +172,7 @@ def sape2_bias(q: Tensor, k: Tensor, e_x: Tensor, e_y: Tensor, grid: tuple[int, 
         else:
             offset = P                                                            # (B, h, P+N, P+N)
         row_logits, col_logits = _LineLogits.apply(logits.float(), grid, offset)  # (B,h,H,W,W), (B,h,W,H,H)
-        z = r @ torch.cat((e_x, e_y), dim=1).float()                             # (B, h, N, 2(M+1))
-        z_x = rearrange(z[..., :npos_max], "b h (y x) t -> b h y x t", y=H)      # (B, h, H, W, M+1)
-        z_y = rearrange(z[..., npos_max:], "b h (y x) t -> b h x y t", y=H)      # (B, h, W, H, M+1)
-        s_x = _line_descriptors(row_logits, z_x, npos_max)                       # (B, h, H, W, W)
-        s_y = _line_descriptors(col_logits, z_y, npos_max)                       # (B, h, W, H, H)
-        s_x = rearrange(s_x, "b h y x m -> b h (y x) m")                         # (B, h, N, W)
-        s_y = rearrange(s_y, "b h x y m -> b h (y x) m")                         # (B, h, N, H)
+        s_x, s_y = descriptors(row_logits, col_logits, r, e_x, e_y, grid, npos_max)  # (B,h,N,W), (B,h,N,H)
         return _SaPE2Distance.apply(s_x, s_y, num_prefix, return_parts)          # (B, h, P+N, P+N)
 
 
