@@ -29,6 +29,11 @@ import torch  # noqa: E402  (after the thread settings above)
 
 if _WORKER:
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+# Without a GPU the Triton kernels of the fused GPU attention run on CPU tensors in Triton's
+# interpreter (tests/test_triton_*.py, test_fused_gpu.py). It must be chosen before triton is
+# first imported (torch._dynamo imports it), so here, before any test module runs.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from benchmarks.harness import APP_ENCODINGS, busy_cpu_s, write_random_checkpoints  # noqa: E402  (imports torch)
 

@@ -45,7 +45,7 @@ import torch
 from einops import rearrange
 from torch import Tensor
 
-from . import _kernels
+from . import _kernels, fused_gpu
 from ._interp import check_npos_max, compute_dtype, full_precision, reverse_cumsum
 
 __all__ = ["sape2_attention", "cope_attention"]
@@ -366,7 +366,10 @@ def sape2_attention(q: Tensor, k: Tensor, v: Tensor, e_x: Tensor, e_y: Tensor, g
     `σ(q·k·scale)` with the same scale. Equal (to rounding) to
     `softmax(q·kᵀ·scale + sape2_bias(q_p, k_p, e_x, e_y, grid, num_prefix=P)) @ v`.
     On CPU (float32/64) the fused C++ kernel of `_kernels.py` runs unless `use_kernel=False`,
-    `VITPE_NO_CPP=1` or it could not be built; the eager code gives the same to rounding.
+    `VITPE_NO_CPP=1` or it could not be built; on CUDA the Triton kernels of fused_gpu.py
+    (unless `use_kernel=False` or `VITPE_NO_TRITON=1`); the eager code gives the same to rounding.
+    bf16 / fp16 inputs (autocast or a half model) are computed on in float32 and the output is
+    returned in q's dtype (docs/encodings.md, "Mixed precision").
     `qkv`: when q, k, v are `qkv[0], qkv[1], qkv[2]` of one `(3, B, h, T, d)` tensor (a ViT's
     packed projection), pass it as well: the backward then writes the three gradients into one
     tensor, instead of returning three that autograd stacks (a copy of all three per layer).
@@ -383,6 +386,8 @@ def sape2_attention(q: Tensor, k: Tensor, v: Tensor, e_x: Tensor, e_y: Tensor, g
         if e.shape != (d, npos_max):
             raise ValueError(f"{name} must have shape (d, npos_max) = {(d, npos_max)}, got {tuple(e.shape)}")
     scale = d ** -0.5 if scale is None else scale
+    if use_kernel and fused_gpu.applies(q, k, v):                             # CUDA: Triton, no T x T tensors
+        return fused_gpu.sape2_attention(q, k, v, e_x, e_y, (H, W), scale, P, npos_max, readout)
     with full_precision(q):                                                   # float32 inside, autocast or not
         q_in, (q, k, v, qkv) = q, _in_compute_dtype(q, k, v, qkv)
         if torch.compiler.is_compiling() and use_kernel and fused_under_compile(q):
@@ -473,13 +478,15 @@ def cope_attention(q: Tensor, k: Tensor, v: Tensor, e: Tensor, npos_max: int = 1
     """Non-causal CoPE attention over all T tokens, `(B, h, T, dv)`: equal (to rounding) to
     `softmax(q·kᵀ·scale + cope_bias(q, k, e)) @ v`. `q, k: (B, h, T, d)`, `v: (B, h, T, dv)`,
     `e: (d, npos_max)`; `scale` defaults to `d^-1/2` (gates `σ(q·k·scale)` with the same).
-    On CPU (float32/64) the fused C++ kernel runs unless `use_kernel=False`; `qkv` as in
-    `sape2_attention`."""
+    On CPU (float32/64) the fused C++ kernel runs unless `use_kernel=False`, on CUDA the Triton
+    kernel (fused_gpu.py); half inputs and `qkv` as in `sape2_attention`."""
     d = q.shape[-1]
     check_npos_max(npos_max)
     if e.shape != (d, npos_max):
         raise ValueError(f"e must have shape (d, npos_max) = {(d, npos_max)}, got {tuple(e.shape)}")
     scale = d ** -0.5 if scale is None else scale
+    if use_kernel and fused_gpu.applies(q, k, v):                             # CUDA: Triton, no T x T tensors
+        return fused_gpu.cope_attention(q, k, v, e, scale, npos_max)
     with full_precision(q):                                                   # float32 inside, autocast or not
         q_in, (q, k, v, qkv) = q, _in_compute_dtype(q, k, v, qkv)
         if torch.compiler.is_compiling() and use_kernel and fused_under_compile(q):
