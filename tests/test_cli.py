@@ -18,7 +18,7 @@ CONFIG_FLAGS = ("--encoding", "--dataset", "--preset", "--option", "--epochs", "
                 "--weight-decay", "--schedule", "--warmup", "--label-smoothing", "--augment", "--grad-clip", "--seed",
                 "--train-subset", "--test-subset", "--eval-batch-size")
 RUN_FLAGS = ("--data-dir", "--download", "--out", "--checkpoint", "--resume", "--device", "--threads", "--save-every",
-             "--compile", "--no-progress")
+             "--compile", "--precision", "--no-progress")
 
 
 def _train_parser():

@@ -408,3 +408,25 @@ def test_cli_import_of_the_real_vit_tiny_scores_057(shared_dir, tmp_path, capsys
     score = analysis.structure_score(analysis.cosine_similarity(analysis.position_table(ckpt.model)), (14, 14))
     assert score["spearman"] == pytest.approx(0.573, abs=0.002)
     assert np.isfinite(ckpt.model(torch.randn(1, 3, 224, 224)).detach().numpy()).all()
+
+
+def test_explore_load_takes_every_format_the_importer_takes(tmp_path):
+    """The notebook API's `load` reads a timm `.npz` (and a `.pth`) as the app and the CLI do,
+    instead of refusing it as an unreadable safetensors file (issue 44, item 4)."""
+    from vitpe_core import ViTConfig, build_model, explore
+
+    cfg = ViTConfig(img_size=(16, 16), patch_size=4, dim=32, depth=1, heads=2, mlp_dim=32, num_classes=3)
+    torch.manual_seed(0)
+    sd = {("pos_embed" if k.endswith("pos_embed") else k): v for k, v in build_model(cfg).state_dict().items()}
+    np.savez(tmp_path / "vit_tiny.npz", **{k: v.numpy() for k, v in sd.items()})
+    torch.save(sd, tmp_path / "vit_tiny.pth")
+    x = torch.randn(1, 3, 16, 16)
+    outs = []
+    for name in ("vit_tiny.npz", "vit_tiny.pth"):
+        model = explore.load(tmp_path / name)
+        assert model.ckpt.model.cfg.grid == (4, 4)
+        outs.append(model.ckpt.model.eval()(x))
+    torch.testing.assert_close(outs[0], outs[1])
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(ValueError, match="expected a .safetensors"):
+        explore.load(tmp_path / "notes.txt")

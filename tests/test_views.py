@@ -97,6 +97,17 @@ def test_fit_notes_say_what_the_crop_leaves_out_and_when_an_image_is_enlarged():
     assert views.fit_of((20, 10), (20, 10), (16, 32)).crop_note() is None              # (H, W) = (16, 32): 2:1
 
 
+def test_the_crop_note_of_a_shrunk_upload_counts_the_originals_pixels():
+    """A 1400×1000 upload is shrunk to 1024×731 for the server; the model sees its centred square,
+    which is about 1000×1000 px of the visitor's image, not 731×731 (issue 44, item 9)."""
+    from pages.common.uploads import shrunk_text
+
+    fit = views.fit_of((1024, 731), (731, 731), (32, 32))
+    note = fit.crop_note(shrunk_text((1400, 1000), (1024, 731)), original=(1400, 1000))
+    assert "centred 999×1000 px of your 1400×1000 image, shrunk to 1024×731 px" in note, note
+    assert "29 %" in note                                                 # the fraction left out is the same
+
+
 @pytest.mark.parametrize("size,img_size,crop_pct", [((640, 427), (32, 32), 1.0), ((300, 500), (32, 32), 1.0),
                                                     ((640, 427), (224, 224), 0.9), ((100, 100), (224, 224), 0.875),
                                                     ((50, 40), (16, 32), 1.0)])

@@ -90,12 +90,13 @@ def load(name_or_path: str | Path) -> Model:
     path = Path(text).expanduser()
     if not path.is_file():
         raise ValueError(f"{text!r} is neither a shipped checkpoint ({', '.join(shipped())}) nor a file")
-    try:
-        return Model(load_checkpoint(path), path, file_sha256(path))
-    except NotVitpeCheckpointError:
-        pass
     if path.suffix not in (".safetensors", ".npz", ".pth", ".pt", ".bin"):
         raise ValueError(f"{path.name}: expected a .safetensors, .npz, .pth, .pt or .bin file")
+    if path.suffix == ".safetensors":     # a vitpe checkpoint, else another project's weights (below)
+        try:
+            return Model(load_checkpoint(path), path, file_sha256(path))
+        except NotVitpeCheckpointError:
+            pass
     from .importers import import_file
     from .metrics import sanitize_metrics
 

@@ -243,12 +243,16 @@ class Fit:
         """How much the seen box is enlarged to the model's input (1 = not at all)."""
         return max(self.model[0] / max(1, self.seen[0]), self.model[1] / max(1, self.seen[1]))
 
-    def crop_note(self, image_text: str | None = None) -> str | None:
+    def crop_note(self, image_text: str | None = None, *, original: tuple[int, int] | None = None) -> str | None:
         """What the crop leaves out, or None when the model sees the whole image. `image_text`
-        names the image (default "this W×H px image"; e.g. an upload shrunk for the server)."""
+        names the image (default "this W×H px image"; e.g. an upload shrunk for the server);
+        `original`: the (width, height) that text speaks of when it is not `image` (an upload
+        shrunk for the server), so the seen box is counted in the original's pixels."""
         if self.seen == self.image:
             return None
         (w, h), (sw, sh) = self.image, self.seen
+        if original is not None and tuple(original) != (w, h):              # the box in the original's pixels
+            sw, sh = round(sw * original[0] / w), round(sh * original[1] / h)
         sides = " and ".join(s for s, cut in (("left and right", sw < w), ("top and bottom", sh < h)) if cut)
         image_text = image_text or f"this {w}×{h} px image"
         return (f"The model sees only the centred {sw}×{sh} px of {image_text} (its input is "

@@ -178,7 +178,7 @@ def fit_image(prefix: str, img: Image.Image, key: str, ckpt, is_upload: bool
           horizontal=True, format_func={"crop": "crop (as the model's eval transform does)",
                                         "pad": "pad instead of crop (whole image, grey bars)"}.__getitem__)
     if st.session_state[FIT] == "crop":
-        st.info(fit.crop_note(shrunk), icon="✂️")
+        st.info(fit.crop_note(shrunk, original=held.get("original") if shrunk else None), icon="✂️")
         return plain
     pre = preprocess_of(ckpt)
     crop_pct = float(pre["crop_pct"]) if pre else 1.0
