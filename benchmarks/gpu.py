@@ -39,7 +39,7 @@ from vitpe_core.encodings.functional import cope_attention, sape2_attention
 from vitpe_core.model import Attention, build_model
 from vitpe_core.train import TrainConfig, _optimizer, git_commit
 
-HEADING = "## GPU"
+HEADING = "## 12. GPU"   # numbered: a rerun of benchmarks.bench keeps it (report.kept_sections)
 SHAPES = {"compact": (128, 4, (8, 8), 128), "vit-s": (384, 6, (14, 14), 128), "vit-b": (768, 12, (14, 14), 64)}
 SMOKE_SHAPES = {"toy": (32, 2, (3, 4), 2)}
 LAYER_ROWS = ("SDPA", "none", "rpb", "cope+ape", "sape2")
