@@ -69,7 +69,7 @@ def details(name: str, ckpt) -> None:
     cols[2].metric("parameters", f"{sum(p.numel() for p in ckpt.model.parameters()):,}")
     cols[3].metric("family" if m.get("imported") else "dataset", m.get("family") or cache.dataset_of(ckpt))
     if m.get("imported"):
-        st.markdown(f"Imported from `{messages.escape_md(str(m.get('source')))}` · licence: "
+        st.markdown(f"Imported from {messages.code_md(str(m.get('source')))} · licence: "
                     f"{messages.escape_md(str(m.get('licence') or 'not stated'))} · eval transform: "
                     f"{messages.escape_md(json.dumps(m.get('preprocess')))}")
         if m.get("notes"):

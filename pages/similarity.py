@@ -29,28 +29,36 @@ def main() -> None:
         st.info("None of the checkpoints has an absolute position table (encodings `ape`, `ape2d`, `sincos2d`, "
                 "or a composite with one, e.g. `sape2+ape`). Import a pretrained ViT on the Checkpoints page."
                 + swin_view.no_table_note(view.ckpt, ckpts.get(view.ckpt)))
+    shown = view
     if view.ckpt not in table_names and table_names:
         if view.ckpt:
             st.info(f"`{view.ckpt}` has no position table; showing `{table_names[0]}`."
                     + swin_view.no_table_note(view.ckpt, ckpts.get(view.ckpt)))
-        view = with_ckpt(view, table_names[0])
+        # shown here only: the session keeps its checkpoint (the other pages still show it, issue 44)
+        shown = with_ckpt(view, table_names[0], commit=not view.ckpt)
     with st.sidebar:
         if table_names:
-            widgets.checkpoint_select(PAGE, table_names)
-            view = widgets.epoch_control(PAGE, view)
+            bound_to_table = lambda name: name if name in table_names else table_names[0]
+            widgets.bound(st.selectbox, f"{PAGE}_ckpt", "ckpt", label="Checkpoint", options=table_names,
+                          to_widget=bound_to_table, help="Checkpoints with a position table ('+' composes "
+                                                         "encodings, e.g. sape2+ape).")
+            shown = widgets.epoch_control(PAGE, shown, shown_only=shown is not view)
     viewsync.render_share(view)
     if not table_names:
         return
     st.caption("Your own pretrained ViT (timm, DeiT, DINOv2, Hugging Face) can be imported on the Checkpoints page.")
-    res = cache.similarity(view.ckpt, view.epoch)
-    show(res, view.ckpt + ("" if view.epoch is None else f", epoch {view.epoch}"), view.ckpt)
+    res = cache.similarity(shown.ckpt, shown.epoch)
+    show(res, shown.ckpt + ("" if shown.epoch is None else f", epoch {shown.epoch}"), shown.ckpt)
 
 
-def with_ckpt(view: ViewState, name: str) -> ViewState:
+def with_ckpt(view: ViewState, name: str, *, commit: bool = True) -> ViewState:
+    """`view` on checkpoint `name` (its patch kept where it fits the grid); written to the session
+    and the address bar only with `commit`."""
     grid = cache.get_checkpoint(name).config.grid
     patch = view.patch if view.patch[0] < grid[0] and view.patch[1] < grid[1] else (grid[0] // 2, grid[1] // 2)
     view = ViewState(**{**view.__dict__, "ckpt": name, "patch": patch})
-    viewsync.commit(view)
+    if commit:
+        viewsync.commit(view)
     return view
 
 

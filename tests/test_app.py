@@ -316,6 +316,8 @@ def test_import_a_vit_on_the_checkpoints_page_and_use_it_on_every_page(without_c
     ok(at.run())
     assert not at.error and "Imported as `vit-upload`" in at.success[0].value
     assert at.selectbox(key="checkpoints_ckpt").value == "vit-upload"
+    source = [m.value for m in at.markdown if m.value.startswith("Imported from")]
+    assert source and source[0].startswith("Imported from `vit.npz`"), source   # a code span, shown literally
     at.switch_page("pages/similarity.py")
     ok(at.run())
     assert not at.error and "vit-upload" in chart_spec(at, "similarity_patch_map")["layout"]["title"]["text"]
@@ -1068,3 +1070,25 @@ def _is_number(text: str) -> bool:
     except ValueError:
         return False
     return text.lower() not in ("nan", "inf", "-inf")
+
+
+def test_a_checkpoint_without_a_table_survives_the_similarity_compare_and_checkpoints_pages(with_ckpts):
+    """Issue 44, item 3: the similarity page showed `ape` in place of a checkpoint without a table
+    (an imported Swin-V2 or BEiT, or `rpb`) and made it the session's checkpoint, so the Bias
+    explorer came back on `ape` and the link lost the model. It now shows `ape` there only."""
+    at = ok(run({"page": "bias", "ckpt": "rpb"}))
+    assert at.session_state["ckpt"] == "rpb"
+    for page in ("similarity", "bias", "compare", "checkpoints", "bias"):
+        at.switch_page(f"pages/{page}.py")
+        ok(at.run())
+        if page == "similarity":
+            assert any("`rpb` has no position table; showing `ape`" in i.value for i in at.info)
+            assert "ape" in chart_spec(at, "similarity_patch_map")["layout"]["title"]["text"]
+        assert at.session_state["ckpt"] == "rpb", page
+        assert at.query_params["ckpt"] in ("rpb", ["rpb"]), page
+    assert "rpb" in chart_spec(at, "bias_attn_map")["layout"]["title"]["text"] or not at.warning
+    at.switch_page("pages/similarity.py")
+    ok(at.run())
+    at.selectbox(key="similarity_ckpt").select("sape2+ape")            # a visitor's own pick does switch
+    ok(at.run())
+    assert at.session_state["ckpt"] == "sape2+ape"

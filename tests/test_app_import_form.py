@@ -69,6 +69,28 @@ def test_a_swin_with_its_config_imports_and_draws_its_windows(swin_folder):
     assert any(name in w.value for w in other.warning), [w.value for w in other.warning]
 
 
+def test_an_imported_swin_stays_the_sessions_model_across_every_page(swin_folder, tmp_path, monkeypatch):
+    """Issue 44, item 3: an imported model without a position table (Swin-V2 here) stays the
+    session's checkpoint, with `model=` in the address bar, through the similarity page (which
+    shows the folder's `ape` instead), Compare and Checkpoints, back to the Bias explorer."""
+    from benchmarks.harness import write_random_checkpoints
+
+    monkeypatch.setenv("VITPE_CHECKPOINTS", str(write_random_checkpoints(tmp_path / "ckpts", ["ape"])))
+    weights = ("model.safetensors", (swin_folder / "model.safetensors").read_bytes())
+    at = _form(ok(run({"page": "checkpoints"})), weights=weights,
+               config=("config.json", (swin_folder / "config.json").read_bytes()))
+    name = _imported_name(at)
+    at.switch_page("pages/bias.py")
+    at = ok(ok(at.run()).selectbox(key="bias_ckpt").set_value(name).run())
+    model = at.query_params["model"]
+    assert model
+    for page in ("similarity", "bias", "compare", "checkpoints", "bias"):
+        at.switch_page(f"pages/{page}.py")
+        at = ok(at.run())
+        assert not at.error, (page, [e.value for e in at.error])
+        assert at.session_state["ckpt"] == name and at.query_params["model"] == model, page
+
+
 def test_a_swin_without_its_config_is_refused_naming_the_file_to_add(swin_folder):
     weights = ("model.safetensors", (swin_folder / "model.safetensors").read_bytes())
     at = _form(ok(run({"page": "checkpoints"})), weights=weights)

@@ -17,6 +17,15 @@ def escape_md(text: str) -> str:
     return _MD_SPECIAL.sub(r"\\\1", text)
 
 
+def code_md(text: str) -> str:
+    """`text` as a Markdown code span, shown literally: inside a code span backslash escapes are
+    not read, so `escape_md` would show its backslashes ("vit\\_tiny"); the fence is one backtick
+    longer than any run of backticks in the text (CommonMark), with spaces where it touches one."""
+    fence = "`" * (max((len(r) for r in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def show_notes(notes: Sequence[str]) -> None:
     """Each note as a warning, its text shown literally."""
     for note in notes:
