@@ -78,8 +78,6 @@ def show_bias(ckpt, tr, maps, display, view, layer, head) -> bool:
         if tabs[1].open:
             chart(figures.patch_map_fig(bv.shown, title=title, colorbar_title=cbar, patch=view.patch, zmin=0,
                                         zmax=1), base, key=f"{PAGE}_bias_map")
-            downloads(base, bv.shown, key=f"{PAGE}_bias_dl", full=bv.full, shown_what="shown map, normalised 0–1",
-                      full_what="raw bias, all layers × heads")
     with tabs[2]:
         if tabs[2].open:
             chart(figures.layers_fig(bv.per_layer, title=f"{short}, every layer, {head_text(head)}",
@@ -90,6 +88,9 @@ def show_bias(ckpt, tr, maps, display, view, layer, head) -> bool:
             chart(figures.layers_fig(bv.per_head, title=f"{short}, layer {layer}, every head", colorbar_title=cbar,
                                      patch=view.patch, labels=[f"head {i}" for i in range(bv.per_head.shape[0])]),
                   base + "_heads", key=f"{PAGE}_bias_heads")
+    # under every tab (the caption above promises the raw values in the NPY)
+    downloads(base, bv.shown, key=f"{PAGE}_bias_dl", full=bv.full, shown_what="shown map, normalised 0–1",
+              full_what="raw bias, all layers × heads")
     return True
 
 

@@ -620,8 +620,11 @@ def test_compare_page_colours_a_checkpoint_alike_in_both_charts_and_names_hooks_
     assert not any("hooks" in m.value for m in at.markdown)
 
 
-def test_download_buttons_say_what_they_hold(with_ckpts):
-    at = ok(run({"ckpt": "sape2+ape"}, HEATMAP))                                     # the bias map's downloads
+@pytest.mark.parametrize("tab", ["On the image", "Heatmap", "All layers", "All heads"])
+def test_download_buttons_say_what_they_hold(with_ckpts, tab):
+    """The bias map's downloads, under every tab (the default one included: the caption there
+    says the NPY download holds the raw values; issue 44, item 10)."""
+    at = ok(run({"ckpt": "sape2+ape"}, {"bias_bias_tab": tab}))
     buttons = {b.proto.label: b.proto.help for b in at.get("download_button")}
     assert "CSV: shown map, normalised 0–1" in buttons
     assert "shape (2, 2, 8, 8)" in buttons["NPY: raw bias, all layers × heads"]
