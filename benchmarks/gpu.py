@@ -11,7 +11,8 @@
    inputs already on the GPU) for every encoding at the compact and paper presets, bf16 and
    float32, eager; `torch.compile` for `ape` and `sape2` at the compact preset;
 4. every encoding's bf16 training step against float32 (finite, loss and gradients close);
-5. the fused (Triton) SaPE² / CoPE attention against their eager code on the GPU.
+5. the fused (Triton) SaPE² / CoPE attention against their eager code on the GPU;
+6. `train()` itself (data on the GPU, its augmentation and loop) against the model-only step.
 
 The targets of issue 43 are checked beside the figures (PASS / MISS). Where no CUDA GPU is
 present it exits with status 2 and says so; `--smoke` runs every section on the CPU at toy sizes
@@ -178,6 +179,47 @@ def bench_training(presets: dict, device: torch.device, timer: Timer, rounds: in
     return rows
 
 
+def synthetic_cifar10(root: Path, n_train: int, n_test: int = 500) -> Path:
+    """Random images in CIFAR-10's own layout (the pickles `load_cifar` reads), for timing the
+    trainer where the data set is not at hand (the GPU machine has no network)."""
+    import pickle
+
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    per = -(-n_train // 5)
+    for name, n in [*((f"data_batch_{b}", per) for b in range(1, 6)), ("test_batch", n_test)]:
+        obj = {b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8), b"labels": rng.integers(0, 10, n).tolist(),
+               b"batch_label": name.encode(), b"filenames": [f"{name}_{i}.png".encode() for i in range(n)]}
+        (folder / name).write_bytes(pickle.dumps(obj, protocol=2))
+    (folder / "batches.meta").write_bytes(pickle.dumps({b"label_names": [f"c{i}".encode() for i in range(10)]}))
+    return root
+
+
+def trainer_throughput(device: torch.device, model_rows: list[dict], steps: int) -> list[dict]:
+    """`train()` itself (the training set on the GPU, crop + flip on the device, the loop's reads
+    every 25 steps), bf16, compact preset, one epoch of `steps` batches of 128, against the
+    model-only step's img/s of section 3 (what the loop around the model costs)."""
+    import tempfile
+
+    from vitpe_core.train import train
+
+    model_only = {r["encoding"]: r["img_s"] for r in model_rows
+                  if r["preset"] == "compact" and r["precision"] == "bf16"}
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        n_test = min(500, steps * 64)
+        data = synthetic_cifar10(Path(tmp) / "data", steps * 128, n_test)
+        for e in ("ape", "sape2", "cope+ape"):
+            m = train(TrainConfig(encoding=e, epochs=1, batch_size=128, test_subset=n_test), data_dir=data,
+                      out=Path(tmp) / e, progress=False, full_eval=False, device=str(device), precision="bf16")
+            img_s = m["images_per_s"]
+            rows.append({"encoding": e, "trainer_img_s": img_s, "model_only_img_s": model_only.get(e),
+                         "ratio": img_s / model_only[e] if model_only.get(e) else None})
+            print(f"trainer {e}: {img_s:.0f} img/s (model only {model_only.get(e) or 0:.0f})", flush=True)
+    return rows
+
+
 def bf16_agreement(device: torch.device, overrides: dict) -> list[dict]:
     """Each encoding's training step (compact preset, batch 64) in bf16 autocast vs float32."""
     rows = []
@@ -265,6 +307,12 @@ def markdown(res: dict) -> list[str]:
               "| preset | precision | encoding | img/s | vs ape |", "|---|---|---|---|---|"]
     lines += [f"| {r['preset']} | {r['precision']} | {r['encoding']} | {r['img_s']:.0f} | {r['vs_ape']:.2f} |"
               for r in res["training"]]
+    if res.get("trainer"):
+        lines += ["", "`train()` itself (bf16, compact, one epoch of 200 batches of a synthetic CIFAR-10 on the GPU) "
+                  "against the model-only step above:", "", "| encoding | trainer img/s | model-only img/s | ratio |",
+                  "|---|---|---|---|"]
+        lines += [f"| {r['encoding']} | {r['trainer_img_s']:.0f} | {r['model_only_img_s'] or 0:.0f} | "
+                  f"{r['ratio'] or 0:.2f} |" for r in res["trainer"]]
     lines += ["", "Fused (Triton) attention against the eager code on this GPU (max relative error over the "
               "output and every gradient): " + ", ".join(
                   f"{r['function']} {r['precision']} {r['max_rel_err']:.1e}" for r in res["fused"]), ""]
@@ -297,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     res["layers"] = bench_layers(shapes, device, timer, rounds, calls)
     res["training"] = bench_training(presets, device, timer, rounds, calls)
     res["bf16"] = bf16_agreement(device, presets["compact"][1])
+    res["trainer"] = trainer_throughput(device, res["training"], 200 if device.type == "cuda" else 1)
     text = "\n".join(markdown(res))
     print(text)
     if args.json:

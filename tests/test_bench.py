@@ -520,3 +520,4 @@ def test_gpu_benchmark_says_it_needs_a_gpu_and_its_smoke_run_covers_every_sectio
     res = json.loads((tmp_path / "r.json").read_text())
     assert {r["encoding"] for r in res["training"]} == set(gpu.ENCODINGS)
     assert all(r["finite"] for r in res["bf16"])
+    assert [r["encoding"] for r in res["trainer"]] == ["ape", "sape2", "cope+ape"]     # train() itself ran
