@@ -24,7 +24,7 @@ import numpy as np
 
 from benchmarks.checkpoints import CheckpointSet, app_default
 from benchmarks.harness import (REPO, Server, chromium_or_reason, launch_chromium, patch_label, proc_memory,
-                                streamlit_server, wait_script_run)
+                                streamlit_server, wait_charts_drawn, wait_script_run)
 from benchmarks.timing import Plan
 from vitpe_core.checkpoint import listed_checkpoints, load_checkpoint, resolve_checkpoint
 from vitpe_core.viewstate import show_value
@@ -32,7 +32,8 @@ from vitpe_core.viewstate import show_value
 log = logging.getLogger(__name__)
 
 # The floor of a cold start: a Streamlit app that imports nothing else and draws a title and a line.
-FLOOR_APP = 'import streamlit as st\n\nst.title("Floor")\nst.write("A two-line Streamlit app.")\n'
+FLOOR_APP = ('import plotly.graph_objects as go\nimport streamlit as st\n\n'
+             'st.title("Floor")\nst.plotly_chart(go.Figure(go.Heatmap(z=[[0, 1], [1, 0]])))\n')
 # What the app's server imports from the repository (compiled before the cold starts).
 APP_SOURCES = ("app.py", "pages", "vitpe_core")
 
@@ -62,6 +63,8 @@ def first_page(browser, server: Server) -> tuple[Any, dict[str, float]]:
     times = {"first_element_s": time.perf_counter() - server.started}
     wait_script_run(page)
     times["first_run_s"] = time.perf_counter() - server.started
+    wait_charts_drawn(page)                 # what a person waits for (the end point of the target)
+    times["first_chart_s"] = time.perf_counter() - server.started
     return page, times
 
 
@@ -124,14 +127,16 @@ def bench_app(plan: Plan, cs: CheckpointSet, workdir: Path) -> dict:
     out["runs"] = runs
     if floor:
         out["floor_runs"] = floor
-        out["floor_first_run_s"] = float(np.median([r["first_run_s"] for r in floor]))
-        out["floor_first_run_max_s"] = max(r["first_run_s"] for r in floor)
-    for key in ("health_s", "get_root_s", "first_element_s", "first_run_s"):
+        for key in ("first_run_s", "first_chart_s"):
+            out[f"floor_{key}"] = float(np.median([r[key] for r in floor]))
+            out[f"floor_{key[:-2]}_max_s"] = max(r[key] for r in floor)
+    for key in ("health_s", "get_root_s", "first_element_s", "first_run_s", "first_chart_s"):
         values = [r[key] for r in runs if key in r]
         if values:
             out[key] = float(np.median(values))
-    if any("first_run_s" in r for r in runs):     # the target: a complete first page in every cold start
-        out["first_run_max_s"] = max(r["first_run_s"] for r in runs if "first_run_s" in r)
+    for key in ("first_run_s", "first_chart_s"):  # the target: the first page's charts in every cold start
+        if any(key in r for r in runs):
+            out[f"{key[:-2]}_max_s"] = max(r[key] for r in runs if key in r)
     return out
 
 

@@ -219,6 +219,19 @@ IDLE_JS = "() => document.querySelector('[data-testid=stApp]')?.dataset.testScri
 _IDLE_WITH_TEXT_JS = "(t) => document.body.innerText.includes(t) && (" + IDLE_JS + ")()"
 
 
+# The first page is ready for a person when its charts are drawn, not when the script went idle:
+# every Plotly plot in the DOM holds its drawn traces (`_fullData`, set by Plotly.newPlot), at
+# least one is there, and the script run is over.
+CHARTS_DRAWN_JS = ("() => { const p = [...document.querySelectorAll('.js-plotly-plot')];"
+                   " return p.length > 0 && p.every(e => e._fullData && e._fullData.length > 0) && ("
+                   + IDLE_JS + ")(); }")
+
+
+def wait_charts_drawn(page: Any, timeout_s: float = 180.0) -> Any:
+    """Until the page's Plotly charts are drawn and the script run is over (`CHARTS_DRAWN_JS`)."""
+    return page.wait_for_function(CHARTS_DRAWN_JS, timeout=timeout_s * 1e3, polling=50)
+
+
 def wait_script_run(page: Any, timeout_s: float = 180.0, text: str | None = None) -> Any:
     """Until the script run finished (and, if given, `text` is on the page). Sync playwright
     waits; async playwright returns the awaitable."""
