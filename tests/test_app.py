@@ -827,7 +827,10 @@ def test_the_warmup_imports_every_module_the_pages_import_first():
     ("/app/compare", "", "", "/compare"),
     ("/pages/definitions", "", "", "/definitions"),                # the text page is a page too
     ("/vitpe/compare", "", "vitpe", None),                         # below server.baseUrlPath: a page
-    ("/vitpe/pages/bias", "", "/vitpe/", "/vitpe/bias"),
+    ("/vitpe/pages/bias", "", "/vitpe/", "/vitpe/"),               # the default page lives at the root only:
+    ("/bias", "ckpt=ape", "", "/?ckpt=ape"),                       # its name was "Page not found" (issue 44 item 2)
+    ("/pages/bias/", "", "", "/"),
+    ("/vitpe/bias", "", "vitpe", "/vitpe/"),
     ("/other/compare", "", "vitpe", None),                         # outside the base: not ours
 ])
 def test_deep_paths_redirect_to_the_page_they_name(path, query, base, target):
@@ -1013,7 +1016,8 @@ def test_a_shrunk_upload_says_so(with_ckpts):
     said = "your 1400×1000 image, shrunk to 1024×731 px for the server"
     assert any(said in c.value for c in at.caption), [c.value for c in at.caption]
     [note] = [i.value for i in at.info if "left out" in i.value]
-    assert f"centred 731×731 px of {said}" in note and "this 1024×731" not in note, note
+    # the box in the visitor's pixels (issue 44, item 9: it said 731×731 "of your 1400×1000 image")
+    assert f"centred 999×1000 px of {said}" in note and "this 1024×731" not in note, note
     assert at.session_state["_vitpe_upload"]["original"] == (1400, 1000)
     at.radio(key="bias_fit").set_value("pad")
     ok(at.run())

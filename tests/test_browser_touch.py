@@ -6,6 +6,11 @@ tap: every tap selected the patch tapped before it (the first one: none), while 
 the same point worked (tests/test_browser.py). `pages.common.picker.TOUCH_HOVER` hovers the plot
 where a touch starts.
 
+The first tap after opening the default page by its name (`/bias?ckpt=ape`, issue 44 item 2) was
+lost on a phone: Streamlit serves the default page only at `/`, so `/bias` ran it under a "Page not
+found" dialog whose backdrop covers the whole screen and which, on a phone, left the picker in sight
+below it; the tap closed the dialog. `pages.common.paths.redirect_target` sends `/bias` to `/`.
+
 Same set-up as tests/test_browser.py: `python -m streamlit run app.py` on loopback driven by
 Debian's chromium through playwright, skipping with a reason where either is missing; conftest's
 tiny random-weight checkpoints (8 x 8 grid), served by conftest's `app_url` (one server per worker).
@@ -24,7 +29,7 @@ GRID = (8, 8)
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 lt.skip_module_without_browser(pytest)
-from playwright.sync_api import expect  # noqa: E402
+from playwright.sync_api import Error as PlaywrightError, expect  # noqa: E402
 
 
 def tap_patch(page, key: str, patch: tuple[int, int]) -> None:
@@ -72,3 +77,25 @@ def test_each_tap_selects_the_tapped_patch(phone, app_url, page_name, key, ckpt)
     for patch in [(6, 2), (1, 1), (1, 6), (7, 7)]:
         tap_patch(phone, key, patch)
         selected(phone, patch)
+
+
+def test_the_first_tap_after_opening_the_default_page_by_name_selects_the_tapped_patch(phone, app_url):
+    """Issue 44 item 2: open `/bias?ckpt=ape`, let the page idle for 1.5 s, tap (6, 2) as the
+    first touch: it is selected (a "Page not found" dialog over the page took that tap). Item
+    11b: the phone's hint names the sidebar button by the arrow the button shows (»)."""
+    phone.goto(f"{app_url}/bias?ckpt=ape")
+    expect(phone.get_by_text(lt.patch_label((4, 4)), exact=True)).to_be_visible(timeout=FIRST_LOAD_MS)
+    lt.wait_quiet(phone, 1500)
+    dialogs = phone.locator("[data-testid='stDialog']").all_inner_texts()
+    tap_patch(phone, "bias_click", (6, 2))
+    try:
+        selected(phone, (6, 2))
+    except (AssertionError, PlaywrightError) as e:
+        raise AssertionError(f"the first tap after the page went idle did not select (6, 2); dialogs open "
+                             f"before it: {dialogs}") from e
+    assert dialogs == []
+    assert phone.evaluate("() => location.pathname") == "/"
+    hint = phone.locator(".st-key-bias_controls_hint")
+    expect(hint).to_contain_text("sidebar: tap » at the top left")
+    expect(phone.locator("[data-testid='stExpandSidebarButton'] [data-testid='stIconMaterial']")
+           ).to_have_text("keyboard_double_arrow_right")                  # Material's », what the hint names

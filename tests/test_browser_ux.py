@@ -188,7 +188,7 @@ def test_phone_titles_fit_clear_of_the_modebar_and_the_controls_are_findable(pho
     if where != "similarity":
         hint = phone.locator(f".st-key-{where}_controls_hint")
         expect(hint).to_be_visible()
-        expect(hint).to_contain_text(re.compile(r"Showing layer 2, mean over heads.*sidebar: tap ›"))
+        expect(hint).to_contain_text(re.compile(r"Showing layer 2, mean over heads.*sidebar: tap »"))
     phone.locator("[data-testid='stExpander'] summary", has_text="What am I looking at?").click()
     expect(phone.get_by_text("cosine" if where == "similarity" else "0 = near", exact=False).first).to_be_visible()
     phone.evaluate("() => document.querySelector('[data-testid=stMain]')?.scrollTo(0, 0)")

@@ -5,7 +5,10 @@ address: `/pages/compare` or `/compare/extra` asks for `/pages/static/...`, gets
 shows a white page with no message. `RedirectDeepPaths` (ASGI middleware, added by app.py's
 `st.App`) answers such a page request (a GET that accepts HTML) with a redirect to the page its
 last segment names (`/pages/compare?show=ape` -> `/compare?show=ape`), or to `/` with the same
-query, where the link checks (vitpe_core.viewstate) explain what they ignore. Streamlit's own
+query, where the link checks (vitpe_core.viewstate) explain what they ignore. The default page's
+own name (`/bias?ckpt=ape`, `/pages/bias`) goes to `/` with the same query: Streamlit serves the
+default page only at the root and answered its name with a "Page not found" dialog over the page
+(whose backdrop took the visitor's first tap or click; issue 44 item 2). Streamlit's own
 routes (`_stcore/`, `static/`, `media/`, `component/`, `app/static/`) and anything below the
 configured `server.baseUrlPath` are left alone.
 """
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Awaitable, Callable
 
-from vitpe_core.viewstate import PAGES
+from vitpe_core.viewstate import DEFAULT_PAGE, PAGES
 
 from .definitions import URL_PATH as DEFINITIONS
 
@@ -29,10 +32,11 @@ def redirect_target(path: str, query: str, base: str = "") -> str | None:
     if prefix and not (path == prefix or path.startswith(prefix + "/")):
         return None
     parts = path[len(prefix):].split("/")[1:]             # "/a/b" -> ["a", "b"]; "/a/" -> ["a", ""]
-    if len(parts) < 2 or parts[0] in STREAMLIT_PREFIXES or parts[:2] == ["app", "static"]:
+    if parts != [DEFAULT_PAGE] and (len(parts) < 2 or parts[0] in STREAMLIT_PREFIXES
+                                    or parts[:2] == ["app", "static"]):
         return None
     named = [p for p in parts if p]
-    page = named[-1] if named and named[-1] in NAMED else ""
+    page = named[-1] if named and named[-1] in NAMED and named[-1] != DEFAULT_PAGE else ""   # the default: `/`
     return f"{prefix}/{page}" + (f"?{query}" if query else "")
 
 

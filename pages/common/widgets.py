@@ -86,7 +86,7 @@ def controls_hint(prefix: str, layer: int, head: int | None) -> None:
     st.html(f"<style>@media (min-width: {NARROW_PX + 1}px) {{ .st-key-{box} {{ display: none; }} }}</style>")
     with st.container(key=box):
         st.caption(f"Showing layer {layer}, {'mean over heads' if head is None else f'head {head}'}. The image, "
-                   "layer and head controls are in the sidebar: tap › at the top left.")
+                   "layer and head controls are in the sidebar: tap » at the top left.")
 
 
 def patch_controls(prefix: str, grid: tuple[int, int]) -> tuple[int, int]:
