@@ -48,15 +48,20 @@ def test_every_page_renders_each_imported_family(family_dir, monkeypatch, name):
 @pytest.mark.slow
 def test_the_bias_explorer_draws_beits_learned_bias_row_per_layer(family_dir, monkeypatch):
     """BEiT's bias row is the learned table's entries for the clicked patch's offsets: it differs
-    between layers (a table per layer) and is the same in every layer for a shared table."""
+    between layers (a table per layer) and is the same in every layer for a shared table. Its 4 x 4
+    heatmap is ticked on whole patches (issue 44 item 11a)."""
     monkeypatch.setenv("VITPE_CHECKPOINTS", str(family_dir))
     rows = {}
     for name in ("beit", "beit_shared"):
         for layer in (0, 1):
             at = ok(run({"page": "bias", "ckpt": name, "patch": "1,2", "layer": str(layer)},
                         {"bias_bias_tab": "Heatmap"}))
-            rows[name, layer] = z_of(chart_spec(at, "bias_bias_map"))
+            spec = chart_spec(at, "bias_bias_map")
+            rows[name, layer] = z_of(spec)
             assert rows[name, layer].shape == (4, 4) and np.isfinite(rows[name, layer]).all()
+            for axis in ("xaxis", "yaxis"):                 # ticks 0, 1, 2, 3, not Plotly's -0.5, 0, 0.5, … (item 11a)
+                ax = spec["layout"][axis]
+                assert (ax.get("tickmode"), ax.get("tick0"), ax.get("dtick")) == ("linear", 0, 1), ax
     assert not np.allclose(rows["beit", 0], rows["beit", 1])
     np.testing.assert_allclose(rows["beit_shared", 0], rows["beit_shared", 1])
 

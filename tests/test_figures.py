@@ -6,6 +6,8 @@ import pytest
 
 from vitpe_core import figures
 
+IMPORTED = "vit_tiny_patch16_224_tinyimagenet_ft-upload"    # an imported model's name (issue 44)
+
 
 def test_a_half_given_colour_range_is_completed_from_the_data():
     m = np.array([[0.004, 0.02], [0.035, np.nan]])
@@ -143,6 +145,41 @@ def test_every_shipped_checkpoint_has_its_own_colour_and_keeps_it_whatever_is_sh
         assert len(set(sub.values())) == len(sub)
 
 
+def _delta_e(a: str, b: str) -> float:
+    """CIEDE2000 colour difference of two `#rrggbb` colours (CIELAB, D65)."""
+    from skimage.color import deltaE_ciede2000, rgb2lab
+
+    lab = [rgb2lab(np.array([[[int(c[i:i + 2], 16) / 255 for i in (1, 3, 5)]]]))[0, 0] for c in (a, b)]
+    return float(deltaE_ciede2000(*lab))
+
+
+def _closest(colors) -> tuple[float, str, str]:
+    import itertools
+
+    return min((_delta_e(a, b), a, b) for a, b in itertools.combinations(colors, 2))
+
+
+def test_every_pair_of_checkpoint_colours_is_told_apart_and_the_pairs_shown_at_first_most():
+    """Issue 44 item 11d: ape #1f77b4 beside none #00838f (CIEDE2000 17.6), rope_mixed #637939
+    beside sape2 #b8860b (25.3) and an import's dark teal #00695c beside none's (14.5) were hard to
+    tell apart; the palette's closest pair was 13.2 apart. Now: the ten checkpoints the compare
+    page shows at first at least 30 apart, the colours an import gets at least 19 from those and
+    from each other, and any two of the palette at least 18."""
+    shipped = list(figures.SHIPPED_CHECKPOINTS)
+    first = [n for n in shipped if not n.startswith("long/")]
+    assert len(first) == 10
+    imports = [IMPORTED] + [f"import-{i}" for i in range(5)]
+    colors = figures.checkpoint_colors(shipped + imports)
+    for a, b in (("ape", "none"), ("rope_mixed", "sape2")):                  # the pairs the issue named
+        assert _delta_e(colors[a], colors[b]) >= 30, (a, b, colors[a], colors[b], _delta_e(colors[a], colors[b]))
+    assert _delta_e(colors[IMPORTED], colors["none"]) >= 19
+    spare = figures.CHECKPOINT_PALETTE[len(shipped):]
+    assert len({colors[n] for n in imports}) == len(imports) and {colors[n] for n in imports} <= set(spare)
+    assert _closest([colors[n] for n in first]) >= (30, "", "")               # shown together at first
+    assert _closest([colors[n] for n in first + imports]) >= (19, "", "")     # with imports
+    assert _closest(figures.CHECKPOINT_PALETTE) >= (18, "", "")               # any two
+
+
 def test_another_name_gets_a_colour_from_its_name_distinct_from_the_others_listed():
     """A name not shipped (an import, another folder) takes a colour picked by a hash of its name
     (the same in every process and link), one that no other listed name has while colours last."""
@@ -158,7 +195,7 @@ def test_another_name_gets_a_colour_from_its_name_distinct_from_the_others_liste
     assert other.stdout.strip() == alone                                              # not Python's salted hash
     many = [f"run-{i}" for i in range(10)] + _shipped_names()
     assert len(set(figures.checkpoint_colors(many).values())) == len(figures.CHECKPOINT_PALETTE)
-    assert len(figures.checkpoint_colors(many + ["one-more"])) == len(many) + 1   # past 24: a colour still
+    assert len(figures.checkpoint_colors(many + ["one-more"])) == len(many) + 1   # past 20: a colour still
 
 
 @pytest.mark.parametrize("n,cols,rows", [(6, 3, 2), (4, 2, 2), (2, 2, 1), (12, 3, 4), (1, 1, 1)])
@@ -301,6 +338,92 @@ def test_encoding_scale_fig_one_line_per_layer_and_panel_with_layer_colours():
         by_layer.setdefault(t.name, set()).add(t.line.color)
     assert set(by_layer) == {"layer 0", "layer 1"} and all(len(c) == 1 for c in by_layer.values())
     assert sum(t.showlegend for t in fig.data) == 2
+
+
+def _ticks(axis, n: int) -> list[float]:
+    """The ticks Plotly draws on an axis over `n` cells (range -0.5 … n - 0.5), from the
+    figure's settings; None where they are left to Plotly's own choice (not whole cells)."""
+    if axis.tickvals is not None:
+        return list(axis.tickvals)
+    if axis.dtick is None or (axis.tickmode not in (None, "linear")):
+        return None
+    t0, step = float(axis.tick0 or 0), float(axis.dtick)
+    first = t0 + step * np.ceil((-0.5 - t0) / step)
+    return list(np.arange(first, n - 0.5 + 1e-9, step))
+
+
+@pytest.mark.parametrize("grid", [(4, 4), (2, 3), (3, 5), (14, 14)])
+def test_maps_on_a_small_integer_grid_get_integer_ticks_only(grid):
+    """Issue 44 item 11a: the bias explorer's heatmap of BEiT's 4 x 4 grid had ticks at -0.5, 0,
+    0.5, 1, … (Plotly's own choice on a range of 4 cells): a patch map, the similarity matrix and
+    the per-layer tiles now put ticks on whole patches only, at least two per side."""
+    H, W = grid
+    m = np.random.default_rng(0).random(grid)
+    figs = {"patch map": (figures.patch_map_fig(m, title="t", colorbar_title="c", patch=(1, 1)), (W, H)),
+            "similarity": (figures.similarity_matrix_fig(np.eye(H * W), grid), (H * W, H * W)),
+            "layers": (figures.layers_fig(np.stack([m, m]), title="t", colorbar_title="c"), (W, H))}
+    for name, (fig, (nx, ny)) in figs.items():
+        for axis, n in ((fig.layout.xaxis, nx), (fig.layout.yaxis, ny)):
+            ticks = _ticks(axis, n)
+            assert ticks is not None, (name, axis.to_plotly_json())
+            assert len(ticks) >= 2 and all(float(t).is_integer() for t in ticks), (name, ticks)
+            assert all(0 <= t <= n - 1 for t in ticks), (name, ticks)
+
+
+def _mixed_grid_kernels():
+    """Small multiples of models on different grids, as the compare page draws an import beside
+    the shipped 8 x 8 checkpoints (issue 44 item 7): offset kernels and per-query maps."""
+    rng = np.random.default_rng(0)
+    grids = {"ape": (8, 8), IMPORTED: (14, 14), "rpb": (8, 8), "wide-run": (6, 10), "sape2": (8, 8),
+             "rope_mixed": (8, 8), "tall": (12, 4)}
+    kernels = {n: rng.random((2 * h - 1, 2 * w - 1)) for n, (h, w) in grids.items()}
+    yield "kernels", figures.kernels_fig(kernels, {n: 0.5 for n in grids}, title="kernels", cols=5)
+    maps = {n: rng.random(g) for n, g in grids.items()}
+    yield "query", figures.query_kernels_fig(maps, {n: (g[0] // 2, g[1] // 2) for n, g in grids.items()},
+                                             {n: -0.25 for n in grids}, title="per query", cols=5)
+
+
+@pytest.mark.parametrize("name, fig", list(_mixed_grid_kernels()), ids=[n for n, _ in _mixed_grid_kernels()])
+def test_small_multiples_of_different_grids_keep_each_panel_square_and_each_title_in_its_tile(name, fig):
+    """Issue 44 item 7: every panel's y axis was scaled to the *first* panel's x axis
+    (`scaleanchor="x"`), so beside a 14 x 14 import an 8 x 8 model's maps were drawn out of square,
+    and the import's title, centred on a 170 px tile, ran over its neighbour's and out of the
+    chart. Each panel's y axis is now scaled to its own x axis (square cells, its grid's aspect,
+    the panel shrunk inside its tile: `constrain="domain"`), and each title line fits its tile:
+    a long name is shortened in the middle over the score, the full name in the hover."""
+    lay = fig.layout
+    plot_w = lay.width - lay.margin.l - lay.margin.r
+    plot_h = lay.height - lay.margin.t - lay.margin.b
+    axes = [k for k in lay.to_plotly_json() if k.startswith("yaxis")]
+    assert len(axes) == 10                                                    # 7 panels in rows of 5
+    for k in axes:
+        ya, xa = lay[k], lay["x" + k[1:]]
+        assert ya.anchor == "x" + k[5:] and ya.scaleanchor == ya.anchor and ya.scaleratio == 1, (k, ya.scaleanchor)
+        if any(t.yaxis == ya.anchor.replace("x", "y") for t in fig.data):       # a panel, not an empty cell
+            assert xa.scaleanchor is None and xa.constrain == ya.constrain == "domain", k
+    tiles = [(lay[k].domain[1] - lay[k].domain[0]) * plot_w for k in lay.to_plotly_json() if k.startswith("xaxis")]
+    lines = [a.text.split("<br>") for a in lay.annotations]
+    assert len(lines) == 7 and max(map(len, lines)) == 2
+    for text in lines:
+        assert all(len(line) * figures.CHAR_EM * figures.SUBPLOT_FONT_PX <= min(tiles) for line in text), text
+    assert lines[1] == [figures.short_name(IMPORTED), "rel 0.50" if name == "kernels" else "fit -0.25"]
+    assert figures.short_name(IMPORTED).endswith("-upload") and len(figures.short_name(IMPORTED)) <= 21
+    assert lines[0] == ["ape · rel 0.50" if name == "kernels" else "ape · fit -0.25"]   # short names: one line
+    tops = sorted({lay[k].domain[1] for k in axes}, reverse=True)
+    bottoms = sorted({lay[k].domain[0] for k in axes}, reverse=True)
+    room = figures.SUBPLOT_TITLES_PX + figures.SUBPLOT_LINE_PX                  # two-line titles
+    assert (bottoms[0] - tops[1]) * plot_h >= room                              # between the rows
+    assert lay.margin.t >= figures.MODEBAR_PX + figures.TITLE_LINE_PX + room    # above the first
+    trace = fig.data[1]
+    assert IMPORTED in trace.hovertemplate and trace.hoverlabel.namelength == -1   # the full name on hover
+
+
+def test_panel_titles_keep_short_names_and_shorten_long_ones_in_the_middle():
+    assert figures.panel_title("rpb", "rel 1.00") == "rpb · rel 1.00"
+    assert figures.panel_title("rpb") == "rpb"
+    assert figures.panel_title("a" * 30) == "a" * 10 + "…" + "a" * 10
+    assert figures.panel_title("long/sape2+ape", "rel 0.97") == "long/sape2+ape<br>rel 0.97"
+    assert figures.short_name("x" * 21) == "x" * 21 and len(figures.short_name("x" * 22)) == 21
 
 
 def test_query_kernels_fig_outlines_each_query_and_scales_without_it():

@@ -62,6 +62,7 @@ def position_section(page: str, names: list[str], ckpts: dict, layer: int, head:
         head_txt = "mean of heads" if head is None else f"head {head}"
         title = f"Position-only kernels<br>layer {layer}, {head_txt}<br>(tables: layer 0)"
         chart(figures.kernels_fig(kernels, scores, title=title), "position_kernels", key=f"{page}_kernels")
+    full_names(list(results))
     if patch is not None:
         query_kernels(page, results, ckpts, layer, head, patch, ref_grid)
     table = pd.DataFrame({n: views.relative_scores_by_layer(a) for n, a in results.items()}).T
@@ -72,6 +73,15 @@ def position_section(page: str, names: list[str], ckpts: dict, layer: int, head:
                                         colors=colors), "attention_distance", key=f"{page}_distance")
     st.caption("As in the ViT paper's Figure 7 (right): how far, in patches, each head looks on average, on the same "
                "17 images. Heads that stay local in early layers and widen with depth are the usual pattern.")
+
+
+def full_names(names: list[str]) -> None:
+    """The full name of each checkpoint whose kernel panels shorten it (`figures.panel_title`: a
+    title as wide as its tile; the hover shows the full name too)."""
+    shortened = [n for n in names if figures.short_name(n) != n]
+    if shortened:
+        st.caption("Shortened in the panel titles: " + "; ".join(f"`{figures.short_name(n)}` = `{n}`"
+                                                                 for n in shortened))
 
 
 def query_kernels(page: str, results: dict, ckpts: dict, layer: int, head: int | None, patch: tuple[int, int],

@@ -11,7 +11,8 @@ import overlay_fig`):
 * `maps`: heatmaps on the patch grid — `similarity_matrix_fig`, `figure7_grid_fig`
   (`figure7_canvas`), `patch_map_fig`, `overlay_fig` (`png_data_uri`, `grid_path`),
   `layers_fig`, `pair_fig`, `shift_diff_fig`.
-* `kernels`: position-only kernels as small multiples — `kernels_fig`, `query_kernels_fig`.
+* `kernels`: position-only kernels as small multiples — `kernels_fig`, `query_kernels_fig`; their
+  panels' titles: `panel_title`, `short_name`.
 * `curves`: line and bar charts — `curves_fig`, `topk_fig`, `line_fig`, `runs_fig`,
   `distance_by_depth_fig`, `encoding_scale_fig`.
 * `raster`: PIL images for clicking and the click mapped back — `display_image`, `grid_image`,
@@ -30,12 +31,13 @@ from __future__ import annotations
 from .common import (ATTENTION_SCALE, BIAS_SCALE, CHAR_EM, CHECKPOINT_PALETTE, COLORBAR_PX, COLORBAR_THICKNESS_PX,
                      COLORBAR_XPAD_PX, COMPONENT_STYLE, HIGHLIGHT, MAP_PX, MIN_TILE_PX, MODEBAR_PX,
                      MULTILINE_TITLE_LIFT_PX, NARROW_CHART_PX, PAIR_PX, SHIPPED_CHECKPOINTS, SIMILARITY_SCALE,
-                     SUBPLOT_FONT_PX, SUBPLOT_TITLES_PX, TITLE_FONT_PX, TITLE_LINE_PX, TITLE_MAX_CHARS, TITLE_PAD_PX,
-                     Grid, checkpoint_colors, colorbar, component_style, export_config, scale_stops, wrap_title)
+                     SUBPLOT_FONT_PX, SUBPLOT_LINE_PX, SUBPLOT_TITLES_PX, TITLE_FONT_PX, TITLE_LINE_PX,
+                     TITLE_MAX_CHARS, TITLE_PAD_PX, Grid, checkpoint_colors, colorbar, component_style, export_config,
+                     scale_stops, wrap_title)
 from .common import _fast as _fast   # named in RELIABILITY.md
 from .curves import curves_fig, distance_by_depth_fig, encoding_scale_fig, line_fig, runs_fig, topk_fig
 from .film import FILM_CONTROLS_PX, FILM_LABEL_PX, FILM_PX, figure7_film_fig, figure7_gif
-from .kernels import KERNEL_SCALE, kernels_fig, query_kernels_fig
+from .kernels import KERNEL_SCALE, PANEL_TITLE_CHARS, kernels_fig, panel_title, query_kernels_fig, short_name
 from .maps import (DIFF_SCALE, LAYERS_MAX_COLS, figure7_canvas, figure7_grid_fig, grid_path, layers_fig, overlay_fig,
                    pair_fig, patch_map_fig, png_data_uri, shift_diff_fig, similarity_matrix_fig)
 from .maps import _png_data_uri as _png_data_uri   # its cache is checked by tests/test_figures.py
@@ -46,15 +48,16 @@ from .windows import window_lines_path, window_map_fig
 __all__ = [
     # common
     "Grid", "SIMILARITY_SCALE", "BIAS_SCALE", "ATTENTION_SCALE", "HIGHLIGHT", "COMPONENT_STYLE", "TITLE_FONT_PX",
-    "SUBPLOT_FONT_PX", "NARROW_CHART_PX", "CHAR_EM", "TITLE_MAX_CHARS", "TITLE_LINE_PX", "MODEBAR_PX",
-    "SUBPLOT_TITLES_PX", "MULTILINE_TITLE_LIFT_PX", "MIN_TILE_PX", "CHECKPOINT_PALETTE", "SHIPPED_CHECKPOINTS",
+    "SUBPLOT_FONT_PX", "SUBPLOT_LINE_PX", "NARROW_CHART_PX", "CHAR_EM", "TITLE_MAX_CHARS", "TITLE_LINE_PX",
+    "MODEBAR_PX", "SUBPLOT_TITLES_PX", "MULTILINE_TITLE_LIFT_PX", "MIN_TILE_PX", "CHECKPOINT_PALETTE",
+    "SHIPPED_CHECKPOINTS",
     "TITLE_PAD_PX", "MAP_PX", "PAIR_PX", "COLORBAR_PX", "COLORBAR_XPAD_PX", "COLORBAR_THICKNESS_PX", "colorbar",
     "component_style", "export_config", "wrap_title", "checkpoint_colors", "scale_stops",
     # maps
     "LAYERS_MAX_COLS", "DIFF_SCALE", "similarity_matrix_fig", "figure7_canvas", "figure7_grid_fig", "patch_map_fig",
     "png_data_uri", "grid_path", "overlay_fig", "layers_fig", "pair_fig", "shift_diff_fig",
     # kernels
-    "KERNEL_SCALE", "kernels_fig", "query_kernels_fig",
+    "KERNEL_SCALE", "PANEL_TITLE_CHARS", "kernels_fig", "query_kernels_fig", "panel_title", "short_name",
     # curves
     "curves_fig", "topk_fig", "line_fig", "runs_fig", "distance_by_depth_fig", "encoding_scale_fig",
     # raster

@@ -59,6 +59,7 @@ TITLE_MAX_CHARS = int(NARROW_CHART_PX / (CHAR_EM * TITLE_FONT_PX))   # 37
 TITLE_LINE_PX = 20
 MODEBAR_PX = 34            # the band at a chart's top where Plotly's modebar appears: no title there
 SUBPLOT_TITLES_PX = 22
+SUBPLOT_LINE_PX = 16       # each further line of a subplot title (`kernels.panel_title`: a name over its score)
 MULTILINE_TITLE_LIFT_PX = 12   # Plotly draws a title of several lines this much higher than its top pad says
 MIN_TILE_PX = 160          # the smallest side of a small-multiple tile (layers_fig)
 TITLE_PAD_PX = 10          # a title's distance from the chart's left edge
@@ -67,14 +68,17 @@ PAIR_PX = 200              # the side of each map of `pair_fig` / `shift_diff_fi
 COLORBAR_PX = 90           # the right margin that holds a colour bar with its ticks and title
 COLORBAR_XPAD_PX = 6
 COLORBAR_THICKNESS_PX = 14
-# One colour per checkpoint (`checkpoint_colors`): qualitative, dark enough on white, no greys; 24 colours, each
-# pair at least 13 apart in CIEDE2000 (tests/test_figures.py). The first 14 are the shipped checkpoints', in the
-# order of `SHIPPED_CHECKPOINTS` (the ten shown at first on the compare page first, on the ten most distinct), the
-# other 10 are drawn for any other name.
-CHECKPOINT_PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#00838f", "#393b79", "#637939", "#a55194", "#b8860b",
-                      "#ff7f0e", "#e377c2", "#6b6ecf", "#8c564b", "#00441b", "#67000d",
-                      "#880e4f", "#654522", "#dd4477", "#1b9e77", "#00695c", "#8c2d04", "#6a1b9a", "#0099c6",
-                      "#006d2c", "#8ca252")
+# One colour per checkpoint (`checkpoint_colors`): qualitative, dark enough on white, no greys; 20 colours, told apart
+# by their CIEDE2000 difference (tests/test_figures.py computes it), in three tiers, each chosen to be as far as
+# possible from the ones before: the first 10 are the checkpoints the compare page shows at first (`SHIPPED_CHECKPOINTS`
+# order, `long/` left out), each pair at least 30 apart; the last 6 are drawn for any other name (an import), each at
+# least 19 from those 10 and from each other; the 4 between them are the `long/` runs', each at least 18 from any
+# other. (The palette before issue 44 had pairs 13-18 apart: ape's blue beside none's teal, rope_mixed's olive beside
+# sape2's gold, an import's dark teal beside none's.)
+CHECKPOINT_PALETTE = ("#0f87ff", "#ff1e0f", "#00c300", "#00a5a5", "#0000ff", "#005a00", "#96004b", "#c38700",
+                      "#693c0f", "#ff5ac3",
+                      "#c300b4", "#a5694b", "#3c875a", "#d24b69",
+                      "#5a3c78", "#004b78", "#9669f0", "#788700", "#0f5a5a", "#a5000f")
 SHIPPED_CHECKPOINTS = ("ape", "ape2d", "cope+ape", "none", "rope_axial", "rope_mixed", "rpb", "sape2", "sape2+ape",
                        "sincos2d", "long/ape", "long/none", "long/sape2", "long/sape2+ape")
 
@@ -119,11 +123,13 @@ def _title_chars(width: float | None) -> int:
     return max(12, min(TITLE_MAX_CHARS, int((width - 2 * TITLE_PAD_PX) / (CHAR_EM * TITLE_FONT_PX))))
 
 
-def _title_layout(title: str, *, subplot_titles: bool = False, width: float | None = None, **margin) -> dict:
+def _title_layout(title: str, *, subplot_titles: bool = False, width: float | None = None,
+                  subplot_title_lines: int = 1, **margin) -> dict:
     """The layout entries `title` and `margin` of `_title`, as plain dicts; `width`: the chart's
-    width where the figure sets one (`_sized_layout`), the title then wraps to fit it."""
+    width where the figure sets one (`_sized_layout`), the title then wraps to fit it;
+    `subplot_title_lines`: the lines of the tallest subplot title."""
     lines = wrap_title(title, _title_chars(width))
-    below = SUBPLOT_TITLES_PX if subplot_titles else 0
+    below = SUBPLOT_TITLES_PX + (subplot_title_lines - 1) * SUBPLOT_LINE_PX if subplot_titles else 0
     pad = MODEBAR_PX + (MULTILINE_TITLE_LIFT_PX if len(lines) > 1 else 0)
     return {"title": {"text": "<br>".join(lines), "x": 0, "xref": "container", "xanchor": "left", "y": 1,
                       "yref": "container", "yanchor": "top", "pad": {"t": pad, "l": TITLE_PAD_PX},
@@ -131,7 +137,8 @@ def _title_layout(title: str, *, subplot_titles: bool = False, width: float | No
             "margin": {**_MARGIN, **margin, "t": pad + TITLE_LINE_PX * len(lines) + below + 8}}
 
 
-def _sized_layout(title: str, plot_w: float, plot_h: float, *, subplot_titles: bool = False, **margin) -> dict:
+def _sized_layout(title: str, plot_w: float, plot_h: float, *, subplot_titles: bool = False,
+                  subplot_title_lines: int = 1, **margin) -> dict:
     """`_title_layout` for a chart whose plot area is `plot_w x plot_h` px, plus the `width` and
     `height` that hold exactly that: maps keep square cells, and a chart as wide as the page
     left them small in its middle, the colour bar far to their right and the title in a narrow
@@ -140,7 +147,8 @@ def _sized_layout(title: str, plot_w: float, plot_h: float, *, subplot_titles: b
     it."""
     m = {**_MARGIN, **margin}
     width = round(m["l"] + plot_w + m["r"])
-    layout = _title_layout(title, subplot_titles=subplot_titles, width=width, **margin)
+    layout = _title_layout(title, subplot_titles=subplot_titles, width=width, subplot_title_lines=subplot_title_lines,
+                           **margin)
     layout["width"] = width
     layout["height"] = round(layout["margin"]["t"] + plot_h + layout["margin"]["b"])
     return layout
@@ -179,9 +187,9 @@ def checkpoint_colors(names: Sequence[str]) -> dict[str, str]:
     """name -> colour, the same for a name whatever else is listed or shown, in every chart and
     in a reopened link (the colours depend on the names alone). A shipped checkpoint
     (`SHIPPED_CHECKPOINTS`) has its own fixed `CHECKPOINT_PALETTE` colour; any other name
-    starts at a colour of the remaining ten picked by a hash of the name and takes the next
+    starts at a colour of the remaining six picked by a hash of the name and takes the next
     one free if an earlier name (sorted order) took it, then any palette colour no name here
-    uses, so the names passed get distinct colours while there are colours left (24), and
+    uses, so the names passed get distinct colours while there are colours left (20), and
     then the hashed pick. Pass every checkpoint on offer, not only the ones a chart shows:
     a name then keeps its colour however the selection changes."""
     ordered = sorted(set(names))

@@ -8,7 +8,7 @@ the query patch `patch` is outlined.
   patch (r, c)'s similarity to every patch; drawn as one heatmap of the
   `(H(H+1)-1, W(W+1)-1)` array of `figure7_canvas`, with NaN separators (one trace instead of
   `N` subplots).
-* `patch_map_fig`: one `(H, W)` map, large.
+* `patch_map_fig`: one `(H, W)` map, large, ticks on whole patches (`_dtick`).
 * `overlay_fig`: an `(H, W)` map over the image (`png_data_uri`), with the patch grid
   (`grid_path`).
 * `layers_fig`: one `(H, W)` map per layer (or head), square tiles with ticks, in rows of at
@@ -60,6 +60,9 @@ def similarity_matrix_fig(sim: np.ndarray, grid: Grid, *, title: str = "Cosine s
         _outline(fig, -0.5, i - 0.5, N - 0.5, i + 0.5)
     fig.update_layout(**_sized_layout(title, MAP_PX, MAP_PX, l=60, b=50, r=COLORBAR_PX))
     fig.update_layout(xaxis_title="patch n = r·W + c", yaxis_title="patch n = r·W + c")
+    step = W * _dtick(H)                         # integer ticks (Plotly's own: halves on a small grid), row starts
+    fig.update_xaxes(tickmode="linear", tick0=0, dtick=step)
+    fig.update_yaxes(tickmode="linear", tick0=0, dtick=step)
     _grid_axes(fig)
     _square(fig)
     return fig
@@ -102,7 +105,8 @@ def figure7_grid_fig(sim_grid: np.ndarray, *, patch: tuple[int, int] | None = No
 
 def patch_map_fig(m: np.ndarray, *, title: str, colorbar_title: str, patch: tuple[int, int] | None = None,
                   colorscale: str = BIAS_SCALE, zmin: float | None = None, zmax: float | None = None) -> go.Figure:
-    """`m: (H, W)` on the patch grid; `patch` outlined."""
+    """`m: (H, W)` on the patch grid; `patch` outlined; ticks on whole patches (`_dtick`: Plotly's
+    own put a 4 x 4 grid's at -0.5, 0, 0.5, …)."""
     zmin, zmax = _bounds(m, zmin, zmax)
     heat = {"type": "heatmap", "z": np.asarray(m), "colorscale": scale_stops(colorscale),
             "colorbar": colorbar(colorbar_title),
@@ -111,11 +115,12 @@ def patch_map_fig(m: np.ndarray, *, title: str, colorbar_title: str, patch: tupl
         heat["zmin"] = zmin
     if zmax is not None:
         heat["zmax"] = zmax
-    axis = {"showgrid": False, "zeroline": False, "constrain": "domain"}
-    layout = {**_sized_layout(title, *_plot_size(*np.shape(m)), l=50, b=45, r=COLORBAR_PX),
-              "xaxis": {**axis, "title": {"text": "column c"}},
-              "yaxis": {**axis, "title": {"text": "row r"}, "autorange": "reversed", "scaleanchor": "x",
-                        "scaleratio": 1}}
+    H, W = np.shape(m)
+    axis = {"showgrid": False, "zeroline": False, "constrain": "domain", "tickmode": "linear", "tick0": 0}
+    layout = {**_sized_layout(title, *_plot_size(H, W), l=50, b=45, r=COLORBAR_PX),
+              "xaxis": {**axis, "dtick": _dtick(W), "title": {"text": "column c"}},
+              "yaxis": {**axis, "dtick": _dtick(H), "title": {"text": "row r"}, "autorange": "reversed",
+                        "scaleanchor": "x", "scaleratio": 1}}
     if patch is not None:
         layout["shapes"] = [_outline_shape(patch[1] - 0.5, patch[0] - 0.5, patch[1] + 0.5, patch[0] + 0.5)]
     return _fast([heat], layout)
@@ -182,7 +187,8 @@ _LAYERS_GAP_PX = 36       # between two tiles of a row: the next tile's row tick
 
 
 def _dtick(n: int) -> int:
-    """A tick every `_dtick(n)` patches: four or five ticks along a side of `n` patches."""
+    """A tick every `_dtick(n)` patches: four or five ticks along a side of `n` patches,
+    on whole patches (an integer grid gets integer ticks only)."""
     return max(1, math.ceil(n / 4))
 
 
