@@ -48,6 +48,7 @@ def main() -> None:
     # (partially initialized module; load test).
     name = next(n for n, p in pages.items() if p.url_path == nav.url_path)
     st.title(HEADINGS.get(name, NAV[name][0]))
+    prefetch = warmup.prefetch_frontend()   # a session's first run: the browser loads Plotly's code meanwhile
     warmup.wait_visibly()
     import pandas  # noqa: F401
     from pages.common import cache, status, viewsync
@@ -62,6 +63,9 @@ def main() -> None:
         nav.run()
     except cache.ModelEvicted as e:     # another visitor's import took its room mid-run: say so, not a traceback
         st.warning(str(e), icon=":material/delete_sweep:")
+    finally:
+        if prefetch is not None:
+            prefetch.empty()
     status.render()
 
 

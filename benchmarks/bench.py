@@ -65,7 +65,8 @@ from benchmarks.harness import REPO, background_jobs
 from benchmarks.kernel_ab import kernel_ab
 from benchmarks.layer_profile import bench_profile
 from benchmarks.memory import bench_train_memory
-from benchmarks.report import kept_sections, md_targets, render_markdown, replace_section, written_whys
+from benchmarks.report import (kept_sections, md_app, md_memory, md_targets, render_markdown, replace_section,
+                               written_whys)
 from benchmarks.report_vit_b import VIT_B_HEADING, md_vit_b
 from benchmarks.targets import fmt, target_records, targets, vit_b_targets
 from benchmarks.timing import FULL, QUICK, Plan
@@ -147,14 +148,42 @@ def run_vit_b_only(plan: Plan, *, out: Path, argv: list[str], mode: str) -> dict
     return res
 
 
+def run_app_only(plan: Plan, *, out: Path, checkpoints: Path) -> dict:
+    """`--only app`: section 4 (cold starts and the browser, their floor) and the app's memory of
+    section 5 alone, merged into the report in `out` as `--only vit-b` does: in BENCHMARKS.md only
+    the Targets table and sections 4 and 5 are rewritten (section 5's training memory is kept)."""
+    json_path, md_path = out / "benchmarks.json", out / "BENCHMARKS.md"
+    if not json_path.is_file() or not md_path.is_file():
+        raise FileNotFoundError(f"--only app adds its section to an earlier report: {json_path} and {md_path} "
+                                "are needed (run `python -m benchmarks.bench` once)")
+    res = json.loads(json_path.read_text())
+    env = environment(["--only", "app"], torch.get_num_threads())
+    with checkpoint_set(checkpoints) as cs, tempfile.TemporaryDirectory(prefix="vitpe-bench-") as work:
+        res["app"] = bench_app(plan, cs, Path(work))
+    res["app_only_run"] = {**env, "loadavg_end": list(os.getloadavg())}
+    tgts = targets(res)
+    res["targets"] = target_records(tgts)
+    json_path.write_text(json.dumps(_jsonable(res), indent=1) + "\n")
+    md = replace_section(md_path.read_text(), "## Targets", md_targets(tgts, written_whys(md_path)))
+    app_md = md_app(res)
+    app_md[1:1] = ["", f"Measured alone (`python -m benchmarks.bench --only app`) on {env['date']}, commit "
+                   f"{env['git_commit']}, {env['cpu']} ({env['usable_cores']} cores), load average at its start "
+                   f"{env['loadavg_start'][0]:.2f}, at its end {res['app_only_run']['loadavg_end'][0]:.2f}; the "
+                   "other sections are from the full run named at the top."]
+    md = replace_section(md, "## 4. App cold start", app_md)
+    md_path.write_text(replace_section(md, "## 5. Peak memory", md_memory(res)))
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="smoke run: few repetitions (numbers not comparable)")
     p.add_argument("--skip-app", action="store_true", help="skip the app parts (cold start, browser, app memory)")
-    p.add_argument("--only", choices=["vit-b"], help="run one section alone and write it into the existing "
-                   "report in --out (vit-b: section 6, the ViT-B/16-sized model; the targets table is rewritten, "
-                   "the other sections are kept)")
+    p.add_argument("--only", choices=["vit-b", "app"], help="run one section alone and write it into the existing "
+                   "report in --out (vit-b: section 6, the ViT-B/16-sized model; app: section 4, the cold starts "
+                   "and the browser, with the app's memory of section 5; the targets table is rewritten, the other "
+                   "sections are kept)")
     p.add_argument("--out", type=Path, default=REPO, help="folder for BENCHMARKS.md and benchmarks.json "
                    "(default: the repository root)")
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's default)")
@@ -182,6 +211,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{t.status:>12}  {fmt(t.measured, t.unit):>10}  {t.text}")
         print(f"wrote section 6 and the targets into {args.out / 'BENCHMARKS.md'} and benchmarks.json in "
               f"{res['vit_b']['wall_time_s']:.0f} s")
+        return 0
+    if args.only == "app":
+        try:
+            res = run_app_only(plan, out=args.out, checkpoints=args.checkpoints)
+        except FileNotFoundError as e:
+            p.error(str(e))
+        for t in res["targets"]:
+            if t["key"].startswith(("cold_start", "app_memory")):
+                print(f"{t['status']:>12}  {fmt(t['measured'], t['unit']):>10}  {t['text']}")
+        print(f"wrote sections 4 and 5 and the targets into {args.out / 'BENCHMARKS.md'} and benchmarks.json")
         return 0
     res = run(plan, out=args.out, skip_app=args.skip_app, argv=argv, checkpoints=args.checkpoints, mode=mode)
     for t in res["targets"]:

@@ -167,7 +167,9 @@ def test_report_has_every_section_target_and_verdict():
     assert "| compare | all 10 | new image (cold traces) | 8 | 200.0 | 400.0 |" in clicks
     app = md_section(md, "## 4. App cold start")
     assert "| first script run complete (chromium) | 7.00 s |" in app and "Patch change end to end" in app
-    assert "| floor: a two-line Streamlit app, first script run complete (chromium) | 3.00 s |" in app
+    assert "| floor: a Streamlit app drawing one Plotly chart, first script run complete (chromium) | 3.00 s |" in app
+    assert "| **the first page's charts drawn, slowest of the 1** (7.50 s) | 7.50 s |" in app
+    assert "| **floor: its chart drawn, slowest of the 1** (3.50 s) | 3.50 s |" in app
     assert "| floor, slowest of the 1 (3.00 s) | 3.00 s |" in app and "`benchmarks.app.FLOOR_APP`" in app
     memory = md_section(md, "## 5. Peak memory")
     assert "| app server after the compare page (the default 10 shown and loaded) | 450 | 380 |" in memory
@@ -367,7 +369,7 @@ def test_the_command_prints_its_usage():
     out = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--help"], cwd=REPO, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "usage: python -m benchmarks.bench" in out.stdout and "--only {vit-b}" in out.stdout
+    assert "usage: python -m benchmarks.bench" in out.stdout and "--only {vit-b,app}" in out.stdout
 
 
 # ----------------------------------------------------------------------------- one tiny real run

@@ -39,6 +39,8 @@ log = get_logger(__name__)
 
 # In the order a page's first run imports them (app.py, then the pages through pages.common). Kept by hand;
 # tests/test_app.py checks that it covers every module the pages import at module level.
+# Imported first, so that a visitor's first run can draw a chart (`prefetch_frontend`) while torch loads.
+CHARTING = ("pandas", "plotly.graph_objects", "plotly.io", "plotly.tools", "plotly.offline")
 MODULES = ("pandas", "torch", "plotly.graph_objects", "vitpe_core.model", "vitpe_core.analysis",
            "vitpe_core.figures", "vitpe_core.figures.picker", "vitpe_core.views", "vitpe_core.positional",
            "vitpe_core.stress",
@@ -61,6 +63,7 @@ FORWARD = "running a first forward pass"
 DEFAULT_VIEW = "loading the default checkpoint and tracing its image"
 
 _done = threading.Event()
+_charting = threading.Event()   # CHARTING imported: a visitor's run may draw a Plotly chart
 _started = False
 _lock = threading.Lock()
 _stage: tuple[str, float] = (IMPORTING, time.monotonic())   # (what it does now, since when: time.monotonic())
@@ -78,6 +81,9 @@ def _run() -> None:
     log.info("warm-up: started (imports, the fused kernel, a first forward pass, the default view)")
     try:
         _set_stage(IMPORTING)
+        for name in CHARTING:
+            importlib.import_module(name)
+        _charting.set()
         for name in MODULES:
             importlib.import_module(name)
         _load_kernel()
@@ -88,6 +94,7 @@ def _run() -> None:
     except Exception:  # noqa: BLE001 — the visitor's own run then meets it where the page shows it
         log.exception("warm-up failed; the first page run does that work instead")
     finally:
+        _charting.set()
         seconds = time.perf_counter() - t0
         log.info("warm-up done in %.2f s (imports, a first forward pass, the default view's checkpoint and trace)",
                  seconds)
@@ -271,6 +278,39 @@ def wait_visibly() -> None:
         return
     wait(show=lambda text: note.info(text, icon=":material/hourglass_top:"))
     note.empty()
+
+
+PREFETCHED = "_vitpe_prefetched"   # session_state: this browser session was sent the prefetch
+CHARTING_WAIT_S = 5.0
+
+
+def prefetch_frontend() -> Any:
+    """The slot (`st.empty`) of a hidden Plotly chart and code block drawn in a session's first
+    run, right under the title; app.py empties it after the page. Streamlit's browser code loads
+    each kind of element's JavaScript when the first such element arrives: Plotly's is 4.7 MB
+    (about a second to parse and compile on 2 cores), the code block's highlighter 1.5 MB. Sent
+    here, the browser loads both while the server still warms up or computes the page, instead
+    of after the page's first chart arrives: on a cold start the charts were drawn 2 s after the
+    script run ended, with this 0.4 s (BENCHMARKS.md section 4). Waits (at most
+    `CHARTING_WAIT_S`) until the warm-up has imported Plotly (`CHARTING`), so that no two threads
+    import it at once. Only where a warm-up was started (a server; not AppTest); None elsewhere."""
+    if not _started:
+        return None
+    import streamlit as st
+
+    slot = st.empty()                  # on every run, so that the page below never moves up a slot
+    if st.session_state.get(PREFETCHED) or not _charting.wait(CHARTING_WAIT_S):
+        return slot
+    st.session_state[PREFETCHED] = True
+    import plotly.graph_objects as go
+
+    with slot.container(key="vitpe_prefetch"):
+        st.html("<style>.st-key-vitpe_prefetch { position: absolute; left: -10000px; width: 320px; height: 1px; "
+                "overflow: hidden; }</style>")
+        st.plotly_chart(go.Figure(go.Scatter(x=[0], y=[0])), height=100, key="vitpe_prefetch_chart",
+                        config={"staticPlot": True})
+        st.code(".", language=None)
+    return slot
 
 
 @contextlib.asynccontextmanager
