@@ -103,11 +103,18 @@ def test_a_fresh_install_says_what_it_prepares_then_shows_the_page(browser, app_
             page.wait_for_function("(t) => document.body.innerText.includes('compiling the fused') && "
                                    "!document.body.innerText.includes(t)", arg=first, timeout=30_000)
             assert "compiling the fused SaPE²/CoPE kernel" in log.read_text(errors="replace")
+            # While the server still works, the browser already has Plotly's code (issue 44 item 1:
+            # it fetched it only with the page's first chart, 2 s before that chart was drawn).
+            fetched = page.evaluate("() => performance.getEntriesByType('resource').map(e => e.name)"
+                                    ".filter(n => n.includes('PlotlyChart'))")
+            assert fetched and "warm-up done" not in log.read_text(errors="replace"), fetched
+            assert page.locator(".st-key-vitpe_prefetch .js-plotly-plot").count() == 1
 
             # Then the page replaces it.
             expect(lt.picker_area(page)).to_be_visible(timeout=BUILD_TIMEOUT_MS)
             lt.wait_script_run(page, BUILD_TIMEOUT_MS / 1e3)
             expect(page.locator("h1").first).to_have_text("Bias explorer")
+            expect(page.locator(".st-key-vitpe_prefetch")).to_have_count(0)      # gone once the page is drawn
             expect(note).to_have_count(0)
             assert page.locator("[data-testid='stException']").count() == 0
         finally:
