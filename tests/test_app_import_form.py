@@ -5,6 +5,7 @@ hub cache the test lays out, offline; and with no network, the files to fetch in
 what a wrong config.json or hub id gets. Each imported model then draws on the bias explorer."""
 from __future__ import annotations
 
+import re
 
 import pytest
 
@@ -89,6 +90,70 @@ def test_an_imported_swin_stays_the_sessions_model_across_every_page(swin_folder
         at = ok(at.run())
         assert not at.error, (page, [e.value for e in at.error])
         assert at.session_state["ckpt"] == name and at.query_params["model"] == model, page
+
+
+def test_save_pretrained_folders_are_named_by_their_model_type_not_model_upload(swin_folder, tmp_path):
+    """Issue 44, item 5: two `save_pretrained` folders (BEiT, Swin-V2: each `model.safetensors` +
+    `config.json`) became `model-upload` and `model-upload_` (and the report
+    `model-upload_report.html`). Their names now say the config's model type; a second BEiT folder
+    in the session gets a name of its own; a file named for its model keeps its stem."""
+    from test_app import _small_vit, _timm_npz
+    from test_importers_families import build, save
+
+    from pages.common.model_import import upload_name
+
+    def files(folder):
+        return {"weights": ("model.safetensors", (folder / "model.safetensors").read_bytes()),
+                "config": ("config.json", (folder / "config.json").read_bytes())}
+
+    beit = save(build("beit_layer_bias_mean"), tmp_path / "beit").parent
+    other_beit = save(build("beit_layer_bias_mean", num_labels=3), tmp_path / "beit2").parent
+    at, names = ok(run({"page": "checkpoints"})), []
+    for folder in (beit, swin_folder, other_beit):
+        at = _form(at, **files(folder))
+        assert not at.error, [e.value for e in at.error]
+        names.append(_imported_name(at))
+    assert names == ["beit-model-upload", "swinv2-model-upload", "beit-model-upload_"], names
+    assert at.session_state["ckpt"] == "beit-model-upload_"
+    at = _form(ok(run({"page": "checkpoints"})), weights=("my_vit.npz", _timm_npz(_small_vit())))
+    assert _imported_name(at) == "my_vit-upload"
+    # Where the config names its origin (transformers 4 wrote `_name_or_path`), that says it:
+    assert upload_name("model.safetensors", {"model_type": "swinv2", "_name_or_path":
+                                             "microsoft/swinv2-tiny-patch4-window8-256"}, "swin") == \
+        "swinv2-tiny-patch4-window8-256-upload"
+    assert upload_name("pytorch_model.bin", {"model_type": "beit", "_name_or_path": "/home/me/ft-flowers/"},
+                       "beit") == "beit-ft-flowers-upload"
+    assert upload_name("model.safetensors", {"architecture": "vit_small_patch16_224.augreg_in21k"},
+                       "timm") == "vit_small_patch16_224-model-upload"
+    assert upload_name("open_clip_pytorch_model.bin", None, "timm") == "timm-open_clip_pytorch_model-upload"
+    for odd in ("../../x y?&#%.npz", "модель.npz", "-rf.npz", ".hidden.npz"):     # safe in file names and URLs
+        name = upload_name(odd, {"model_type": "a/b c"}, "timm")
+        assert re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*-upload", name), (odd, name)
+
+
+def test_an_import_with_a_smaller_grid_warns_of_no_patch_the_visitor_never_typed(tmp_path, monkeypatch):
+    """Issue 44, item 11c: right after an import the page warned "Ignored patch='4,4': outside the
+    4x4 patch grid": the session's patch (the 8x8 folder model's centre) was checked against the
+    new model's grid as if a link had carried it. A value the session carried quietly falls back
+    (patch and layer here); a link's is still reported."""
+    from test_app import _small_vit, _timm_npz
+
+    from benchmarks.harness import write_random_checkpoints
+    monkeypatch.setenv("VITPE_CHECKPOINTS", str(write_random_checkpoints(tmp_path / "ckpts", ["ape"])))
+    at = ok(run({"page": "bias"}))
+    at = ok(at.select_slider(key="bias_layer").set_value(1).run())          # the 2-layer folder model's last layer
+    assert at.session_state["patch"] == (4, 4) and at.session_state["layer"] == 1
+    at.switch_page("pages/checkpoints.py")
+    at = _form(ok(at.run()), weights=("small.npz", _timm_npz(_small_vit(img_size=16))))   # 4x4 grid, one layer
+    assert _imported_name(at) == "small-upload" and at.session_state["ckpt"] == "small-upload"
+    assert not [w.value for w in at.warning if "Ignored" in w.value], [w.value for w in at.warning]
+    assert at.session_state["patch"] == (2, 2) and at.session_state["layer"] == 0     # the new model's defaults
+    at.switch_page("pages/bias.py")
+    at = ok(at.run())
+    assert not [w.value for w in at.warning if "Ignored" in w.value], [w.value for w in at.warning]
+    link = ok(run({"page": "bias", "ckpt": "ape", "patch": "9,9", "layer": "5"}))   # a link's values: reported
+    warned = " ".join(w.value for w in link.warning)
+    assert "Ignored patch='9,9'" in warned and "Ignored layer='5'" in warned, warned
 
 
 def test_a_swin_without_its_config_is_refused_naming_the_file_to_add(swin_folder):

@@ -134,7 +134,7 @@ def test_a_swin_uploaded_with_its_config_through_the_form_draws_its_windows(page
     expect(success).to_contain_text("Imported as")
     lt.wait_script_run(page, TIMEOUT_MS / 1000)
     name = success.locator("code").first.inner_text()
-    assert name.startswith("model-upload")
+    assert name.startswith("swinv2-model-upload")         # issue 44 (5): named by its config, not `model-upload`
     no_exception(page)
     expect(page.locator("[data-testid='stAlertContentError']")).to_have_count(0)
 

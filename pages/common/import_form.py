@@ -133,8 +133,13 @@ def model_import_form(page: str) -> str | None:
         st.warning(f"Removed from your list to make room on the server: {', '.join(gone)}. Upload again to use them.")
     result = st.session_state.pop(RESULT, None)
     result = result if result and result[0] == page else None
+    # A key of its own: the browser then keeps the open state the visitor gave the form across reruns
+    # (Streamlit's element state, by this key). Without it the browser followed `expanded` whenever it
+    # changed, and the run after an import (`expanded` True) drew it closed: picking a second weights
+    # file collapsed the form, and its Import button with it (issue 44, 6). `expanded` now only says
+    # how it first opens.
     with st.expander("Import your own ViT (timm, DeiT, BEiT, Swin, DINOv2/v3, CLIP, SigLIP, Hugging Face, RoPE-ViT)",
-                     expanded=result is not None):
+                     expanded=result is not None, key=f"{page}_model_form"):
         st.caption(f"Weights as .safetensors, .npz or a weights-only .pth/.bin, up to {cache.MAX_MODEL_UPLOAD_MB} MB; "
                    "read without running code. The model joins every page's checkpoint list for this browser "
                    f"session only (at most {cache.MAX_SESSION_MODELS}, counted as \"imported in this session\"); it "

@@ -73,7 +73,7 @@ def import_upload(filename: str, data: bytes | BinaryIO, *, family: str = "auto"
                                config_beside=False, config=cfg, act=act or None, hold=True, **names)
 
         try:
-            return _into_store(filename, digest, parts, build, licence, room=BUILD_ROOM * size)
+            return _into_store(filename, digest, parts, build, licence, room=BUILD_ROOM * size, config=cfg)
         except BaseException:
             if restore is not None:
                 restore(tmp)
@@ -124,7 +124,7 @@ def import_hub(hub_id: str, *, family: str = "auto", img_size: str | None = None
     with open(weights, "rb") as f:                  # read in chunks: never held whole for its key
         digest = hashlib.file_digest(f, "sha256")
     return _into_store(f"{label}{weights.suffix}", digest, parts, build, licence, room=BUILD_ROOM * size,
-                       source=hub_id)
+                       source=hub_id, config=cfg)
 
 
 def parse_config(name: str, data: bytes) -> dict[str, Any]:
@@ -163,10 +163,11 @@ BUILD_ROOM = 1.5
 
 
 def _into_store(filename: str, digest, parts: list[bytes], build: Callable, licence: str, room: float,
-                source: str | None = None) -> tuple[str, list[str]]:
+                source: str | None = None, config: dict[str, Any] | None = None) -> tuple[str, list[str]]:
     """The model `build()` imports, under the sha256 of the weights (`digest`, a `hashlib` object
     fed with them) followed by `parts`, in the server's store (built once for every session that
-    brings the same bytes) and in this session's list."""
+    brings the same bytes) and in this session's list, named by `upload_name` (`config`: the
+    config.json it came with)."""
     for part in parts:
         digest.update(part)
     sha = digest.hexdigest()
@@ -183,9 +184,8 @@ def _into_store(filename: str, digest, parts: list[bytes], build: Callable, lice
             from vitpe_core.store import model_bytes
             with store.budget.reserve(min(int(room), store.max_bytes), f"importing {filename}"):
                 imp = build()
-            stem = re.sub(r"[^\w.+-]", "_", Path(filename).stem)[:40] or "model"
             metrics, _ = sanitize_metrics(imp.metrics(source or filename, licence))
-            ckpt = Checkpoint(imp.model, imp.model.cfg, metrics, {}, f"{stem}-upload")
+            ckpt = Checkpoint(imp.model, imp.model.cfg, metrics, {}, upload_name(filename, config, imp.family))
             notes += imp.notes
             evicted = store.put(sha, ckpt, model_bytes(imp.model))
             del imp
@@ -194,6 +194,59 @@ def _into_store(filename: str, digest, parts: list[bytes], build: Callable, lice
                 notes.append(f"The server made room by removing {len(evicted)} model(s) imported earlier "
                              "(least recently used).")
     return _list_in_session(ckpt.name, sha, notes)
+
+
+# What libraries call the weights file in a saved folder (save_pretrained, timm's hub folder,
+# open_clip, a training script's own): a name that says nothing of the model. Issue 44 (5): two
+# `save_pretrained` folders became `model-upload` and `model-upload_`.
+GENERIC_STEM = re.compile(r"(pytorch_|open_clip_(pytorch_)?|tf_|flax_)?(model|weights?|checkpoint|ckpt|state_dict|"
+                          r"params|last|best|final)([._-]?(fp16|bf16|fp32|half|float16|bfloat16|float32|ema|best|"
+                          r"last|final|\d+))*", re.IGNORECASE)
+NAME_CHARS = 48              # of an imported model's name, before "-upload"
+
+
+def _safe_name(text: str) -> str:
+    """`text` in the characters a checkpoint name may hold everywhere it goes (file names, the
+    URL's `ckpt=`, Markdown code): ASCII letters, digits and `_ . + -`; the rest become `_`, and
+    a leading `.` or `-` (a hidden file, a command-line option) is dropped."""
+    return re.sub(r"[^A-Za-z0-9_.+-]", "_", text).lstrip(".-")
+
+
+def _config_origin(config: dict[str, Any] | None) -> str:
+    """The folder or hub repository a `config.json` says its model came from, if it says: the
+    last part of transformers 4's `_name_or_path` (a hub id or the folder it was loaded from),
+    or of timm's `pretrained_cfg.hf_hub_id`; "" if neither."""
+    if not config:
+        return ""
+    pre = config.get("pretrained_cfg")
+    for origin in (config.get("_name_or_path"), pre.get("hf_hub_id") if isinstance(pre, dict) else None):
+        if isinstance(origin, str) and origin.strip().strip("/\\"):
+            return re.split(r"[/\\]", origin.strip().rstrip("/\\"))[-1]
+    return ""
+
+
+def upload_name(filename: str, config: dict[str, Any] | None, family: str) -> str:
+    """An imported model's name in the checkpoint lists (and in links, and in the report's file
+    name): the file's stem where it names the model (`vit_tiny_patch16_224.npz` ->
+    `vit_tiny_patch16_224-upload`); for a weights file a library named (`model.safetensors` of a
+    `save_pretrained` folder, `pytorch_model.bin`, `open_clip_pytorch_model.bin`, ...) what the
+    model is: `config.json`'s `model_type` (Hugging Face) or `architecture` (timm), else the
+    imported family, with the folder the config names (`_name_or_path`) or else the file's stem:
+    `swinv2-model-upload`, `beit-pytorch_model-upload`. Safe as a file name and in a URL
+    (`_safe_name`); `cache._list_in_session` keeps it unique in the session."""
+    stem = _safe_name(Path(filename).stem)
+    if stem.strip("_") and not GENERIC_STEM.fullmatch(stem):
+        return f"{stem[:NAME_CHARS]}-upload"
+    from vitpe_core.importers.timm_hub import architecture
+    config = config if isinstance(config, dict) else {}
+    kind = config.get("model_type")
+    kind = _safe_name(kind if isinstance(kind, str) and kind.strip() else architecture(config) or family)
+    origin = _safe_name(_config_origin(config)).strip("_")
+    if origin and re.sub(r"[^a-z0-9]", "", kind.lower()) in re.sub(r"[^a-z0-9]", "", origin.lower()):
+        name = origin                      # microsoft/swinv2-tiny-patch4-window8-256: says it already
+    else:
+        name = "-".join(part for part in (kind, origin or stem.strip("_")) if part)
+    return f"{name[:NAME_CHARS] or 'model'}-upload"
 
 
 def _text_of(name: str, data: bytes) -> str:

@@ -38,6 +38,11 @@ from . import cache
 from .messages import show_notes
 
 VIEW_KEYS = ("ckpt", "image", "patch", "layer", "head", "epoch", *STRESS_KEYS, "show")
+# The keys whose valid values the checkpoint decides (its grid, depth, heads, shifts, sizes): one the
+# session carried over from another checkpoint (a pick in the select box, an import) quietly falls
+# back to the new one's default; only a link's is reported (issue 44, 11c: "Ignored patch='4,4':
+# outside the 4x4 patch grid" right after an import, for a patch the visitor never typed).
+PER_MODEL_KEYS = ("patch", "layer", "head", *STRESS_KEYS)
 SYNCED = "_vitpe_synced_query"                  # the query string this session last wrote
 LINK_MODEL_NOTES = "_vitpe_link_model_notes"   # open_link_model's note, shown by current_view
 DEFAULT_URL = "http://localhost:8501/"
@@ -149,8 +154,8 @@ def current_view(page: str, checkpoints: Sequence[str], *,
         params.pop("epoch", None)            # another checkpoint, another history: quietly the final table
     view, notes = parse_view(params, checkpoints=checkpoints, images=images, grid=grid, depth=depth, heads=heads,
                              epochs=epochs, stress=stress_for(first.ckpt))
-    if not from_url:   # another checkpoint, other shifts and sizes: the session's values quietly fall back
-        notes = [n for n in notes if not n.startswith(tuple(f"Ignored {k}=" for k in STRESS_KEYS))]
+    if not from_url:   # another checkpoint, another grid, depth, heads, shifts and sizes: the session's values
+        notes = [n for n in notes if not n.startswith(tuple(f"Ignored {k}=" for k in PER_MODEL_KEYS))]
     if is_upload_id(view.image) and cache.stored_image(view.image) is None:
         notes.append(f"The uploaded image of this link ({short_id(view.image)}…) is not on this server: it was "
                      "never uploaded here, or removed to make room for newer uploads. Showing the sample image "
