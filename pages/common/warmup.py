@@ -64,6 +64,8 @@ DEFAULT_VIEW = "loading the default checkpoint and tracing its image"
 
 _done = threading.Event()
 _charting = threading.Event()   # CHARTING imported: a visitor's run may draw a Plotly chart
+_visitor = threading.Event()    # a visitor's first run has drawn its title and the prefetch
+VISITOR_GRACE_S = 2.0           # after Plotly, the warm-up waits this long from its start for a first visitor
 _started = False
 _lock = threading.Lock()
 _stage: tuple[str, float] = (IMPORTING, time.monotonic())   # (what it does now, since when: time.monotonic())
@@ -84,6 +86,11 @@ def _run() -> None:
         for name in CHARTING:
             importlib.import_module(name)
         _charting.set()
+        # A browser that connects now loads Streamlit's page and Plotly's code (about 2 s of CPU on
+        # its side); torch's import (1 s of CPU, most of it holding the GIL) slowed both, and the
+        # server's own answers, by about as much. So torch waits until that visitor's first run
+        # has drawn its title and the prefetch, or VISITOR_GRACE_S from the start when none came.
+        _visitor.wait(max(0.0, VISITOR_GRACE_S - (time.perf_counter() - t0)))
         for name in MODULES:
             importlib.import_module(name)
         _load_kernel()
@@ -300,6 +307,7 @@ def prefetch_frontend() -> Any:
 
     slot = st.empty()                  # on every run, so that the page below never moves up a slot
     if st.session_state.get(PREFETCHED) or not _charting.wait(CHARTING_WAIT_S):
+        _visitor.set()
         return slot
     st.session_state[PREFETCHED] = True
     import plotly.graph_objects as go
@@ -310,6 +318,7 @@ def prefetch_frontend() -> Any:
         st.plotly_chart(go.Figure(go.Scatter(x=[0], y=[0])), height=100, key="vitpe_prefetch_chart",
                         config={"staticPlot": True})
         st.code(".", language=None)
+    _visitor.set()                     # the warm-up goes on with torch (`_run`)
     return slot
 
 
