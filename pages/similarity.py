@@ -34,14 +34,10 @@ def main() -> None:
         if view.ckpt:
             st.info(f"`{view.ckpt}` has no position table; showing `{table_names[0]}`."
                     + swin_view.no_table_note(view.ckpt, ckpts.get(view.ckpt)))
-        # shown here only: the session keeps its checkpoint (the other pages still show it, issue 44)
-        shown = with_ckpt(view, table_names[0], commit=not view.ckpt)
+        shown = with_ckpt(view, table_names[0])   # here only: the session keeps its model (issue 44)
     with st.sidebar:
         if table_names:
-            bound_to_table = lambda name: name if name in table_names else table_names[0]
-            widgets.bound(st.selectbox, f"{PAGE}_ckpt", "ckpt", label="Checkpoint", options=table_names,
-                          to_widget=bound_to_table, help="Checkpoints with a position table ('+' composes "
-                                                         "encodings, e.g. sape2+ape).")
+            widgets.checkpoint_select(PAGE, table_names)      # keeps a session's model without a table
             shown = widgets.epoch_control(PAGE, shown, shown_only=shown is not view)
     viewsync.render_share(view)
     if not table_names:
@@ -51,15 +47,11 @@ def main() -> None:
     show(res, shown.ckpt + ("" if shown.epoch is None else f", epoch {shown.epoch}"), shown.ckpt)
 
 
-def with_ckpt(view: ViewState, name: str, *, commit: bool = True) -> ViewState:
-    """`view` on checkpoint `name` (its patch kept where it fits the grid); written to the session
-    and the address bar only with `commit`."""
+def with_ckpt(view: ViewState, name: str) -> ViewState:
+    """`view` on checkpoint `name` (its patch kept where it fits the grid), for this page only."""
     grid = cache.get_checkpoint(name).config.grid
     patch = view.patch if view.patch[0] < grid[0] and view.patch[1] < grid[1] else (grid[0] // 2, grid[1] // 2)
-    view = ViewState(**{**view.__dict__, "ckpt": name, "patch": patch})
-    if commit:
-        viewsync.commit(view)
-    return view
+    return ViewState(**{**view.__dict__, "ckpt": name, "patch": patch})
 
 
 def show(res: dict, label: str, source: str) -> None:

@@ -45,8 +45,11 @@ def bound(widget: Callable[..., Any], key: str, canon: str, *, to_widget: Callab
 
 
 def checkpoint_select(prefix: str, names: Sequence[str], *, label: str = "Checkpoint") -> str:
-    """Select box of the checkpoints, bound to the view's `ckpt`."""
+    """Select box of the checkpoints, bound to the view's `ckpt`. A session's checkpoint not among
+    `names` (the similarity page lists only those with a table) shows the first of them and stays
+    the session's until the visitor picks one."""
     return bound(st.selectbox, f"{prefix}_ckpt", "ckpt", label=label, options=list(names),
+                 to_widget=lambda name: name if name in names else names[0],
                  help="Checkpoints in the folder; '+' composes encodings (e.g. sape2+ape).")
 
 
