@@ -504,6 +504,7 @@ def test_the_compiled_section_has_a_row_per_encoding_with_its_paired_ratio():
                                                       "| `ape` | 306 | 330 | 1.078 (IQR 1.050-1.100) |"]
 
 
+@pytest.mark.slow
 def test_gpu_benchmark_says_it_needs_a_gpu_and_its_smoke_run_covers_every_section(capsys, tmp_path):
     """`python -m benchmarks.gpu` exits 2 with a clear message where no CUDA GPU is present;
     `--smoke` runs every section on the CPU at toy sizes (so the script cannot rot on machines

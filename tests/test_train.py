@@ -290,6 +290,7 @@ def test_train_checkpoints_script_skips_finished_ones_and_takes_names(tmp_path):
     assert run("data", "15", "rpb", "extra") == ["== rpb: done", "== extra: done"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("encoding", ["sape2", "sape2+ape", "cope+ape"])
 def test_mixed_precision_training_tracks_the_float32_run(data_dir, tmp_path, encoding):
     """`--precision bf16` / `fp16` (autocast; fp16 with a loss scale; bf16 is what a CUDA run does by
