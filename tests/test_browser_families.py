@@ -121,6 +121,10 @@ def test_a_swin_uploaded_with_its_config_through_the_form_draws_its_windows(page
     uploader = open_import_form(page, server.url)
     config = page.locator(".st-key-checkpoints_model_config")
     for box, file in ((uploader, "model.safetensors"), (config, "config.json")):   # one after the other
+        # as a visitor picks the second file: after the first one's rerun is over (one idle moment
+        # is not the end of it on a busy machine: a second pick landed in that rerun once in CI,
+        # and its file chip never came)
+        lt.wait_quiet(page, 1000, TIMEOUT_MS / 1000)
         box.locator("input[type=file]").set_input_files(str(swin_src / file))
         expect(box.locator("[data-testid='stFileChip']")).to_have_count(1)
         expect(box.locator("[data-testid='stFileChipIconError']")).to_have_count(0)
