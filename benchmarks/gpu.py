@@ -38,6 +38,7 @@ from vitpe_core.config import preset_config
 from vitpe_core.encodings import EncodingContext, build_encoding
 from vitpe_core.encodings.functional import cope_attention, sape2_attention
 from vitpe_core.model import Attention, build_model
+from vitpe_core.precision import resolve
 from vitpe_core.train import TrainConfig, _optimizer, git_commit
 
 HEADING = "## 12. GPU"   # numbered: a rerun of benchmarks.bench keeps it (report.kept_sections)
@@ -45,7 +46,7 @@ SHAPES = {"compact": (128, 4, (8, 8), 128), "vit-s": (384, 6, (14, 14), 128), "v
 SMOKE_SHAPES = {"toy": (32, 2, (3, 4), 2)}
 LAYER_ROWS = ("SDPA", "none", "rpb", "cope+ape", "sape2")
 ENCODINGS = ("none", "ape", "ape2d", "sincos2d", "rpb", "rope_axial", "rope_mixed", "cope+ape", "sape2", "sape2+ape")
-PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
+PRECISIONS = ("fp32", "bf16")                  # vitpe_core.precision names; bf16 is what train.py uses on CUDA
 
 
 class Timer:
@@ -81,12 +82,8 @@ def interleaved_ms(fns: dict[str, Callable[[], object]], timer: Timer, rounds: i
     return {k: float(np.median(v)) for k, v in samples.items()}
 
 
-def _autocast(device: torch.device, dtype):
-    return torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
-
-
 def layer_step(row: str, dim: int, heads: int, grid: tuple[int, int], batch: int, device: torch.device,
-               dtype) -> Callable[[], None]:
+               prec: str) -> Callable[[], None]:
     """Forward + backward of one attention layer: `model.Attention` with `row`'s encoding, or for
     "SDPA" the same projections around a bare SDPA call."""
     torch.manual_seed(0)
@@ -108,7 +105,7 @@ def layer_step(row: str, dim: int, heads: int, grid: tuple[int, int], batch: int
     def step() -> None:
         for p in params:
             p.grad = None
-        with _autocast(device, dtype):
+        with resolve(prec, device).autocast():
             out = forward()
         out.backward(grad_out)
     return step
@@ -130,8 +127,8 @@ def peak_extra_mib(step: Callable[[], None], device: torch.device) -> float | No
 def bench_layers(shapes: dict, device: torch.device, timer: Timer, rounds: int, calls: int) -> list[dict]:
     rows = []
     for shape, (dim, heads, grid, batch) in shapes.items():
-        for prec, dtype in PRECISIONS.items():
-            steps = {r: layer_step(r, dim, heads, grid, batch, device, dtype) for r in LAYER_ROWS}
+        for prec in PRECISIONS:
+            steps = {r: layer_step(r, dim, heads, grid, batch, device, prec) for r in LAYER_ROWS}
             ms = interleaved_ms(steps, timer, rounds, calls)
             for r in LAYER_ROWS:
                 rows.append({"shape": shape, "precision": prec, "row": r, "ms": ms[r], "vs_rpb": ms[r] / ms["rpb"],
@@ -140,7 +137,7 @@ def bench_layers(shapes: dict, device: torch.device, timer: Timer, rounds: int, 
     return rows
 
 
-def train_step(encoding: str, preset: str, batch: int, device: torch.device, dtype, compiled: bool = False,
+def train_step(encoding: str, preset: str, batch: int, device: torch.device, prec: str, compiled: bool = False,
                **overrides) -> Callable[[], None]:
     """train.py's step (autocast as `--precision`, cross entropy with smoothing, clip, AdamW)."""
     torch.manual_seed(0)
@@ -152,7 +149,7 @@ def train_step(encoding: str, preset: str, batch: int, device: torch.device, dty
     y = torch.randint(0, 10, (batch,), device=device)
 
     def step() -> None:
-        with _autocast(device, dtype):
+        with resolve(prec, device).autocast():
             loss = F.cross_entropy(net(x).float(), y, label_smoothing=0.1)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -164,10 +161,10 @@ def train_step(encoding: str, preset: str, batch: int, device: torch.device, dty
 def bench_training(presets: dict, device: torch.device, timer: Timer, rounds: int, calls: int) -> list[dict]:
     rows = []
     for preset, (batch, overrides) in presets.items():
-        for prec, dtype in PRECISIONS.items():
-            steps = {e: train_step(e, preset, batch, device, dtype, **overrides) for e in ENCODINGS}
+        for prec in PRECISIONS:
+            steps = {e: train_step(e, preset, batch, device, prec, **overrides) for e in ENCODINGS}
             if preset == "compact" and device.type == "cuda":
-                steps.update({f"{e} (compiled)": train_step(e, preset, batch, device, dtype, True, **overrides)
+                steps.update({f"{e} (compiled)": train_step(e, preset, batch, device, prec, True, **overrides)
                               for e in ("ape", "sape2")})
             ms = interleaved_ms(steps, timer, rounds, calls)
             for e, t in ms.items():
@@ -229,9 +226,9 @@ def bf16_agreement(device: torch.device, overrides: dict) -> list[dict]:
         x = torch.randn(64, 3, *model.cfg.img_size, device=device)
         y = torch.randint(0, 10, (64,), device=device)
         out = {}
-        for prec, dtype in PRECISIONS.items():
+        for prec in PRECISIONS:
             model.zero_grad(set_to_none=True)
-            with _autocast(device, dtype):
+            with resolve(prec, device).autocast():
                 loss = F.cross_entropy(model(x).float(), y)
             loss.backward()
             out[prec] = (float(loss), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from .precision import PRECISIONS
+
 if typing.TYPE_CHECKING:
     from .model import ViT
     from .train import TrainConfig
@@ -137,7 +139,7 @@ def _add_train(sub) -> None:
     t.add_argument("--threads", type=int, help="torch.set_num_threads")
     t.add_argument("--save-every", type=int, default=100, help="steps between resume points")
     t.add_argument("--compile", action="store_true", help="torch.compile the model for training")
-    t.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
+    t.add_argument("--precision", default="auto", choices=PRECISIONS,
                    help="autocast dtype: auto = bf16 on CUDA, float32 on CPU; fp16 with a loss scale "
                         "(CoPE/SaPE² compute their positions in float32 in every case: docs/encodings.md)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")

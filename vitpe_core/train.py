@@ -35,11 +35,11 @@ from .config import PRESETS, ViTConfig, preset_config
 from .analysis import encoding_scale
 from .evaluate import accuracy, full_report, predict, summarize_table
 from .model import ViT
+from .precision import Precision, resolve
 from .randaugment import rand_augment
 
 log = logging.getLogger(__name__)
 SCHEDULES = ("onecycle", "cosine")
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")   # auto: bf16 autocast on CUDA, float32 elsewhere
 REFRESH_EVERY = 25   # steps between reads of the loss and accuracy from the device (each read waits for it)
 AUGMENTS = ("cropflip", "mixup", "randaug", "deit", "none")  # each includes crop+flip except none
 
@@ -187,9 +187,7 @@ class _Run:
     curves: dict[str, list] = field(default_factory=lambda: {k: [] for k in _CURVES})  # one value per epoch
     running: dict = field(default_factory=_zero_running)  # this epoch's loss / correct / seen so far
     net: torch.nn.Module | None = None          # the model as trained: DDP- and/or compile-wrapped (`_wrap`)
-    autocast: Any = None                        # bf16 on CUDA, a no-op on CPU (`_wrap`)
-    scaler: Any = None                          # fp16's loss scale (`_wrap`), None otherwise
-    precision: str = "fp32"                     # what `_wrap` resolved `precision` to
+    precision: Precision | None = None          # the forward's autocast and fp16's loss scale (`_wrap`)
     epoch_start: float = 0.0                    # perf_counter at the epoch's start, for images_per_s
 
     @property
@@ -211,7 +209,7 @@ def train(cfg: TrainConfig, *, data_dir: str | Path, out: str | Path, resume: bo
           full_eval: bool = True, compile_model: bool = False, precision: str = "auto") -> dict:
     """Train (or resume) a run in `out`; returns its metrics. `stop_after_steps` saves and
     returns early, as an interruption would (tests). `precision`: autocast dtype of the forward
-    (`PRECISIONS`; "auto" = bf16 on CUDA, float32 elsewhere; fp16 with a loss scale), a property
+    (`precision.PRECISIONS`; "auto" = bf16 on CUDA, float32 elsewhere; fp16 with a loss scale), a property
     of the run like the device, not of the recipe: each (re)start records it (`starts`).
 
     Under `torchrun` every process draws the same global batch and augments it identically,
@@ -292,22 +290,14 @@ def _wrap(run: _Run, compile_model: bool, precision: str = "auto") -> None:
     if compile_model:
         net = torch.compile(net)
     run.net = net
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; valid: {PRECISIONS}")
-    device_type = torch.device(run.device).type
-    if precision == "auto":
-        precision = "bf16" if device_type == "cuda" else "fp32"
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    run.precision = precision
-    run.autocast = torch.autocast(device_type, dtype=dtype, enabled=dtype is not None)
-    run.scaler = torch.amp.GradScaler(device_type) if precision == "fp16" else None
+    run.precision = resolve(precision, run.device)
 
 
 def _start(run: _Run, *, commit: str, compiled: bool) -> None:
     """Record how this (re)start trains: from which step, with which code, on what, compiled or not.
     The metrics keep the list (`starts`), so a run resumed on other hardware or options says so."""
     run.starts.append({"step": run.step, "commit": commit, "device": _describe(run.device, run.world),
-                       "compiled": compiled, "precision": run.precision})
+                       "compiled": compiled, "precision": run.precision.name})
 
 
 def _save(run: _Run) -> None:
@@ -408,23 +398,12 @@ def _step(run: _Run, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tenso
     cfg, opt = run.cfg, run.opt
     for g in opt.param_groups:
         g["lr"] = lr_at(run.step, run.total, run.steps_per_epoch, cfg)
-    with run.autocast:
+    with run.precision.autocast():
         logits = run.net(x)
         loss = F.cross_entropy(logits.float(), target, label_smoothing=0.0 if cfg.augment in ("mixup", "deit")
                                else cfg.label_smoothing)   # mixup targets carry their own smoothing
     opt.zero_grad(set_to_none=True)
-    if run.scaler is None:
-        loss.backward()
-        if cfg.grad_clip:
-            torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.grad_clip)
-        opt.step()
-    else:                                                   # fp16: scaled loss, clip the unscaled gradients
-        run.scaler.scale(loss).backward()
-        run.scaler.unscale_(opt)
-        if cfg.grad_clip:
-            torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.grad_clip)
-        run.scaler.step(opt)
-        run.scaler.update()
+    run.precision.backward_and_step(loss, opt, run.model.parameters(), cfg.grad_clip)
     run.step += 1
     return logits, loss
 
