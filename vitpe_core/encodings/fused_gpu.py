@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from . import triton_cope, triton_sape2
-from ._interp import full_precision
+from ._interp import compute_dtype, full_precision
 from .sape2_descriptors import descriptors, line_logits
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -47,8 +47,9 @@ def applies(*ts: Tensor) -> bool:
 
 
 def _same_dtype(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """q, k, v in one dtype (the kernels take one): the widest of theirs."""
-    dtype = q.dtype if q.dtype == k.dtype == v.dtype else torch.float32
+    """q, k, v in one dtype (the kernels take one): theirs when they share it, else the
+    `compute_dtype` of the eager path (float32 here)."""
+    dtype = q.dtype if q.dtype == k.dtype == v.dtype else compute_dtype(q, k, v)
     return q.to(dtype), k.to(dtype), v.to(dtype)
 
 

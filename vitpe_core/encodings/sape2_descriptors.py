@@ -24,8 +24,9 @@ def line_logits(q: Tensor, k: Tensor, grid: tuple[int, int], scale: float) -> tu
     of `q·kᵀ` that SaPE² reads (`N·(H+W)` of them, without forming the `N x N` product; the
     fused GPU attention's case, fused_gpu.py)."""
     H = grid[0]
-    q_r, k_r = (rearrange(t, "b h (y x) d -> b h y x d", y=H) for t in (q * scale, k))   # (B, h, H, W, d)
-    q_c, k_c = (rearrange(t, "b h (y x) d -> b h x y d", y=H) for t in (q * scale, k))   # (B, h, W, H, d)
+    q_s = q * scale                                                          # (B, h, N, d), once
+    q_r, k_r = (rearrange(t, "b h (y x) d -> b h y x d", y=H) for t in (q_s, k))   # (B, h, H, W, d)
+    q_c, k_c = (rearrange(t, "b h (y x) d -> b h x y d", y=H) for t in (q_s, k))   # (B, h, W, H, d)
     return q_r @ k_r.transpose(-1, -2), q_c @ k_c.transpose(-1, -2)          # (B,h,H,W,W), (B,h,W,H,H)
 
 
