@@ -38,7 +38,7 @@ def main() -> None:
     with st.sidebar:
         if table_names:
             widgets.checkpoint_select(PAGE, table_names)      # keeps a session's model without a table
-            shown = widgets.epoch_control(PAGE, shown, shown_only=shown is not view)
+            shown = widgets.epoch_control(PAGE, shown)
     viewsync.render_share(view)
     if not table_names:
         return

@@ -114,14 +114,15 @@ def patch_text(patch: tuple[int, int], grid: tuple[int, int]) -> None:
     st.markdown(f"**Patch ({r}, {c})** — token n = r·W + c = {r * grid[1] + c} of {grid[0]}×{grid[1]}")
 
 
-def epoch_control(page: str, view: ViewState, *, shown_only: bool = False) -> ViewState:
+def epoch_control(page: str, view: ViewState) -> ViewState:
     """A slider over the epochs recorded in the view's checkpoint's history, bound to the
-    view's `epoch` (None = final weights; in the share link); returns the view. `shown_only`:
-    `view` is what this page shows in place of the session's checkpoint (not committed)."""
+    view's `epoch` (None = final weights; in the share link); returns the view. A `view` on
+    another checkpoint than the session's (shown in its place, the similarity page) is not
+    committed."""
     epochs = epochs_of(view.ckpt)
     if view.epoch is not None and view.epoch not in epochs:       # the page showed another checkpoint
         view = ViewState(**{**view.__dict__, "epoch": None})
-        if not shown_only:
+        if view.ckpt == st.session_state.get("ckpt"):
             commit(view)
     if not epochs:
         st.sidebar.caption("This checkpoint recorded no training history.")
