@@ -52,16 +52,18 @@ def _final_weights(out: Path) -> dict[str, torch.Tensor]:
     return C.load_checkpoint(out / "final.safetensors", dtype=torch.float32).model.state_dict()
 
 
-@pytest.mark.parametrize("augment", ["cropflip", "mixup", "deit"])
-def test_interrupted_run_resumes_to_the_same_result(data_dir, tmp_path, augment):
+@pytest.mark.parametrize("augment, precision", [("cropflip", "auto"), ("mixup", "auto"), ("deit", "auto"),
+                                               ("cropflip", "fp16")])   # fp16: its loss scale is resumed too
+def test_interrupted_run_resumes_to_the_same_result(data_dir, tmp_path, augment, precision):
     c = cfg(epochs=2, augment=augment, encoding="rope_mixed+ape")
-    whole = train(c, data_dir=data_dir, out=tmp_path / "a", progress=False, full_eval=False)
+    kw = dict(data_dir=data_dir, progress=False, full_eval=False, precision=precision)
+    whole = train(c, out=tmp_path / "a", **kw)
     # interrupt mid-epoch, then at an epoch boundary, then finish
-    assert train(c, data_dir=data_dir, out=tmp_path / "b", progress=False, stop_after_steps=1,
-                 full_eval=False) == {"stopped_at_step": 1}
-    assert train(c, data_dir=data_dir, out=tmp_path / "b", progress=False, resume=True, stop_after_steps=2,
-                 full_eval=False) == {"stopped_at_step": 2}
-    resumed = train(c, data_dir=data_dir, out=tmp_path / "b", progress=False, resume=True, full_eval=False)
+    assert train(c, out=tmp_path / "b", stop_after_steps=1, **kw) == {"stopped_at_step": 1}
+    assert train(c, out=tmp_path / "b", resume=True, stop_after_steps=2, **kw) == {"stopped_at_step": 2}
+    # fp16's loss scale and its growth count are part of the state (a resume goes on with them)
+    assert ("scaler" in load_state(tmp_path / "b" / "state.pt")) == (precision == "fp16")
+    resumed = train(c, out=tmp_path / "b", resume=True, **kw)
     wa, wb = _final_weights(tmp_path / "a"), _final_weights(tmp_path / "b")
     for k in wa:
         assert torch.equal(wa[k], wb[k]), k

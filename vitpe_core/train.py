@@ -187,7 +187,7 @@ class _Run:
     curves: dict[str, list] = field(default_factory=lambda: {k: [] for k in _CURVES})  # one value per epoch
     running: dict = field(default_factory=_zero_running)  # this epoch's loss / correct / seen so far
     net: torch.nn.Module | None = None          # the model as trained: DDP- and/or compile-wrapped (`_wrap`)
-    precision: Precision | None = None          # the forward's autocast and fp16's loss scale (`_wrap`)
+    precision: Precision | None = None          # the forward's autocast and fp16's loss scale (`train`)
     epoch_start: float = 0.0                    # perf_counter at the epoch's start, for images_per_s
 
     @property
@@ -218,9 +218,10 @@ def train(cfg: TrainConfig, *, data_dir: str | Path, out: str | Path, resume: bo
     with gloo). Only rank 0 writes files."""
     run = _setup(cfg, data_dir=data_dir, out=out, device=device, download=download)
     commit = run.commits[0]                                         # this start's code (before any resume)
+    run.precision = resolve(precision, run.device)
     if resume:
         _resume(run)
-    _wrap(run, compile_model, precision)
+    _wrap(run, compile_model)
     _start(run, commit=commit, compiled=compile_model)
     while run.step < run.total:
         epoch = run.step // run.steps_per_epoch
@@ -274,13 +275,15 @@ def _resume(run: _Run) -> None:
     torch.set_rng_state(st["torch_rng"])
     run.step, run.train_time, run.curves, run.running = st["step"], st["train_time"], st["curves"], st["running"]
     run.history = {int(k): v for k, v in st["history"].items()}
+    if run.precision.scaler is not None and st.get("scaler"):   # fp16: the loss scale goes on where it was
+        run.precision.scaler.load_state_dict(st["scaler"])
     run.commits = list(dict.fromkeys(st["commits"] + run.commits))
     run.starts = st.get("starts", [{"step": 0, "note": f"starts before step {run.step} were not recorded "
                                                         "(a state written before vitpe recorded them)"}])
     log.info("resumed %s at step %d/%d", run.out, run.step, run.total)
 
 
-def _wrap(run: _Run, compile_model: bool, precision: str = "auto") -> None:
+def _wrap(run: _Run, compile_model: bool) -> None:
     """The module trained: DDP under torchrun (after any resume: DDP broadcasts rank 0's weights), compiled
     on request; gradients clip and checkpoints save through the bare `run.model`."""
     net: torch.nn.Module = run.model
@@ -290,7 +293,6 @@ def _wrap(run: _Run, compile_model: bool, precision: str = "auto") -> None:
     if compile_model:
         net = torch.compile(net)
     run.net = net
-    run.precision = resolve(precision, run.device)
 
 
 def _start(run: _Run, *, commit: str, compiled: bool) -> None:
@@ -307,7 +309,8 @@ def _save(run: _Run) -> None:
             "train_config": run.cfg.to_dict(), "model": clean_state_dict(run.model.state_dict()),
             "optimizer": run.opt.state_dict(), "aug_rng": run.aug_gen.get_state(), "torch_rng": torch.get_rng_state(),
             "step": run.step, "train_time": run.train_time, "curves": run.curves, "running": run.running,
-            "commits": run.commits, "starts": run.starts, "history": {str(k): v for k, v in run.history.items()}})
+            "commits": run.commits, "starts": run.starts, "history": {str(k): v for k, v in run.history.items()},
+            **({"scaler": run.precision.scaler.state_dict()} if run.precision.scaler is not None else {})})
     if run.world > 1:
         torch.distributed.barrier()
 
