@@ -26,7 +26,7 @@ from test_importers import _refs
 from vitpe_core.__main__ import main
 from vitpe_core.checkpoint import CheckpointError, load_checkpoint
 from vitpe_core.importers import detect_family, import_file, import_state_dict
-from vitpe_core.swin.convert import is_swin
+from vitpe_core.importers import is_swin
 
 REFS = Path(__file__).parent / "data" / "import_references_timm_families.safetensors"
 

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from vitpe_core import figures
 from vitpe_core.checkpoint import CheckpointError, load_checkpoint, read_config, save_checkpoint
 from vitpe_core.swin import SwinConfig, SwinTransformer
-from vitpe_core.swin.convert import import_swin, is_swin
+from vitpe_core.importers import import_state_dict, is_swin
 from vitpe_core.swin.windows import stage_token, window_lines, window_rows
 
 transformers = pytest.importorskip("transformers")
@@ -37,6 +37,13 @@ CASES = {   # name -> (version, config overrides, other input sizes to check)
     "v2-rect-pretrained": (2, dict(image_size=[32, 48], window_size=3, pretrained_window_sizes=[4, 2]), []),
     "v2-one-window-nobias": (2, dict(image_size=32, window_size=4, qkv_bias=False), []),
 }
+
+
+def import_swin(sd, config, **kw):
+    """The one importer on a Swin state dict, as (model, what `Imported` records)."""
+    imp = import_state_dict(sd, family="swin", hf_config=config, **kw)
+    return imp.model, {"family": imp.family, "class_names": imp.class_names, "preprocess": imp.preprocess,
+                       "notes": imp.notes, "source_dtype": imp.source_dtype}
 
 
 def hf_model(version: int, headless: bool = False, **overrides):
@@ -354,7 +361,7 @@ def test_another_image_size_builds_what_transformers_builds_there(tmp_path):
     one 5x5 window, unshifted, where the 64-px build keeps shifted 6x6 windows)."""
     hf = hf_model(2, image_size=64, window_size=6)
     sd, config = saved(hf, tmp_path)
-    model, info = import_swin(sd, config, img_size=(40, 40), norm={"mean": [0.5] * 3, "std": [0.5] * 3},
+    model, info = import_swin(sd, config, img_size=(40, 40), norm="inception",
                               crop_pct=1.0)
     assert "Built for 40x40 px" in " ".join(info["notes"]) and info["preprocess"]["crop_pct"] == 1.0
     assert info["preprocess"]["mean"] == [0.5] * 3 and model.cfg.stage_windows == (6, 5)

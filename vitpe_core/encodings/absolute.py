@@ -2,7 +2,8 @@
 
 * `ape` keeps timm's layout `(1, P+N, D)` under the name `pos_embed`, so a timm / DeiT
   state dict loads; at another grid its patch part is resampled bicubically with timm's
-  `resample_abs_pos_embed` semantics (prefix rows kept, float32, antialias).
+  `resample_abs_pos_embed` semantics (prefix rows kept, float32, antialias), by this module's
+  `resample_abs_pos_embed` (interpolation `mode` a keyword), which importers call too.
 * `ape2d` is `E_row[r] + E_col[c]` plus a learned CLS row; each 1D table is resampled
   linearly at another grid.
 * `sincos2d` is fixed: first D/2 channels encode the row, last D/2 the column, each half
@@ -22,14 +23,31 @@ class NoPosition(PositionEncoding):
     """No position information: the model is permutation-equivariant over patches."""
 
 
-def resample_abs_pos_embed(posemb: Tensor, new_grid: Grid, old_grid: Grid, num_prefix: int) -> Tensor:
-    """`(1, P+N_old, D)` -> `(1, P+N_new, D)`, bicubic on the `H x W` part (timm semantics)."""
+ABS_MODES = ("bicubic", "bilinear", "nearest", "nearest-exact", "area")   # F.interpolate's 4-D modes
+_ANTIALIAS_MODES = ("bicubic", "bilinear")                                  # torch antialiases only these
+
+
+def resample_abs_pos_embed(posemb: Tensor, new_grid: Grid, old_grid: Grid, num_prefix: int, *,
+                           mode: str = "bicubic", antialias: bool = True) -> Tensor:
+    """`(1, P+N_old, D)` -> `(1, P+N_new, D)`: the `H x W` patch part resized, the `P` prefix rows kept.
+
+    timm's `resample_abs_pos_embed(..., interpolation=mode, antialias=antialias)` semantics:
+    computed in float32, returned in the input's dtype, `align_corners=False` (for the
+    interpolating modes); the same grid returns `posemb` itself. `mode` is one of `ABS_MODES`;
+    `antialias` only with "bicubic" / "bilinear" (as torch requires).
+    """
+    if mode not in ABS_MODES:
+        raise ValueError(f"mode must be one of {', '.join(map(repr, ABS_MODES))}; got {mode!r}")
+    if antialias and mode not in _ANTIALIAS_MODES:
+        raise ValueError(f"antialias=True works only with mode 'bicubic' or 'bilinear' (got {mode!r}); "
+                         "pass antialias=False")
     if tuple(new_grid) == tuple(old_grid):
         return posemb
     prefix, patches = posemb[:, :num_prefix], posemb[:, num_prefix:]
     dtype = patches.dtype
     img = patches.float().reshape(1, old_grid[0], old_grid[1], -1).permute(0, 3, 1, 2)  # (1, D, H, W)
-    img = F.interpolate(img, size=tuple(new_grid), mode="bicubic", antialias=True, align_corners=False)
+    align = False if mode in _ANTIALIAS_MODES else None      # torch refuses align_corners for nearest/area
+    img = F.interpolate(img, size=tuple(new_grid), mode=mode, antialias=antialias, align_corners=align)
     patches = img.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], -1).to(dtype)  # (1, N', D)
     return torch.cat((prefix, patches), dim=1)
 

@@ -1,7 +1,11 @@
 """Bring your own ViT: turn a pretrained state dict into an ordinary vitpe model and checkpoint.
 
 Families (detected from the keys, and `config.json`'s `model_type` where it lies beside the
-file, with `family="auto"`); one module each, behind the one `import_state_dict` (core.py):
+file, with `family="auto"`: detect.py); one module each, every one a `convert(sd, ctx) ->
+(weights, config, notes)` (context.py) in one table (families.py), behind the one
+`import_state_dict` (core.py). Shared by all: key maps as TOP / BLOCK / DROP tables read by
+`keymap.Keys`, one refusal table (refuse.py), the eval transform (preprocess.py), class names
+(labels.py); the position tables are resized by the encodings' own functions.
 
 * `timm` (timm.py) — timm's `VisionTransformer` and relatives in timm key names: with or
   without a class token, `no_embed_class` tables, registers, LayerScale, DeiT distilled,
@@ -13,10 +17,11 @@ file, with `family="auto"`); one module each, behind the one `import_state_dict`
 * `dinov3` (dinov3.py) — DINOv3's RoPE (`rope_dinov3`), registers, gated MLPs.
 * `clip`, `siglip` (clip.py) — CLIP's and SigLIP's vision towers (pre-norm, quick-GELU,
   attention pooling).
+* `swin` (swin.py: `hf-swin`, `hf-swinv2`) — Swin and Swin-V2 (the model: vitpe_core/swin/).
 * timm's layouts of these: `timm-beit` (timm_beit.py), `timm-eva02` (timm_eva.py: EVA-02 tiny /
   small, RoPE on a reference grid), `timm-clip` / `timm-siglip` (timm_clip.py: timm's
   `VisionTransformer` with `norm_pre` / `attn_pool` / gated MLPs, through the `timm` path),
-  `timm-swin` / `timm-swinv2` (swin/timm_layout.py), `timm-dinov3` (timm_dinov3.py: timm's `Eva`
+  `timm-swin` / `timm-swinv2` (timm_swin.py), `timm-dinov3` (timm_dinov3.py: timm's `Eva`
   DINOv3 models, `rope_dinov3`); timm's hub `config.json` (timm_hub.py)
   gives what their keys do not say (the activation, Swin-V2's window, EVA-02's reference grid).
 
@@ -34,18 +39,20 @@ from __future__ import annotations
 
 from ..checkpoint import CheckpointError
 from ..foreign import read_state_dict
-from .core import (CLIP, DEFAULT_PREPROCESS, IMAGENET, INCEPTION, NORMS, Imported, import_state_dict,
-                   source_dtype)
-from .detect import FAMILIES, HF_FAMILIES, MODEL_TYPES, detect_family
+from ..foreign import source_dtype
+from .core import Imported, import_state_dict
+from .detect import FAMILIES, HF_FAMILIES, MODEL_TYPES, detect_family, is_swin
 from .hf_vit import HF4_LAYER, HF5_LAYER
+from .preprocess import CLIP, DEFAULT_PREPROCESS, IMAGENET, INCEPTION, NORMS
 from .labels import ASSETS, MAX_LABEL_CHARS, MAX_LABELS_BYTES, imagenet_classes, parse_labels, read_labels
 from .rope_vit import rope_freqs
 from .source import HUB_FILES, HUB_HINT, STORED_DTYPES, import_checkpoint, import_file, parse_size, resolve_source
-from .timm import MAX_IMG_SIDE, MAX_PATCHES, UNSUPPORTED, GridUnknownError
+from .refuse import RULES
+from .timm import MAX_IMG_SIDE, MAX_PATCHES, GridUnknownError
 
 __all__ = ["ASSETS", "CLIP", "CheckpointError", "DEFAULT_PREPROCESS", "FAMILIES", "GridUnknownError", "HF4_LAYER",
            "HF5_LAYER", "HF_FAMILIES", "HUB_FILES", "HUB_HINT", "IMAGENET", "INCEPTION", "Imported", "MAX_IMG_SIDE",
-           "MAX_LABELS_BYTES", "MAX_LABEL_CHARS", "MAX_PATCHES", "MODEL_TYPES", "NORMS", "STORED_DTYPES",
-           "UNSUPPORTED", "detect_family", "imagenet_classes", "import_checkpoint", "import_file",
+           "MAX_LABELS_BYTES", "MAX_LABEL_CHARS", "MAX_PATCHES", "MODEL_TYPES", "NORMS", "RULES", "STORED_DTYPES",
+           "detect_family", "imagenet_classes", "import_checkpoint", "import_file", "is_swin",
            "import_state_dict", "parse_labels", "parse_size", "read_labels", "read_state_dict", "resolve_source",
            "rope_freqs", "source_dtype"]

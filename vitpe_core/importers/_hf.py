@@ -1,11 +1,8 @@
-"""Shared by the Hugging Face family importers (beit.py, dinov2.py, dinov3.py, clip.py): reading
-a `save_pretrained` state dict key by key, and the parts of its `config.json` every family has.
-
-A family's importer maps each source key to vitpe's name with `Keys.take`; what no rule took
-is named by `Keys.refuse_rest`, so nothing is silently dropped or silently added."""
+"""Shared by the Hugging Face family importers (beit.py, dinov2.py, dinov3.py, clip.py): the parts of
+a `save_pretrained` model's `config.json` every family has (activation, image size, the grid its
+position parameters were trained on) and the table resampling transformers does at another size."""
 from __future__ import annotations
 
-import re
 from typing import Any, Mapping
 
 import torch
@@ -18,83 +15,6 @@ from .timm import check_img_size
 
 ACTS = {"gelu": "gelu", "quick_gelu": "quick_gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
         "silu": "silu", "swish": "silu"}   # transformers' hidden_act -> ViTConfig.act
-
-
-class Keys:
-    """A source state dict read once: `take` moves tensors to vitpe's names, `drop` leaves keys out."""
-
-    def __init__(self, sd: Mapping[str, Tensor], family: str, prefix: str = "") -> None:
-        self.sd, self.family, self.prefix = dict(sd), family, prefix   # `prefix`: what strip_prefix took off
-        self.used: set[str] = set()
-        self.out: dict[str, Tensor] = {}
-
-    def get(self, *names: str) -> Tensor | None:
-        """The first of `names` the file has (marked used), or None."""
-        for n in names:
-            if n in self.sd:
-                self.used.add(n)
-                return self.sd[n]
-        return None
-
-    def take(self, dst: str, *names: str) -> Tensor | None:
-        t = self.get(*names)
-        if t is not None:
-            self.out[dst] = t
-        return t
-
-    def keep(self, *names: str) -> None:
-        """`take` each of `names`' `.weight` and `.bias` under the same name (those the file has)."""
-        for name in names:
-            for p in ("weight", "bias"):
-                self.take(f"{name}.{p}", f"{name}.{p}")
-
-    def drop(self, pattern: str) -> list[str]:
-        """Mark the keys matching regex `pattern` used (left out); returns them."""
-        hit = [k for k in self.sd if re.search(pattern, k)]
-        self.used.update(hit)
-        return hit
-
-    def layers(self, pattern: str) -> list[int]:
-        """Sorted block indices `i` of the keys matching `pattern` with a `(\\d+)` group."""
-        return sorted({int(m.group(1)) for k in self.sd if (m := re.match(pattern, k))})
-
-    def refuse_rest(self) -> None:
-        rest = sorted(k.removeprefix("<head>.") if k.startswith("<head>.") else self.prefix + k
-                      for k in set(self.sd) - self.used)   # the file's own names
-        if rest:
-            raise CheckpointError(f"{self.family} keys vitpe cannot place (it would compute something else without "
-                                  f"them): {rest[:6]}{' ...' if len(rest) > 6 else ''}")
-
-
-def strip_prefix(sd: Mapping[str, Tensor], prefixes: tuple[str, ...]) -> tuple[dict[str, Tensor], str]:
-    """`sd` without the first of `prefixes` that some key carries (a task model's backbone, e.g.
-    `beit.`), and that prefix ("" if none). Keys without it keep their names (heads)."""
-    for p in prefixes:
-        if any(k.startswith(p) for k in sd):
-            return {k[len(p):] if k.startswith(p) else f"<head>.{k}": v for k, v in sd.items()}, p
-    return dict(sd), ""
-
-
-def qkv(keys: Keys, dst: str, q: tuple[str, ...], k: tuple[str, ...], v: tuple[str, ...]) -> None:
-    """Concatenate separate query/key/value projections into `dst.weight`/`dst.bias`; a bias a
-    projection does not have (BEiT's key, DINOv3's per config) is zero, which adds nothing."""
-    ws = [keys.get(*(n + ".weight" for n in names)) for names in (q, k, v)]
-    if any(w is None for w in ws):
-        raise CheckpointError(f"{keys.family}: missing a query/key/value weight among {q[0]}, {k[0]}, {v[0]}")
-    keys.out[f"{dst}.weight"] = torch.cat(ws, 0)
-    bs = [keys.get(*(n + ".bias" for n in names)) for names in (q, k, v)]
-    if any(b is not None for b in bs):
-        keys.out[f"{dst}.bias"] = torch.cat([b if b is not None else torch.zeros(w.shape[0], dtype=w.dtype)
-                                             for b, w in zip(bs, ws)], 0)
-
-
-def zero_bias(keys: Keys, name: str, notes: list[str], what: str) -> None:
-    """A linear layer without a bias in the file gets a zero bias (the model's layers have one)."""
-    if f"{name}.weight" in keys.out and f"{name}.bias" not in keys.out:
-        w = keys.out[f"{name}.weight"]
-        keys.out[f"{name}.bias"] = torch.zeros(w.shape[0], dtype=w.dtype)
-        if what and not any(what in n for n in notes):
-            notes.append(f"{what} has no bias in the file; a zero bias is equivalent.")
 
 
 def act(config: Mapping[str, Any], family: str, default: str = "gelu") -> str:

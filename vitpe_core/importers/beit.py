@@ -15,7 +15,7 @@ released BEiT) agree.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +23,9 @@ from torch import Tensor
 
 from ..checkpoint import CheckpointError
 from ..config import ViTConfig
-from ._hf import Keys, act, config_grid, qkv, resample_table, strip_prefix, target_grid, zero_bias
+from ._hf import act, config_grid, resample_table, target_grid
+from .context import Context, Converted
+from .keymap import Keys, qkv, strip_prefix, zero_bias
 
 BLOCK = {  # vitpe name: (transformers 5, hub / data2vec-vision)
     "norm1": ("layernorm_before",), "norm2": ("layernorm_after",),
@@ -63,11 +65,10 @@ def _table_patches(t: Tensor | None) -> int | None:
     return side * side if (2 * side - 1) ** 2 + 3 == t.shape[0] else None
 
 
-def convert(sd: Mapping[str, Tensor], config: Mapping[str, Any], *, img_size, heads, notes: list[str]
-            ) -> tuple[ViTConfig, dict[str, Tensor], str]:
+def convert(sd: Mapping[str, Tensor], ctx: Context) -> Converted:
+    config, img_size, heads, notes = ctx.config, ctx.img_size, ctx.heads, []
     sd, prefix = strip_prefix(sd, ("beit.", "data2vec_vision."))
-    family = "data2vec-vision" if prefix == "data2vec_vision." or config.get("model_type") == "data2vec-vision" \
-        else "beit"
+    family = ctx.family   # beit or data2vec-vision (detect.narrow): one layout
     keys = Keys(sd, family, prefix)
     proj = keys.take("patch_embed.proj.weight", "embeddings.patch_embeddings.projection.weight")
     keys.take("patch_embed.proj.bias", "embeddings.patch_embeddings.projection.bias")
@@ -142,4 +143,4 @@ def convert(sd: Mapping[str, Tensor], config: Mapping[str, Any], *, img_size, he
                     layer_scale="blocks.0.ls1.gamma" in out, pool="avg" if mean else "token",
                     fc_norm="fc_norm.weight" in out, final_norm="norm.weight" in out,
                     act=act(config, family))
-    return cfg, out, family
+    return out, cfg, notes

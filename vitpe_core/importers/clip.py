@@ -16,13 +16,15 @@ layout -> a vitpe ViT with `ape`.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
 from torch import Tensor
 
 from ..checkpoint import CheckpointError
 from ..config import ViTConfig
-from ._hf import Keys, act, config_grid, qkv, resample_table, strip_prefix, target_grid, zero_bias
+from ._hf import act, config_grid, resample_table, target_grid
+from .context import Context, Converted
+from .keymap import Keys, qkv, strip_prefix, zero_bias
 
 BLOCK = {"norm1": "layer_norm1", "norm2": "layer_norm2", "attn.proj": "self_attn.out_proj",
          "mlp.fc1": "mlp.fc1", "mlp.fc2": "mlp.fc2"}
@@ -31,12 +33,12 @@ POOL_HEAD = {"attn_pool.proj": "head.attention.out_proj", "attn_pool.norm": "hea
 OTHER_TOWER = r"^<head>\.(text_model\.|text_projection|visual_projection|logit_scale|logit_bias)"
 
 
-def convert(sd: Mapping[str, Tensor], config: Mapping[str, Any], *, img_size, heads, notes: list[str]
-            ) -> tuple[ViTConfig, dict[str, Tensor], str]:
+def convert(sd: Mapping[str, Tensor], ctx: Context) -> Converted:
+    config, img_size, heads, notes = ctx.config, ctx.img_size, ctx.heads, []
     sd, prefix = strip_prefix(sd, ("vision_model.",))
     vc = config.get("vision_config") or config
-    keys = Keys(sd, "clip" if "embeddings.class_embedding" in sd else "siglip", prefix)
-    family = keys.family
+    family = ctx.family   # clip or siglip (detect.py)
+    keys = Keys(sd, family, prefix)
     if str(config.get("model_type", "")).startswith("siglip2"):
         raise CheckpointError("SigLIP 2 (NaFlex: a linear patch embedding, variable resolution) is not a ViT vitpe "
                               "computes; only SigLIP's fixed-resolution vision tower is imported")
@@ -93,7 +95,7 @@ def convert(sd: Mapping[str, Tensor], config: Mapping[str, Any], *, img_size, he
                     class_token=cls is not None, pool=pool, pre_norm="norm_pre.weight" in out,
                     final_norm="norm.weight" in out,
                     act=act(vc, family, "quick_gelu" if family == "clip" else "gelu_pytorch_tanh"))
-    return cfg, out, family
+    return out, cfg, notes
 
 
 def _attention_pool(keys: Keys, dim: int) -> None:

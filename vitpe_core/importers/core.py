@@ -1,5 +1,9 @@
 """The one importer: `import_state_dict` turns a state dict of any family into a vitpe model
-(strictly loaded), with what the checkpoint records about it (`Imported`)."""
+(strictly loaded), with what the checkpoint records about it (`Imported`).
+
+Three steps: `_context` checks the caller's options and decides the family (detect.py),
+the family's converter (families.py) maps the keys and builds the config, `_finish` builds the
+model, loads the weights and adds what every family has: its eval transform and class names."""
 from __future__ import annotations
 
 import re
@@ -12,48 +16,35 @@ from ..checkpoint import CheckpointError, clean_state_dict, load_weights
 from ..foreign import held_keep, own_memory, source_dtype, upcast
 from ..held_precision import HALF, hold_weights
 from ..model import ViT, empty_model
-from ..swin.convert import import_swin, is_swin
-from . import beit, clip, dinov2, dinov3, timm_beit, timm_clip, timm_dinov3, timm_eva, timm_hub
-from .detect import FAMILIES, HF_FAMILIES, TIMM_FAMILIES, detect_family
-from .hf_vit import from_hf
-from .labels import class_names as _class_names, given_class_names
-from .rope_vit import from_rope_vit, rope_freqs
-from .timm import GridUnknownError, drop_foreign, place_encoding_params, refuse_unsupported, timm_config
+from ..swin.config import SwinConfig
+from ..swin.model import SwinTransformer
+from . import timm_hub
+from .context import Context
+from .detect import FAMILIES, detect_family, narrow
+from .families import CONVERTERS, SWIN_FAMILIES
+from .labels import class_names as config_class_names, given_class_names
+from .preprocess import check_norm, eval_transform
 
-# Eval transforms: timm's `resolve_data_config` for timm's usual weights, each HF family's image processor.
-IMAGENET = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
-INCEPTION = {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}
-CLIP = {"mean": [0.48145466, 0.4578275, 0.40821073], "std": [0.26862954, 0.26130258, 0.27577711]}
-NORMS = {"imagenet": IMAGENET, "inception": INCEPTION, "clip": CLIP}
-DEFAULT_PREPROCESS = {   # family -> normalisation and centre-crop fraction (resize shorter side to size / crop_pct)
-    "timm": {**IMAGENET, "crop_pct": 0.875, "interpolation": "bicubic"},
-    "hf": {**INCEPTION, "crop_pct": 1.0, "interpolation": "bilinear"},
-    "rope-vit": {**IMAGENET, "crop_pct": 1.0, "interpolation": "bicubic"},
-    "beit": {**INCEPTION, "crop_pct": 1.0, "interpolation": "bicubic"},
-    "data2vec-vision": {**INCEPTION, "crop_pct": 1.0, "interpolation": "bicubic"},
-    "dinov2": {**IMAGENET, "crop_pct": 0.875, "interpolation": "bicubic"},
-    "dinov3": {**IMAGENET, "crop_pct": 1.0, "interpolation": "bilinear"},
-    "clip": {**CLIP, "crop_pct": 1.0, "interpolation": "bicubic"},
-    "siglip": {**INCEPTION, "crop_pct": 1.0, "interpolation": "bicubic"},
-    # timm's layouts of the other families (timm's config.json's pretrained_cfg replaces these where it lies beside)
-    "timm-beit": {**INCEPTION, "crop_pct": 0.9, "interpolation": "bicubic"},
-    "timm-eva02": {**CLIP, "crop_pct": 0.9, "interpolation": "bicubic"},
-    "timm-dinov3": {**IMAGENET, "crop_pct": 1.0, "interpolation": "bicubic"},
-    "timm-clip": {**CLIP, "crop_pct": 1.0, "interpolation": "bicubic"},
-    "timm-siglip": {**INCEPTION, "crop_pct": 1.0, "interpolation": "bicubic"},
+# option -> the families (after `narrow`) it decides something for, and why the others refuse it
+OPTIONS = {
+    "window": (("timm-swin", "timm-swinv2"), "--window is for timm-layout Swin-V2 files (their window is not in "
+               "the keys); not for a {family} file"),
+    "act": (("timm", "timm-clip", "timm-siglip"), "--act is for timm-layout ViTs (CLIP- and SigLIP-style, gated MLPs), "
+            "whose keys do not record it; a {family} model's activation is its config's or its family's"),
+    "pool": (("timm", "timm-clip", "timm-siglip", "hf", "rope-vit", "timm-beit", "timm-eva02", "timm-dinov3"),
+             "--pool is for bare timm-layout files; a {family} model's read-out is its config's and its keys' "
+             "(docs/importing.md)"),
+    "heads": (tuple(f for f in CONVERTERS if f not in SWIN_FAMILIES),
+              "--heads is for ViTs; a {family} model's heads are in its keys (or config.json) (docs/importing.md)"),
 }
-CONVERTERS = {"beit": beit.convert, "data2vec-vision": beit.convert, "dinov2": dinov2.convert,
-              "dinov3": dinov3.convert, "clip": clip.convert, "siglip": clip.convert}
-TIMM_CONVERTERS = {"timm-beit": timm_beit.convert, "timm-eva02": timm_eva.convert,
-                   "timm-dinov3": timm_dinov3.convert}
-ACT_FAMILIES = ("timm",)   # where --act decides something (timm_clip.py); other families' activation is known
+ENCODING_LEAVES = ("pos_embed", "rope_freqs")   # timm's top-level names of what vitpe keeps inside `pos_enc`
 
 
 @dataclass
 class Imported:
     """An imported model and what the checkpoint records about it."""
 
-    model: ViT
+    model: ViT | SwinTransformer
     family: str
     class_names: list[str] | None = None
     preprocess: dict[str, Any] = field(default_factory=dict)
@@ -90,90 +81,78 @@ def import_state_dict(state_dict: Mapping[str, torch.Tensor], *, family: str = "
     which its keys do not record (CLIP- / SigLIP-style files need it, or timm's config.json as
     `hf_config`). `window`: a timm Swin-V2's window, where no timm config.json says it.
     `consume`: `state_dict` is the importer's to spend (`import_file`'s, read from a file; never a
-    caller's own): a ViT's tensors are emptied as their float32 copies are made (`upcast`).
+    caller's own): its tensors are emptied as their float32 copies are made (`upcast`).
     Without it the model shares no memory with `state_dict` (`foreign.own_memory`): changing one
     never changes the other.
     `hold`: a float16 / bfloat16 file's layer weights stay in its precision and are computed in
-    float32 (`held_precision`, bit-identical outputs, half the memory): a ViT's are loaded so, and
+    float32 (`held_precision`, bit-identical outputs, half the memory): they are loaded so, and
     never have a float32 copy (the app's imports: a ViT-B/16 in float16 peaked at 165 + 330 MiB)."""
     sd = dict(clean_state_dict(state_dict))
-    dtype = source_dtype(sd)
-    held = dtype if hold and dtype in HALF else None      # the precision its layer weights are held in
-    # Swin / Swin-V2 (hierarchical: their own model class, vitpe_core/swin/), before the key
-    # detection: their keys hold `relative_position_bias_table` too, which reads as BEiT's.
-    if family in ("auto", "swin") and is_swin(hf_config if hf_config and "model_type" in hf_config else sd):
-        if pool is not None or heads is not None or act is not None:
-            raise CheckpointError("--pool, --heads and --act are for timm-layout ViTs; a Swin's heads are in its keys "
-                                  "(or config.json), its read-out is the mean and its activation GELU "
-                                  "(docs/importing.md)")
-        if norm and norm not in NORMS:
-            raise CheckpointError(f"unknown norm {norm!r}; valid: {sorted(NORMS)}")
-        model, info = import_swin(sd, hf_config, notes=[], class_names=class_names, img_size=img_size,
-                                  norm=NORMS[norm] if norm else None, crop_pct=crop_pct, window=window,
-                                  held=held, spent=sd if consume else None)
-        _settle(model, held, None if consume else state_dict)
-        return Imported(model.eval(), **info)
-    if window is not None:
-        raise CheckpointError("--window is for timm Swin-V2 files (its window is not in the keys); this file has "
-                              "no Swin keys")
-    if family == "swin":
-        raise CheckpointError("--family swin: the file has no Swin keys (layers.N.blocks.M.attention...) and "
-                              "config.json no swin/swinv2 model_type")
-    family = detect_family(sd, hf_config) if family == "auto" else family
-    if family not in FAMILIES:
+    ctx = _context(sd, family, hf_config, img_size=img_size, grid=grid, heads=heads, pool=pool, act=act,
+                   window=window)
+    check_norm(norm)
+    weights, config, notes = CONVERTERS[ctx.family](sd, ctx)
+    return _finish(sd, weights, config, notes, ctx, given=None if consume else state_dict, hold=hold, norm=norm,
+                   crop_pct=crop_pct, class_names=class_names, labels_name=labels_name)
+
+
+def _context(sd: Mapping[str, torch.Tensor], family: str, hf_config: Mapping[str, Any] | None, *, img_size, grid,
+             **options: Any) -> Context:
+    """The family `sd` is (detected, or `family` narrowed to its variant by the keys) and the
+    options it takes; CheckpointError for an unknown family or an option the family does not take."""
+    config = dict(hf_config or {})
+    if family not in ("auto", *FAMILIES):
         raise CheckpointError(f"unknown family {family!r}; valid: auto, {', '.join(FAMILIES)}")
-    notes: list[str] = []
-    if act is not None and family not in ACT_FAMILIES:
-        raise CheckpointError(f"--act is for timm-layout ViTs (CLIP- and SigLIP-style, gated MLPs), whose keys do not "
-                              f"record it; a {family} model's activation is its config's or its family's")
+    family = narrow(detect_family(sd, config) if family == "auto" else family, sd, config)
+    for option, (families, why) in OPTIONS.items():
+        if options[option] is not None and family not in families:
+            raise CheckpointError(why.format(family=family))
     if grid is not None and img_size is None:
         patch = _patch_size(sd)
         img_size = (grid[0] * patch, grid[1] * patch) if patch else None
-    if family in HF_FAMILIES:
-        if pool is not None:
-            raise CheckpointError(f"--pool is for bare timm-layout files; a {family} model's read-out is its config's "
-                                  "and its keys' (docs/importing.md)")
-        cfg, weights, family = CONVERTERS[family](sd, hf_config or {}, img_size=img_size, heads=heads, notes=notes)
-        model = empty_model(cfg)           # filled by assignment below: never held twice
-        weights = _encoding_names(model, upcast(weights, sd if consume else None, held_keep(model, held)))
-    elif family in TIMM_FAMILIES:
-        cfg, weights, family = TIMM_CONVERTERS[family](sd, hf_config or {}, img_size=img_size, heads=heads, pool=pool,
-                                                       notes=notes)
-        model = empty_model(cfg)           # filled by assignment below: never held twice
-        weights = _encoding_names(model, upcast(weights, sd if consume else None, held_keep(model, held)))
+    return Context(family, config, img_size=img_size, **options)
+
+
+def _finish(sd: Mapping[str, torch.Tensor], weights: dict[str, torch.Tensor], config: Any, notes: list[str],
+            ctx: Context, *, given: Mapping[str, torch.Tensor] | None, hold: bool, norm: str | None,
+            crop_pct: float | None, class_names: Sequence[str] | None, labels_name: str) -> Imported:
+    """Build the model of `config` on the meta device and load `weights` into it by assignment
+    (never held twice): float32, or the file's half precision for the layer weights it holds
+    (`hold`); then the eval transform and the class names."""
+    dtype = source_dtype(sd)
+    held = dtype if hold and dtype in HALF else None      # the precision its layer weights are held in
+    if isinstance(config, SwinConfig):
+        with torch.device("meta"):                        # no buffers: every tensor comes from the file
+            model = SwinTransformer(config, init_weights=False)
     else:
-        model, weights, family = _timm_model(sd, family, img_size, heads, hf_config, pool, notes, act, consume, held)
-    place_encoding_params(model, weights)
-    load_weights(model, weights, f"{family} state dict", assign=True)
-    _settle(model, held, None if consume else state_dict)
-    pre = _preprocess(family, hf_config, norm, crop_pct)
+        model = empty_model(config)
+    weights = upcast(weights, sd if given is None else None, held_keep(model, held))
+    if isinstance(model, ViT):
+        weights = _encoding_names(model, weights)
+    load_weights(model, weights, f"{ctx.family} state dict", assign=True)
+    if held:
+        hold_weights(model, held)
+    if given is not None:   # a caller's state dict: the model gets memory of its own, the caller's tensors stay theirs
+        own_memory(model, given)
     n = model.cfg.num_classes
     names = (given_class_names(class_names, n, labels_name) if class_names is not None
-             else timm_hub.class_names(hf_config, n) or _class_names(n, hf_config))
+             else timm_hub.class_names(ctx.config, n) or config_class_names(n, ctx.config))
     if names is None and n:
         notes.append(f"No class names for its {n} classes: predictions say `class k`. Give a labels "
                      "file (one name per line, or config.json's id2label) to name them.")
-    return Imported(model.eval(), family, names, pre, notes, dtype)
-
-
-def _settle(model: torch.nn.Module, held: torch.dtype | None, given: Mapping[str, torch.Tensor] | None) -> None:
-    """After the weights are loaded by assignment: hold the layer weights loaded in `held` (and
-    float32 ones exact in it), and give the model memory of its own wherever it shares some with
-    `given`, a caller's state dict (None: the importer's own, spent), so the caller's tensors stay theirs."""
-    if held:
-        hold_weights(model, held)
-    if given is not None:
-        own_memory(model, given)
+    pre = eval_transform(ctx.family, ctx.config, norm, crop_pct)
+    return Imported(model.eval(), ctx.family, names, pre, notes, dtype)
 
 
 def _encoding_names(model: ViT, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """`pos_enc.<leaf>` -> the one parameter of that leaf name inside the encoding (a composite's
-    `pos_enc.parts.0.rel_tables`); other names stay."""
+    """`pos_enc.<leaf>` (and timm's `pos_embed`, `rope_freqs`) -> the one tensor of that leaf name
+    inside the encoding (a composite's `pos_enc.parts.0.rel_tables`); other names stay."""
     named = list(model.pos_enc.state_dict())
     out = {}
     for k, v in weights.items():
         leaf = k.removeprefix("pos_enc.")
-        targets = [n for n in named if n.split(".")[-1] == leaf] if k.startswith("pos_enc.") else []
+        inside = k.startswith("pos_enc.") or k in ENCODING_LEAVES
+        targets = [n for n in named if n.split(".")[-1] == leaf] if inside else []
         out["pos_enc." + targets[0] if len(targets) == 1 else k] = v
     return out
 
@@ -183,82 +162,3 @@ def _patch_size(sd: Mapping[str, torch.Tensor]) -> int | None:
         if v.ndim == 4 and re.search(r"patch_embed(ding)?s?\.(proj(ection)?\.)?weight$", k):
             return v.shape[-1]
     return None
-
-
-def _timm_model(sd, family, img_size, heads, hf_config, pool, notes, act=None, consume=False, held=None
-                ) -> tuple[ViT, dict[str, torch.Tensor], str]:
-    """timm, Hugging Face ViT and RoPE-ViT: renamed to timm's keys, then `timm_config`; timm's CLIP-
-    and SigLIP-style layers and gated MLPs through timm_clip.py (the family becomes timm-clip /
-    timm-siglip)."""
-    given = sd
-    if family == "hf":
-        sd, hf_cfg = from_hf(sd, hf_config or {}, notes)
-        heads = heads or hf_cfg.get("heads")
-        if img_size is None and hf_cfg.get("image_size"):   # the size its table was trained at
-            size = hf_cfg["image_size"]
-            img_size = tuple(size) if isinstance(size, (list, tuple)) else (int(size), int(size))
-    models_v2 = any(re.match(r"blocks\.\d+\.gamma_[12]$", k) for k in sd)   # facebookresearch/deit names
-    if models_v2:
-        sd = from_rope_vit(sd, notes)
-    refuse_unsupported(sd)
-    sd = drop_foreign(sd, notes)
-    extra: dict[str, Any] = {}
-    if family == "timm":
-        family, extra, sd = timm_clip.vit_layers(sd, hf_config, act=act, pool=pool, notes=notes)
-        heads = heads or timm_hub.heads(hf_config)
-        if img_size is None and "pos_embed" not in sd:
-            img_size = timm_hub.img_size(hf_config)
-    kw = dict(heads=heads, pool=pool, notes=notes, eps=(hf_config or {}).get("layer_norm_eps"), models_v2=models_v2,
-              extra=extra)
-    try:
-        cfg, sd = timm_config(sd, family, img_size=img_size, **kw)
-    except GridUnknownError:   # a non-square table: the size timm's config.json gives, where one lies beside
-        if img_size is not None or timm_hub.img_size(hf_config) is None:
-            raise
-        cfg, sd = timm_config(sd, family, img_size=timm_hub.img_size(hf_config), **kw)
-    model = empty_model(cfg)
-    weights = upcast(sd, given if consume else None, held_keep(model, held))
-    if "freqs" in weights:
-        weights["rope_freqs"] = rope_freqs(weights.pop("freqs"), cfg.heads)
-    if "patch_embed.proj.bias" not in weights:
-        weights["patch_embed.proj.bias"] = torch.zeros(cfg.dim)
-        notes.append("The patch embedding has no bias in the file; a zero bias is equivalent.")
-    return model, weights, family
-
-
-PIL_RESAMPLE = {2: "bilinear", 3: "bicubic"}   # image processors' `resample` (PIL's codes)
-
-
-def _processor_crop(config: Mapping[str, Any]) -> dict[str, Any]:
-    """`crop_pct` and `interpolation` of a `preprocessor_config.json` (resize the shorter side,
-    then centre-crop), where it says them; `{}` otherwise."""
-    out: dict[str, Any] = {}
-    size, crop = config.get("size"), config.get("crop_size")
-    if config.get("do_center_crop") and isinstance(size, dict) and "shortest_edge" in size and isinstance(crop, dict):
-        out["crop_pct"] = round(float(crop.get("height", size["shortest_edge"])) / float(size["shortest_edge"]), 4)
-    elif config.get("do_center_crop") is False:
-        out["crop_pct"] = 1.0
-    if config.get("resample") in PIL_RESAMPLE:
-        out["interpolation"] = PIL_RESAMPLE[config["resample"]]
-    return out
-
-
-def _preprocess(family: str, hf_config: Mapping[str, Any] | None, norm: str | None,
-                crop_pct: float | None) -> dict[str, Any]:
-    """The family's eval transform, with the image processor's mean/std where it lies beside the file."""
-    pre = dict(DEFAULT_PREPROCESS[family])
-    if family.startswith("timm"):
-        pre.update(timm_hub.preprocess(hf_config))
-    if family in ("hf", *HF_FAMILIES) and hf_config and "image_mean" in hf_config:
-        pre.update(mean=list(hf_config["image_mean"]), std=list(hf_config["image_std"]))
-    if family in HF_FAMILIES and hf_config:
-        pre.update(_processor_crop(hf_config))
-    if norm:
-        if norm not in NORMS:
-            raise CheckpointError(f"unknown norm {norm!r}; valid: {sorted(NORMS)}")
-        pre.update(NORMS[norm])
-    if crop_pct is not None:
-        if not 0.1 <= crop_pct <= 1.0:
-            raise CheckpointError(f"crop_pct must lie in [0.1, 1], got {crop_pct}")
-        pre["crop_pct"] = crop_pct
-    return pre

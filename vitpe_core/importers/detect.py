@@ -2,22 +2,28 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import torch
 
 from ..checkpoint import CheckpointError
-from .timm_dinov3 import eva_with_registers, is_dinov3
+from .keymap import LAYER_SCALE_GAMMA
+from .timm_dinov3 import is_dinov3
 
 FAMILIES = ("timm", "hf", "rope-vit", "beit", "data2vec-vision", "dinov2", "dinov3", "clip", "siglip", "timm-beit",
-            "timm-eva02", "timm-dinov3")
+            "timm-eva02", "timm-dinov3", "swin")   # what a caller may name; `narrow` gives the variant imported
 HF_FAMILIES = ("beit", "data2vec-vision", "dinov2", "dinov3", "clip", "siglip")   # importers/<family>.py
-TIMM_FAMILIES = ("timm-beit", "timm-eva02", "timm-dinov3")   # importers/timm_beit.py, timm_eva.py, timm_dinov3.py
-# (timm-clip / -siglip: "timm")
 MODEL_TYPES = {"vit": "hf", "beit": "beit", "data2vec-vision": "data2vec-vision", "dinov2": "dinov2",
                "dinov2_with_registers": "dinov2", "dinov3_vit": "dinov3", "clip": "clip",
                "clip_vision_model": "clip", "siglip": "siglip", "siglip_vision_model": "siglip"}
-SAME = {"data2vec-vision": "beit"}   # one layout, two names
+ONE_LAYOUT = {"data2vec-vision": "beit"}   # one layout, two names
+SWIN_MODEL_TYPES = {"swin": 1, "swinv2": 2}
+SWIN_MARKERS = re.compile(  # transformers' layout (importers/swin.py), then timm's and Microsoft's (timm_swin.py)
+    r"layers\.\d+\.blocks\.\d+\.attention\.(self\.relative_position_bias_table|"
+    r"relative_position_bias\.relative_position_bias_table|self\.continuous_position_bias_mlp)|"
+    r"^layers\.\d+\.blocks\.\d+\.attn\.(relative_position_bias_table|cpb_mlp\.0\.weight|logit_scale)$")
+TIMM_SWIN_MARKERS = re.compile(r"^layers\.\d+\.blocks\.\d+\.attn\.(relative_position_bias_table|cpb_mlp\.0\.weight|"
+                               r"logit_scale)$")
 
 # Keys only one family has (checked before the older, looser timm / HF ViT rules).
 MARKERS = {
@@ -35,6 +41,8 @@ def detect_family(sd: Mapping[str, torch.Tensor], config: Mapping[str, Any] | No
     """The family whose key layout `sd` has (and `config`'s `model_type`, when given, agrees
     with); CheckpointError naming the deciding keys otherwise."""
     keys = list(sd)
+    if is_swin(config if config and "model_type" in config else keys):
+        return "swin"   # first: a Swin's keys hold `relative_position_bias_table` too, which reads as BEiT's
     if is_dinov3(config) and any(re.match(r"blocks\.\d+\.attn\.qkv\.weight$", k) for k in keys):
         return "timm-dinov3"   # timm's Eva: timm ViT's or BEiT's names, a rotary embedding the keys do not show
     if eva_with_registers(sd):
@@ -52,7 +60,7 @@ def detect_family(sd: Mapping[str, torch.Tensor], config: Mapping[str, Any] | No
         raise CheckpointError(f"ambiguous layout: keys of several families ({', '.join(hits)}): "
                               + "; ".join(f"{f}: {marked[f][:3]}" for f in hits) + ". Pass --family")
     family = hits[0] if hits else _older_family(keys, sd)
-    if typed and SAME.get(typed, typed) != SAME.get(family, family):
+    if typed and ONE_LAYOUT.get(typed, typed) != ONE_LAYOUT.get(family, family):
         raise CheckpointError(f"config.json beside the file says model_type {config['model_type']!r} ({typed}) but the "
                               f"keys are {family}'s (e.g. {(marked.get(family) or keys)[:2]}); pass --family")
     if family == "beit" and (typed == "data2vec-vision" or any(k.startswith("data2vec_vision.") for k in keys)):
@@ -62,11 +70,47 @@ def detect_family(sd: Mapping[str, torch.Tensor], config: Mapping[str, Any] | No
     return family
 
 
+def eva_with_registers(sd: Mapping[str, torch.Tensor]) -> bool:
+    """The keys of timm's `Eva` with register tokens: `reg_token` and `blocks.N.gamma_1`, no relative
+    table or `freqs` (RoPE-ViT names LayerScale `gamma_1` too, but has no registers)."""
+    return ("reg_token" in sd and any(LAYER_SCALE_GAMMA.match(k) for k in sd)
+            and not any(k.endswith("relative_position_bias_table") or k == "freqs" for k in sd))
+
+
+def is_swin(config_or_keys: Mapping[str, Any] | Iterable[str] | None) -> bool:
+    """Whether a Hugging Face `config.json` (its `model_type`) or a state dict's keys are a Swin
+    or Swin-V2 in transformers' layout, or in timm's (or Microsoft's)."""
+    if config_or_keys is None:
+        return False
+    if isinstance(config_or_keys, Mapping) and "model_type" in config_or_keys:
+        return config_or_keys.get("model_type") in SWIN_MODEL_TYPES
+    return any(SWIN_MARKERS.search(str(k)) for k in config_or_keys)
+
+
+def narrow(family: str, sd: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> str:
+    """The variant of layout `family` that `sd` is, as imported and recorded: a BEiT layout's
+    data2vec-vision, a timm ViT's CLIP- or SigLIP-style layers, a Swin's version and layout."""
+    if family == "swin":
+        if not is_swin(config if "model_type" in config else sd):
+            raise CheckpointError("--family swin: the file has no Swin keys (layers.N.blocks.M.attention...) and "
+                                  "config.json no swin/swinv2 model_type")
+        layout = "timm-swin" if any(TIMM_SWIN_MARKERS.match(k) for k in sd) else "hf-swin"
+        v2 = any("continuous_position_bias_mlp" in k or ".attn.cpb_mlp." in k for k in sd)
+        return layout + ("v2" if v2 else "")
+    if family in ("beit", "data2vec-vision"):
+        data2vec = config.get("model_type") == "data2vec-vision" or any(k.startswith("data2vec_vision.") for k in sd)
+        return "data2vec-vision" if data2vec else "beit"
+    if family == "timm":
+        return ("timm-clip" if "norm_pre.weight" in sd else
+                "timm-siglip" if any(k.startswith("attn_pool.") for k in sd) else "timm")
+    return family
+
+
 def _older_family(keys: list[str], sd: Mapping[str, torch.Tensor]) -> str:
     """timm, Hugging Face ViT or RoPE-ViT, from their keys."""
     hf = [k for k in keys if k.startswith(("vit.embeddings.", "embeddings.patch_embeddings.",
                                            "embeddings.position_embeddings"))]
-    rope = [k for k in keys if re.match(r"blocks\.\d+\.gamma_[12]$", k) or k == "freqs"]
+    rope = [k for k in keys if LAYER_SCALE_GAMMA.match(k) or k == "freqs"]
     timm = [k for k in keys if re.match(r"blocks\.\d+\.attn\.qkv\.weight$", k)]
     found = {"hf": hf, "rope-vit": rope, "timm": timm if not rope else []}
     hits = [f for f, ks in found.items() if ks]

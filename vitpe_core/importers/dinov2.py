@@ -23,7 +23,9 @@ from torch import Tensor
 
 from ..checkpoint import CheckpointError
 from ..config import ViTConfig
-from ._hf import Keys, act, config_grid, qkv, resample_table, size_pair, strip_prefix, target_grid
+from ._hf import act, config_grid, resample_table, size_pair, target_grid
+from .context import Context, Converted
+from .keymap import Keys, qkv, strip_prefix
 
 BLOCK = {"norm1": ("norm1",), "norm2": ("norm2",), "attn.proj": ("attention.o_proj", "attention.output.dense"),
          "mlp.fc1": ("mlp.fc1",), "mlp.fc2": ("mlp.fc2", "mlp.weights_out", "mlp.down_proj"),
@@ -40,10 +42,10 @@ def processor_size(config: Mapping[str, Any]) -> tuple[int, int] | None:
     return size_pair(crop)
 
 
-def convert(sd: Mapping[str, Tensor], config: Mapping[str, Any], *, img_size, heads, notes: list[str]
-            ) -> tuple[ViTConfig, dict[str, Tensor], str]:
+def convert(sd: Mapping[str, Tensor], ctx: Context) -> Converted:
+    config, img_size, heads, notes = ctx.config, ctx.img_size, ctx.heads, []
     sd, prefix = strip_prefix(sd, ("dinov2_with_registers.", "dinov2."))
-    family = "dinov2"
+    family = ctx.family
     keys = Keys(sd, family, prefix)
     proj = keys.take("patch_embed.proj.weight", "embeddings.patch_embeddings.projection.weight")
     keys.take("patch_embed.proj.bias", "embeddings.patch_embeddings.projection.bias")
@@ -104,4 +106,4 @@ def convert(sd: Mapping[str, Tensor], config: Mapping[str, Any], *, img_size, he
                     encoding="ape", reg_tokens=R, no_embed_class=bool(R), layer_scale=True,
                     pool="token" if head is None else "token+avg", mlp="gated" if gated else "mlp",
                     act="silu" if gated else act(config, family))
-    return cfg, out, family
+    return out, cfg, notes

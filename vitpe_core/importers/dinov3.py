@@ -13,14 +13,16 @@ one is zero); no position table. The output is the CLS token after `norm` (`pool
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
 import torch
 from torch import Tensor
 
 from ..checkpoint import CheckpointError
 from ..config import ViTConfig
-from ._hf import Keys, act, qkv, size_pair, target_grid, zero_bias
+from ._hf import act, size_pair, target_grid
+from .context import Context, Converted
+from .keymap import Keys, qkv, zero_bias
 
 BLOCK = {"norm1": "norm1", "norm2": "norm2", "attn.proj": "attention.o_proj"}
 
@@ -34,9 +36,9 @@ def half_to_adjacent(w: Tensor, heads: int) -> Tensor:
     return w[idx]
 
 
-def convert(sd: Mapping[str, Tensor], config: Mapping[str, Any], *, img_size, heads, notes: list[str]
-            ) -> tuple[ViTConfig, dict[str, Tensor], str]:
-    family = "dinov3"
+def convert(sd: Mapping[str, Tensor], ctx: Context) -> Converted:
+    config, img_size, heads, notes = ctx.config, ctx.img_size, ctx.heads, []
+    family = ctx.family
     keys = Keys(sd, family)
     proj = keys.take("patch_embed.proj.weight", "embeddings.patch_embeddings.weight")
     keys.take("patch_embed.proj.bias", "embeddings.patch_embeddings.bias")
@@ -97,4 +99,4 @@ def convert(sd: Mapping[str, Tensor], config: Mapping[str, Any], *, img_size, he
                     encoding_options={"theta": float(config.get("rope_theta", 100.0))},
                     reg_tokens=0 if reg is None else reg.shape[1], layer_scale=True, pool="token",
                     mlp="gated" if gated else "mlp", act=act(config, family))
-    return cfg, out, family
+    return out, cfg, notes

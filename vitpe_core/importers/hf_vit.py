@@ -1,19 +1,33 @@
 """Hugging Face `ViTModel` / `ViTForImageClassification` keys (transformers 4 names, as files on
-the hub carry them, and transformers 5's) -> timm's keys (timm.py builds the config)."""
+the hub carry them, and transformers 5's) -> timm's keys, then timm.py's converter."""
 from __future__ import annotations
 
 import re
+import dataclasses
 from typing import Any, Mapping
 
 import torch
 
 from ..checkpoint import CheckpointError
+from . import timm
+from ._hf import size_pair
+from .context import Context, Converted
 
 HF4_LAYER = {"q": "attention.attention.query", "k": "attention.attention.key", "v": "attention.attention.value",
              "o": "attention.output.dense", "norm1": "layernorm_before", "norm2": "layernorm_after",
              "fc1": "intermediate.dense", "fc2": "output.dense"}
 HF5_LAYER = {"q": "attention.q_proj", "k": "attention.k_proj", "v": "attention.v_proj", "o": "attention.o_proj",
              "norm1": "layernorm_before", "norm2": "layernorm_after", "fc1": "mlp.fc1", "fc2": "mlp.fc2"}
+
+
+def convert(sd: Mapping[str, torch.Tensor], ctx: Context) -> Converted:
+    """The weights renamed to timm's (`from_hf`) and converted as timm's, with the config's heads
+    and the size its table was trained at."""
+    notes: list[str] = []
+    sd, hf = from_hf(dict(sd), ctx.config, notes)
+    ctx = dataclasses.replace(ctx, heads=ctx.heads or hf["heads"], img_size=ctx.img_size or size_pair(hf["image_size"]))
+    weights, cfg, more = timm.convert(sd, ctx)
+    return weights, cfg, notes + more
 
 
 def from_hf(sd: dict[str, torch.Tensor], config: Mapping[str, Any], notes: list[str]

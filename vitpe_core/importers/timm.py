@@ -1,8 +1,9 @@
-"""timm's `VisionTransformer` key layout (`blocks.N.attn.qkv.weight`) -> a vitpe config.
+"""timm's `VisionTransformer` key layout (`blocks.N.attn.qkv.weight`) -> a vitpe ViT.
 
-The shared path of the timm, Hugging Face ViT and RoPE-ViT families: those are renamed to
-timm's keys first (hf_vit.py, rope_vit.py). What a state dict does not say (heads, the grid
-of a non-square table, the read-out) comes from the caller; docs/importing.md has the table.
+The shared path of the timm (with timm_clip.py's CLIP- and SigLIP-style layers), Hugging Face
+ViT and RoPE-ViT families: those are renamed to timm's keys first (hf_vit.py, rope_vit.py).
+What a state dict does not say (heads, the grid of a non-square table, the read-out) comes from
+the caller; docs/importing.md has the table.
 """
 from __future__ import annotations
 
@@ -15,20 +16,13 @@ import torch
 from ..checkpoint import CheckpointError
 from ..config import ViTConfig
 from ..encodings.absolute import resample_abs_pos_embed
-from ..model import ViT
+from . import timm_clip, timm_hub
+from .context import Context, Converted
+from .keymap import LAYER_SCALE_GAMMA
+from .refuse import refuse
+from .rope_vit import from_rope_vit, rope_freqs
 
 MAX_IMG_SIDE, MAX_PATCHES = 2048, 4096   # a typed image size must not make the server allocate gigabytes
-
-# Layers vitpe's ViT does not have: importing without them would compute something else.
-UNSUPPORTED = {   # (CLIP's norm_pre, SigLIP's attn_pool and timm's gated MLPs: timm_clip.py)
-    r"\.attn\.(q_norm|k_norm)\.": "query/key normalisation (qk_norm)",
-    r"\.mlp\.(w12|w3)\.": "a gated MLP in xFormers' names (w12, w3)",
-    r"\.mlp\.norm\.": "a norm inside the MLP (scale_mlp_norm)",
-    r"\.attn\.norm\.": "a norm inside attention (scale_attn_norm)",
-    r"^patch_embed\.norm\.": "a norm after the patch embedding",
-    r"^head\.fc\.|^head_drop": "a multi-layer head",
-}
-
 
 class GridUnknownError(CheckpointError):
     """The position table's rows fit no grid the keys can decide: the caller must say which
@@ -39,6 +33,38 @@ class GridUnknownError(CheckpointError):
         self.table = table
         super().__init__(f"{table}; pass --img-size H[xW] (the size the table was trained at) to say which grid "
                          "it covers")
+
+
+def convert(sd: Mapping[str, torch.Tensor], ctx: Context) -> Converted:
+    """timm's keys (and DeiT-III's `models_v2` names) -> weights and config; timm's CLIP- and
+    SigLIP-style layers and gated MLPs through timm_clip.py."""
+    notes: list[str] = []
+    heads, img_size = ctx.heads, ctx.img_size
+    deit3_names = any(LAYER_SCALE_GAMMA.match(k) for k in sd)   # facebookresearch/deit's, naver-ai/rope-vit's
+    if deit3_names:
+        sd = from_rope_vit(sd, notes)
+    refuse(sd, ctx.family)
+    sd = drop_foreign(sd, notes)
+    extra: dict = {}
+    if ctx.family in ("timm", "timm-clip", "timm-siglip"):
+        extra, sd = timm_clip.vit_layers(sd, ctx.config, act=ctx.act, pool=ctx.pool, notes=notes)
+        heads = heads or timm_hub.heads(ctx.config)
+        if img_size is None and "pos_embed" not in sd:
+            img_size = timm_hub.img_size(ctx.config)
+    kw = dict(heads=heads, pool=ctx.pool, notes=notes, eps=ctx.config.get("layer_norm_eps"),
+              patches_only=deit3_names, extra=extra)
+    try:
+        cfg, sd = timm_config(sd, ctx.family, img_size=img_size, **kw)
+    except GridUnknownError:   # a non-square table: the size timm's config.json gives, where one lies beside
+        if img_size is not None or timm_hub.img_size(ctx.config) is None:
+            raise
+        cfg, sd = timm_config(sd, ctx.family, img_size=timm_hub.img_size(ctx.config), **kw)
+    if "freqs" in sd:
+        sd["rope_freqs"] = rope_freqs(sd.pop("freqs"), cfg.heads)
+    if "patch_embed.proj.bias" not in sd:
+        sd["patch_embed.proj.bias"] = torch.zeros(cfg.dim)
+        notes.append("The patch embedding has no bias in the file; a zero bias is equivalent.")
+    return sd, cfg, notes
 
 
 def drop_foreign(sd: dict[str, torch.Tensor], notes: list[str]) -> dict[str, torch.Tensor]:
@@ -56,21 +82,13 @@ def drop_foreign(sd: dict[str, torch.Tensor], notes: list[str]) -> dict[str, tor
     return {k: v for k, v in sd.items() if k not in dropped}
 
 
-def refuse_unsupported(sd: Mapping[str, torch.Tensor]) -> None:
-    for pattern, what in UNSUPPORTED.items():
-        hit = [k for k in sd if re.search(pattern, k)]
-        if hit:
-            raise CheckpointError(f"this model has {what} ({hit[0]}), which vitpe's ViT does not compute; "
-                                  "importing it without would give different outputs, so it is refused")
-
-
 def _square(n: int) -> int | None:
     s = math.isqrt(n)
     return s if s * s == n and n > 0 else None
 
 
 def timm_config(sd: dict[str, torch.Tensor], family: str, *, img_size, heads, pool, notes, eps,
-                models_v2: bool = False, extra: dict | None = None) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+                patches_only: bool = False, extra: dict | None = None) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
     """The config the timm-named `sd` describes, and `sd` with its table resampled to `img_size`.
     `extra`: ViTConfig fields the keys do not decide (timm_clip.py: `pre_norm`, `act`, `mlp`,
     `norm_eps`, and `pool` where the layers or timm's config.json say it)."""
@@ -95,7 +113,7 @@ def timm_config(sd: dict[str, torch.Tensor], family: str, *, img_size, heads, po
         notes.append("No position table and no rotary frequencies: imported as `none` (no position encoding).")
     check_img_size(img_size, patch)
     table_grid, no_embed_class = _grid(pos, P, patch, img_size,
-                                       patches_only=models_v2 or "blocks.0.ls1.gamma" in sd)
+                                       patches_only=patches_only or "blocks.0.ls1.gamma" in sd)
     grid = table_grid if img_size is None else (img_size[0] // patch, img_size[1] // patch)
     if grid is None:
         raise CheckpointError("no position table to read the grid from: pass --img-size H[xW]")
@@ -154,18 +172,6 @@ def _encoding(family: str, sd: Mapping[str, torch.Tensor], has_table: bool) -> s
         rope = "rope_mixed" if "freqs" in sd else "rope_axial"
         return rope + ("+ape" if has_table else "")
     return "ape" if has_table else "none"
-
-
-def place_encoding_params(model: ViT, weights: dict[str, torch.Tensor]) -> None:
-    """Move the table and the rotary frequencies to their names inside `pos_enc`."""
-    named = dict(model.pos_enc.named_parameters())
-    for src, leaf in (("pos_embed", "pos_embed"), ("rope_freqs", "rope_freqs")):
-        if src in weights:
-            targets = [n for n in named if n.split(".")[-1] == leaf]
-            if len(targets) == 1:
-                weights["pos_enc." + targets[0]] = weights.pop(src)
-
-
 
 
 def check_img_size(img_size: tuple[int, int] | None, patch: int) -> None:

@@ -17,7 +17,6 @@ checkpoint filter uses BEiT's geometric interpolation: the outputs then differ f
 """
 from __future__ import annotations
 
-import re
 from typing import Any, Mapping
 
 import torch
@@ -28,31 +27,13 @@ from ..checkpoint import CheckpointError
 from ..config import ViTConfig
 from ..encodings.absolute import resample_abs_pos_embed
 from . import timm_hub
-from ._hf import Keys, config_grid, target_grid
+from ._hf import config_grid, target_grid
+from .context import Context, Converted
+from .keymap import Keys, is_packed_glu
+from .refuse import refuse
 from .beit import _table, one_table_scheme
 
 FAMILY = "timm-beit"
-REFUSED = {   # layers of timm's Beit (or Eva) vitpe's ViT does not compute
-    r"^blocks\.\d+\.mlp\.norm\.": "a norm inside the MLP (scale_mlp: EVA-02 base and large)",
-    r"^blocks\.\d+\.mlp\.fc1_g\.": "a SwiGLU MLP (swiglu_mlp)",
-    r"^blocks\.\d+\.attn\.(q_norm|k_norm|norm)\.": "a norm inside attention",
-}
-
-
-def refuse_layers(sd: Mapping[str, Tensor], family: str) -> None:
-    for pattern, what in REFUSED.items():
-        hit = sorted(k for k in sd if re.search(pattern, k))
-        if hit:
-            raise CheckpointError(f"{family}: {hit[0]} is {what}, which vitpe's ViT does not compute; importing it "
-                                  "without would give different outputs, so it is refused")
-
-
-def packed_glu(sd: Mapping[str, Tensor]) -> bool:
-    """Whether block 0's MLP is timm's packed gated MLP (`fc1` twice as wide as `fc2`'s input)."""
-    fc1, fc2 = sd.get("blocks.0.mlp.fc1.weight"), sd.get("blocks.0.mlp.fc2.weight")
-    return fc1 is not None and fc2 is not None and fc1.shape[0] == 2 * fc2.shape[1]
-
-
 def trained_grid(config: Mapping[str, Any], patch: int, pos: Tensor | None, table: Tensor | None,
                  img_size: tuple[int, int] | None, family: str) -> tuple[int, int]:
     """The grid the position parameters were trained on: timm's config.json's image size, else the
@@ -112,10 +93,10 @@ def take_qkv(keys: Keys, i: int, family: str, reorder=None, biases_required: boo
     if q is not None:
         keys.out[f"{b}attn.qkv.bias"] = torch.cat((q if reorder is None else reorder(q), torch.zeros_like(q), v))
 
-def convert(sd: Mapping[str, Tensor], config: Mapping[str, Any], *, img_size, heads, pool, notes: list[str]
-            ) -> tuple[ViTConfig, dict[str, Tensor], str]:
-    refuse_layers(sd, FAMILY)
-    if packed_glu(sd):
+def convert(sd: Mapping[str, Tensor], ctx: Context) -> Converted:
+    config, img_size, heads, pool, notes = ctx.config, ctx.img_size, ctx.heads, ctx.pool, []
+    refuse(sd, FAMILY)
+    if is_packed_glu(sd):
         raise CheckpointError(f"{FAMILY}: blocks.0.mlp.fc1.weight is twice as wide as fc2's input (a packed SwiGLU) "
                               "beside attn.q_bias: timm's Eva (EVA-02), not a BEiT. Its rotary embedding is not in the "
                               "file; put timm's config.json (architecture eva02_*) beside it")
@@ -179,7 +160,7 @@ def convert(sd: Mapping[str, Tensor], config: Mapping[str, Any], *, img_size, he
                     encoding_options={"shared": True} if shared is not None else {},
                     layer_scale="blocks.0.ls1.gamma" in out, pool=read_out(out, config, pool, notes),
                     fc_norm="fc_norm.weight" in out, act="gelu")
-    return cfg, out, FAMILY
+    return out, cfg, notes
 
 
 def _heads(tables: list[tuple[Tensor, Tensor]], dim: int) -> int:

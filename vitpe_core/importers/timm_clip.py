@@ -22,6 +22,7 @@ import torch
 
 from ..checkpoint import CheckpointError
 from . import timm_hub
+from .keymap import is_packed_glu, split_packed_glu
 
 POOLS = {"token": "token", "avg": "avg", "map": "map"}   # timm global_pool -> ViTConfig.pool
 # timm 1.0.31 architectures of its Eva class (models/eva.py) that share timm ViT key names
@@ -29,8 +30,9 @@ EVA_ARCHS = r"^eva02_|^eva_giant|_rope_|_rope$|^vit_pe_|_dinov3(_|$)|_lingbot$|_
 
 
 def vit_layers(sd: dict[str, torch.Tensor], config: Mapping[str, Any] | None, *, act: str | None,
-               pool: str | None, notes: list[str]) -> tuple[str, dict[str, Any], dict[str, torch.Tensor]]:
-    """(family, ViTConfig fields, `sd` with packed gated MLPs split) of a timm-named ViT."""
+               pool: str | None, notes: list[str]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(ViTConfig fields, `sd` with packed gated MLPs split) of a timm-named ViT (`detect.narrow` names
+    its family by the same layers: timm-clip with `norm_pre`, timm-siglip with `attn_pool`)."""
     arch = timm_hub.architecture(config)
     if re.search(EVA_ARCHS, arch):
         raise CheckpointError(f"timm's config.json names architecture {arch!r}: timm's Eva class, whose rotary "
@@ -39,8 +41,7 @@ def vit_layers(sd: dict[str, torch.Tensor], config: Mapping[str, Any] | None, *,
     norm_pre = "norm_pre.weight" in sd
     attn_pool = sorted(k for k in sd if k.startswith("attn_pool."))
     gated = sorted(k for k in sd if re.match(r"blocks\.\d+\.mlp\.fc1_[gx]\.", k))
-    fc1, fc2 = sd.get("blocks.0.mlp.fc1.weight"), sd.get("blocks.0.mlp.fc2.weight")
-    packed = not gated and fc1 is not None and fc2 is not None and fc1.shape[0] == 2 * fc2.shape[1]
+    packed = not gated and is_packed_glu(sd)
     decided = ("a pre-norm before the blocks (CLIP-style: `norm_pre.weight`)" if norm_pre else
                f"attention pooling (global_pool='map': `{attn_pool[0]}`)" if attn_pool else
                f"a gated MLP (SwiGLU: `{gated[0]}`)" if gated else
@@ -52,7 +53,7 @@ def vit_layers(sd: dict[str, torch.Tensor], config: Mapping[str, Any] | None, *,
     if norm_pre:
         extra.update(pre_norm=True, norm_eps=1e-5)
     if attn_pool:
-        _check_pool_head(sd, attn_pool)
+        _check_pool_head(sd)
         if pool not in (None, "map"):
             raise CheckpointError(f"--pool {pool}: this model reads out by attention pooling (`attn_pool.*`)")
         extra["pool"] = "map"
@@ -69,15 +70,11 @@ def vit_layers(sd: dict[str, torch.Tensor], config: Mapping[str, Any] | None, *,
         sd = _split_packed(sd)
         notes.append("The packed gated MLP (`mlp.fc1`) is split into gate and value halves (`fc1_g`, `fc1_x`), "
                      "as timm's SwiGLUPacked reads it.")
-    family = "timm-clip" if norm_pre else "timm-siglip" if attn_pool else "timm"
-    return family, extra, sd
+    return extra, sd
 
 
-def _check_pool_head(sd: Mapping[str, torch.Tensor], keys: list[str]) -> None:
-    odd = [k for k in keys if re.match(r"attn_pool\.(q_norm|k_norm|pos_embed)", k)]
-    if odd:
-        raise CheckpointError(f"this attention-pooling head has {odd[0]} (query/key norms or its own position "
-                              "table), which vitpe's `attn_pool` does not compute; refused")
+def _check_pool_head(sd: Mapping[str, torch.Tensor]) -> None:
+    """Its query / key norms and position table are refused by refuse.py."""
     latent = sd.get("attn_pool.latent")
     if latent is None or latent.ndim != 3 or latent.shape[1] != 1 or "attn_pool.q.weight" not in sd:
         shape = None if latent is None else tuple(latent.shape)
@@ -86,12 +83,11 @@ def _check_pool_head(sd: Mapping[str, torch.Tensor], keys: list[str]) -> None:
 
 
 def _split_packed(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    out = {}
+    out: dict[str, torch.Tensor] = {}
     for k, v in sd.items():
         m = re.match(r"(blocks\.\d+\.mlp\.)fc1\.(weight|bias)$", k)
         if m:
-            gate, value = v.chunk(2, dim=0)
-            out[f"{m.group(1)}fc1_g.{m.group(2)}"], out[f"{m.group(1)}fc1_x.{m.group(2)}"] = gate, value
+            split_packed_glu(out, v, m.group(1), m.group(2))
         else:
             out[k] = v
     return out

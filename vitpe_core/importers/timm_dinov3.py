@@ -30,56 +30,33 @@ from torch import Tensor
 from ..checkpoint import CheckpointError
 from ..config import ViTConfig
 from . import timm_hub
-from ._hf import Keys, target_grid
+from ._hf import target_grid
+from .context import Context, Converted
+from .keymap import Keys
 from .dinov3 import half_to_adjacent
-from .timm_beit import REFUSED, take_embedding, take_layer_scale, take_qkv
+from .refuse import refuse
+from .timm_beit import take_embedding, take_layer_scale, take_qkv
 
 FAMILY = "timm-dinov3"
 ARCH = r"_dinov3(_|$)"
 HEADS = {"vit_7b_patch16_dinov3": 32}   # timm 1.0.31: the one DINOv3 whose heads are not width / 64
 DEFAULT_SIZE = (256, 256)              # pretrained_cfg input_size of every DINOv3 in timm 1.0.31
-# model_args that change what timm computes, with the value every DINOv3 architecture has
-FIXED = {"rope_type": "dinov3", "rope_grid_offset": 0, "rope_grid_indexing": "ij", "rope_rotate_half": True,
-         "attn_type": "eva", "use_post_norm": False, "use_abs_pos_emb": False, "use_pre_transformer_norm": False,
-         "qk_norm": False, "scale_attn_inner": False, "scale_mlp": False, "no_embed_class": False,
-         "class_token": True}
 
 
 def is_dinov3(config: Mapping[str, Any] | None) -> bool:
     return bool(re.search(ARCH, timm_hub.architecture(config)))
 
 
-def eva_with_registers(sd: Mapping[str, Tensor]) -> bool:
-    """The keys of timm's `Eva` with register tokens: `reg_token` and `blocks.N.gamma_1`, no relative
-    table or `freqs` (RoPE-ViT names LayerScale `gamma_1` too, but has no registers)."""
-    return ("reg_token" in sd and any(re.match(r"blocks\.\d+\.gamma_[12]$", k) for k in sd)
-            and not any(k.endswith("relative_position_bias_table") or k == "freqs" for k in sd))
-
-
-def convert(sd: Mapping[str, Tensor], config: Mapping[str, Any], *, img_size, heads, pool, notes: list[str]
-            ) -> tuple[ViTConfig, dict[str, Tensor], str]:
+def convert(sd: Mapping[str, Tensor], ctx: Context) -> Converted:
+    config, img_size, heads, pool, notes = ctx.config, ctx.img_size, ctx.heads, ctx.pool, []
     arch = timm_hub.architecture(config)
     if not is_dinov3(config):
         raise CheckpointError(f"{FAMILY}: timm's Eva class with register tokens (`reg_token`, `blocks.N.gamma_1`): "
                               "timm's DINOv3 or another Eva (`vit_*_rope_reg*`), whose rotary embeddings differ and "
                               "are not in the file; put timm's config.json (architecture vit_*_dinov3*) beside the file"
                               f"{f' (it names {arch!r})' if arch else ''}")
+    refuse(sd, FAMILY, config)
     args = timm_hub.model_args(config)
-    for name, value in FIXED.items():
-        if name in args and args[name] != value and not (value is False and args[name] is None):
-            raise CheckpointError(f"{FAMILY}: timm's config.json sets {name}={args[name]!r} (DINOv3: {value!r}), which "
-                                  "vitpe's import of timm's DINOv3 does not compute; refused")
-    for pattern, what in REFUSED.items():
-        hit = sorted(k for k in sd if re.search(pattern, k)) if "fc1_g" not in pattern else []   # SwiGLU: mapped
-        if hit:
-            raise CheckpointError(f"{FAMILY}: {hit[0]} is {what}, which vitpe's ViT does not compute; refused")
-    split = sorted(k for k in sd if re.match(r"blocks\.\d+\.attn\.(q_proj|k_proj|v_proj)\.", k))
-    if split:
-        raise CheckpointError(f"{FAMILY}: {split[0]}: separate query/key/value projections (qkv_fused=False); every "
-                              "timm DINOv3 packs them in attn.qkv; refused")
-    if "pos_embed" in sd:
-        raise CheckpointError(f"{FAMILY}: pos_embed beside DINOv3's rotary embedding (use_abs_pos_emb): not a DINOv3 "
-                              "vitpe maps; refused")
     keys = Keys(sd, FAMILY)
     proj = take_embedding(keys, FAMILY, notes)
     reg = keys.take("reg_token", "reg_token")
@@ -134,7 +111,7 @@ def convert(sd: Mapping[str, Tensor], config: Mapping[str, Any], *, img_size, he
                     encoding_options={"theta": theta}, reg_tokens=0 if reg is None else reg.shape[1],
                     layer_scale=bool(ls[0]), pool=_read_out(out, config, pool, notes),
                     fc_norm="fc_norm.weight" in out, act="silu" if gated else "gelu", mlp="gated" if gated else "mlp")
-    return cfg, out, FAMILY
+    return out, cfg, notes
 
 
 def _read_out(out: Mapping[str, Tensor], config: Mapping[str, Any], pool: str | None, notes: list[str]) -> str:

@@ -18,7 +18,6 @@ separate `q_proj`/`k_proj`/`v_proj` (only the base and large models have them, r
 """
 from __future__ import annotations
 
-import re
 from typing import Any, Mapping
 
 import torch
@@ -28,8 +27,11 @@ from ..checkpoint import CheckpointError
 from ..config import ViTConfig
 from ..encodings.absolute import resample_abs_pos_embed
 from . import timm_hub
-from ._hf import Keys, target_grid
-from .timm_beit import packed_glu, read_out, refuse_layers, take_embedding, take_layer_scale, take_qkv, trained_grid
+from ._hf import target_grid
+from .context import Context, Converted
+from .keymap import Keys, is_packed_glu
+from .refuse import refuse
+from .timm_beit import read_out, take_embedding, take_layer_scale, take_qkv, trained_grid
 
 FAMILY = "timm-eva02"
 REF_GRID = (16, 16)   # ref_feat_shape of every eva02_* architecture in timm 1.0.31 (224 / 14)
@@ -46,19 +48,15 @@ def swap_halves(w: Tensor, heads: int) -> Tensor:
     return w[idx]
 
 
-def convert(sd: Mapping[str, Tensor], config: Mapping[str, Any], *, img_size, heads, pool, notes: list[str]
-            ) -> tuple[ViTConfig, dict[str, Tensor], str]:
+def convert(sd: Mapping[str, Tensor], ctx: Context) -> Converted:
+    config, img_size, heads, pool, notes = ctx.config, ctx.img_size, ctx.heads, ctx.pool, []
     arch = timm_hub.architecture(config)
     if not is_eva02(config):
         raise CheckpointError(f"{FAMILY}: timm's Eva computes a rotary embedding that is not in the file; its "
                               "reference grid is the architecture's: put timm's config.json (architecture eva02_*) "
                               f"beside the file{f' (it names {arch!r})' if arch else ''}")
-    refuse_layers(sd, FAMILY)
-    split = [k for k in sd if re.match(r"blocks\.\d+\.attn\.(q_proj|k_proj|v_proj)\.", k)]
-    if split:
-        raise CheckpointError(f"{FAMILY}: {sorted(split)[0]}: separate query/key/value projections (qkv_fused=False) "
-                              "are only in EVA-02 base and large, whose MLP norm vitpe does not compute; refused")
-    if not packed_glu(sd):
+    refuse(sd, FAMILY)
+    if not is_packed_glu(sd):
         raise CheckpointError(f"{FAMILY}: blocks.0.mlp.fc1.weight is not a packed SwiGLU (twice fc2's input width): "
                               "not the EVA-02 tiny / small layout vitpe maps")
     keys = Keys(sd, FAMILY)
@@ -106,4 +104,4 @@ def convert(sd: Mapping[str, Tensor], config: Mapping[str, Any], *, img_size, he
                     encoding_options={"theta": 10000.0, "ref_grid": list(ref)},
                     layer_scale="blocks.0.ls1.gamma" in out, pool=read_out(out, config, pool, notes),
                     fc_norm="fc_norm.weight" in out, act="silu", mlp="gated")
-    return cfg, out, FAMILY
+    return out, cfg, notes

@@ -1,6 +1,6 @@
 """timm's Swin / Swin-V2 (`SwinTransformer`, `SwinTransformerV2`: `swin_*`, `swinv2_*`) and the
 original Microsoft files -> the names of vitpe's `SwinTransformer`, and the Hugging Face-style
-config `convert._config` builds it from.
+config `swin.swin_config` builds it from. Families `timm-swin`, `timm-swinv2`.
 
 timm's names are the model's own (`layers.S.blocks.I.attn.qkv`, `relative_position_bias_table`;
 Swin-V2's `q_bias`, `v_bias`, `logit_scale`, `cpb_mlp`), with two differences: timm merges patches
@@ -25,14 +25,16 @@ refused too: timm resizes such a table (BEiT's geometric interpolation), this mo
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 import torch
 
 from ..checkpoint import CheckpointError
-from .config import SwinConfig, stage_grid
+from ..swin.config import SwinConfig, stage_grid
+from . import timm_hub
+from .context import Context, Converted
+from .swin import stage_tables, swin_config
 
-MARKERS = re.compile(r"^layers\.\d+\.blocks\.\d+\.attn\.(relative_position_bias_table|cpb_mlp\.0\.weight|logit_scale)$")
 BUFFERS = re.compile(r"\.(relative_position_index|relative_coords_table|attn_mask|k_bias)$")
 BLOCK = re.compile(r"^layers\.(\d+)\.blocks\.(\d+)\.(norm1|norm2|attn\.(qkv|proj|cpb_mlp\.[02])|mlp\.fc[12])\."
                    r"(weight|bias)$|^layers\.(\d+)\.blocks\.(\d+)\.attn\.(relative_position_bias_table|q_bias|v_bias|"
@@ -42,17 +44,24 @@ TOP = {"patch_embed.proj.weight", "patch_embed.proj.bias", "patch_embed.norm.wei
        "norm.weight", "norm.bias", "absolute_pos_embed"}
 
 
-def is_timm_swin(keys: Iterable[str]) -> bool:
-    return any(MARKERS.match(str(k)) for k in keys)
+def convert(sd: Mapping[str, torch.Tensor], ctx: Context) -> Converted:
+    """The weights in the model's names, checked against timm's windows (`check_windows`), with
+    the config `swin.swin_config` builds from what the keys, timm's config.json and the options say."""
+    notes: list[str] = []
+    version = 2 if ctx.family.endswith("v2") else 1
+    weights, native = _map_keys(sd, version, notes, ctx.family)
+    cfg = swin_config(_hf_like(weights, version, ctx, notes), weights, version, ctx.family, notes)
+    check_windows(cfg, ctx.family)
+    if not native:
+        notes.append("timm's layout: the patch merging at the start of stage s (layers.s.downsample) is the model's "
+                     "at the end of stage s-1; head.fc is the head.")
+    return weights, cfg, notes
 
 
-def convert(sd: Mapping[str, torch.Tensor], config: Mapping[str, Any] | None, *, img_size, window: int | None,
-            notes: list[str], name: str) -> tuple[dict[str, torch.Tensor], dict[int, torch.Tensor], int, dict, str]:
-    """(weights in the model's names, each stage's first bias table, version, the HF-style config
-    `convert._config` reads, family) of a timm / Microsoft Swin state dict."""
-    from ..importers import timm_hub   # not at the top: the importers package imports swin.convert
-    version = 2 if any(".attn.cpb_mlp." in k for k in sd) else 1
-    weights, native = _map_keys(sd, version, notes, name)
+def _hf_like(weights: Mapping[str, torch.Tensor], version: int, ctx: Context, notes: list[str]) -> dict[str, Any]:
+    """The Hugging Face-style config `swin_config` reads, from the keys, timm's config.json
+    (`ctx.config`) and the options."""
+    name, config, img_size, window = ctx.family, ctx.config, ctx.img_size, ctx.window
     stages = 1 + max(int(k.split(".")[1]) for k in weights if k.startswith("layers."))
     depths = [1 + max((int(k.split(".")[3]) for k in weights if k.startswith(f"layers.{s}.blocks.")), default=-1)
               for s in range(stages)]
@@ -69,11 +78,11 @@ def convert(sd: Mapping[str, torch.Tensor], config: Mapping[str, Any] | None, *,
     if dims != [proj.shape[0] * 2 ** s for s in range(stages)]:
         raise CheckpointError(f"{name}: stage widths {dims}: vitpe's Swin doubles the width at every stage "
                               f"({proj.shape[0]}, {2 * proj.shape[0]}, ...)")
-    heads, tables, ratios = [], {}, set()
+    heads, tables, ratios = [], stage_tables(weights), set()
     for s in range(stages):
         b = f"layers.{s}.blocks.0.attn."
         if version == 1:
-            tables[s] = need(b + "relative_position_bias_table")
+            need(b + "relative_position_bias_table")
         heads.append(int(tables[s].shape[1] if version == 1 else need(b + "logit_scale").shape[0]))
         for i in range(depths[s]):
             ratios.add(need(f"layers.{s}.blocks.{i}.mlp.fc1.weight").shape[0] / dims[s])
@@ -101,20 +110,11 @@ def convert(sd: Mapping[str, torch.Tensor], config: Mapping[str, Any] | None, *,
         raise CheckpointError(f"{name}: a Swin-V2's window is not in its keys (the CPB MLP fits any window) and no "
                               "timm config.json beside the file says it: pass --window N (e.g. 8 for "
                               "swinv2_*_window8_256, 16 for *_window16_256 and *_window12to16_*)")
-    labels = timm_hub.class_names(config, weights["head.weight"].shape[0]) if "head.weight" in weights else None
-    hf_like = {"depths": depths, "num_heads": heads, "window_size": int(w), "image_size": [int(size[0]), int(size[1])],
-               "patch_size": proj.shape[-1], "mlp_ratio": ratios.pop(), "layer_norm_eps": 1e-5, "hidden_act": "gelu",
-               "qkv_bias": "layers.0.blocks.0.attn.qkv.bias" in weights or "layers.0.blocks.0.attn.q_bias" in weights,
-               "pretrained_window_sizes": list(timm_hub.swinv2_pretrained_windows(config, stages)) if version == 2
-               else [], **({"id2label": dict(enumerate(labels))} if labels else {})}
-    pre = timm_hub.preprocess(config)
-    hf_like.update({"image_mean": pre["mean"], "image_std": pre["std"]} if "mean" in pre else {})
-    hf_like["crop_pct"] = pre.get("crop_pct", 0.9)   # timm's default for its Swin weights
-    hf_like.update({"interpolation": pre["interpolation"]} if "interpolation" in pre else {})
-    if not native:
-        notes.append("timm's layout: the patch merging at the start of stage s (layers.s.downsample) is the model's "
-                     "at the end of stage s-1; head.fc is the head.")
-    return weights, tables, version, hf_like, "timm-swin" if version == 1 else "timm-swinv2"
+    return {"depths": depths, "num_heads": heads, "window_size": int(w), "image_size": [int(size[0]), int(size[1])],
+            "patch_size": proj.shape[-1], "mlp_ratio": ratios.pop(), "layer_norm_eps": 1e-5, "hidden_act": "gelu",
+            "qkv_bias": "layers.0.blocks.0.attn.qkv.bias" in weights or "layers.0.blocks.0.attn.q_bias" in weights,
+            "pretrained_window_sizes": list(timm_hub.swinv2_pretrained_windows(config, stages)) if version == 2
+            else []}
 
 
 def _map_keys(sd: Mapping[str, torch.Tensor], version: int, notes: list[str], name: str
