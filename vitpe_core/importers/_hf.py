@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ..checkpoint import CheckpointError
@@ -52,20 +50,14 @@ def target_grid(img_size: tuple[int, int] | None, grid: tuple[int, int], patch: 
     return grid if img_size is None else (img_size[0] // patch, img_size[1] // patch)
 
 
-def resample_table(pos: Tensor, new: tuple[int, int], old: tuple[int, int], prefix: int, notes: list[str],
-                   antialias: bool) -> Tensor:
+def resample_table(pos: Tensor, new: tuple[int, int], old: tuple[int, int], prefix: int, notes: list[str], *,
+                   antialias: bool, who: str = "as transformers does at that size") -> Tensor:
     """`pos (1, prefix+N, D)` resampled to grid `new` once, at import, as the family's
-    `interpolate_pos_encoding` does at every forward: bicubic in float32, align_corners=False,
-    prefix rows kept apart, antialiased or not (DINOv2 with registers is; BEiT, DINOv2, CLIP and
-    SigLIP are not)."""
+    `interpolate_pos_encoding` does at every forward (`encodings.absolute.resample_abs_pos_embed`:
+    bicubic in float32, align_corners=False, prefix rows kept apart, antialiased or not: DINOv2
+    with registers and timm are; BEiT, DINOv2, CLIP and SigLIP are not), with a note saying so."""
     if new == old:
         return pos
-    aa = "antialiased" if antialias else "not antialiased"
     notes.append(f"The position table was trained on a {old[0]}x{old[1]} grid; resampled to {new[0]}x{new[1]} "
-                 f"(bicubic, {aa}, prefix rows kept apart, as transformers does at that size).")
-    if antialias:
-        return resample_abs_pos_embed(pos.float(), new, old, prefix).to(pos.dtype)
-    img = pos[:, prefix:].float().reshape(1, old[0], old[1], -1).permute(0, 3, 1, 2)       # (1, D, H, W)
-    img = F.interpolate(img, size=new, mode="bicubic", align_corners=False)                  # (1, D, H', W')
-    patches = img.permute(0, 2, 3, 1).reshape(1, new[0] * new[1], -1).to(pos.dtype)         # (1, N', D)
-    return torch.cat((pos[:, :prefix], patches), dim=1)
+                 f"(bicubic, {'antialiased' if antialias else 'not antialiased'}, prefix rows kept apart, {who}).")
+    return resample_abs_pos_embed(pos, new, old, prefix, antialias=antialias)
