@@ -93,21 +93,23 @@ def _grad_buffers(ctx, like: Tensor) -> tuple[Tensor | None, list]:
     (`out=`), instead of three tensors that autograd then stacks (a copy of all three)."""
     if not ctx.packed:
         return None, [None, None, None]
-    buf = torch.empty((3, *like.shape), dtype=like.dtype, device=like.device)
-    return buf, list(buf.unbind(0))
+    packed_grad = torch.empty((3, *like.shape), dtype=like.dtype, device=like.device)
+    return packed_grad, list(packed_grad.unbind(0))
 
 
 def _kernel_grad_buffers(ctx, q_s: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor | None, list]:
     """`_grad_buffers`, with three new tensors where the input was not packed: the C++
     operators write the gradients of q, k and v into the tensors they are given."""
-    buf, outs = _grad_buffers(ctx, q_s)
-    return buf, outs if buf is not None else [torch.empty_like(q_s), torch.empty_like(k), torch.empty_like(v)]
+    packed_grad, outs = _grad_buffers(ctx, q_s)
+    if packed_grad is None:
+        outs = [torch.empty_like(q_s), torch.empty_like(k), torch.empty_like(v)]
+    return packed_grad, outs
 
 
-def _qkv_grads(buf: Tensor | None, grad_q: Tensor, grad_k: Tensor, grad_v: Tensor) -> tuple:
-    """The backward's first three outputs: `(buf, None, None)` for a packed input (the grads
+def _qkv_grads(packed_grad: Tensor | None, grad_q: Tensor, grad_k: Tensor, grad_v: Tensor) -> tuple:
+    """The backward's first three outputs: `(packed_grad, None, None)` for a packed input (the grads
     were written into it), else `(grad_q, grad_k, grad_v)`."""
-    return (buf, None, None) if buf is not None else (grad_q, grad_k, grad_v)
+    return (packed_grad, None, None) if packed_grad is not None else (grad_q, grad_k, grad_v)
 
 
 def _is_packed(qkv: Tensor | None, q: Tensor, k: Tensor, v: Tensor) -> bool:
@@ -308,7 +310,7 @@ class _SaPE2Attend(torch.autograd.Function):
         (H, W), scale, P, npos_max, readout = ctx.args
         M = npos_max - 1
         grad_out = grad_out.contiguous()
-        buf, (out_q, out_k, out_v) = _grad_buffers(ctx, q_s)
+        packed_grad, (out_q, out_k, out_v) = _grad_buffers(ctx, q_s)
         grad_v = torch.matmul(attn.transpose(-1, -2), grad_out, out=out_v)
         grad_logits = _softmax_backward_(torch.matmul(grad_out, v.transpose(-1, -2)), attn)
         del attn
@@ -330,7 +332,7 @@ class _SaPE2Attend(torch.autograd.Function):
         grad_q = torch.matmul(grad_logits, k, out=out_q).mul_(scale)
         grad_k = torch.matmul(grad_logits.transpose(-1, -2), q_s, out=out_k)  # logits = q_s·kᵀ
         (grad_q if readout == "query" else grad_k)[:, :, P:] += grad_r
-        return (*_qkv_grads(buf, grad_q, grad_k, grad_v), grad_ex.to(e_x.dtype), grad_ey.to(e_y.dtype),
+        return (*_qkv_grads(packed_grad, grad_q, grad_k, grad_v), grad_ex.to(e_x.dtype), grad_ey.to(e_y.dtype),
                 None, None, None, None, None, None)
 
     @staticmethod
@@ -341,7 +343,7 @@ class _SaPE2Attend(torch.autograd.Function):
         q_s, k, v, attn, e_x, e_y, z, *lines = ctx.saved_tensors
         (H, W), scale, P, npos_max, readout = ctx.args
         grad_out = grad_out.contiguous()
-        buf, (grad_q, grad_k, grad_v) = _kernel_grad_buffers(ctx, q_s, k, v)
+        packed_grad, (grad_q, grad_k, grad_v) = _kernel_grad_buffers(ctx, q_s, k, v)
         grad_z = ctx.kern.sape2_attend_bwd(grad_out, q_s, k, v, attn, z, *lines, grad_q, grad_k, grad_v,
                                            scale, P, H, W, npos_max)         # (B, h, T, 2 npos_max)
         # z = q·[E_x, E_y] (or k·[E_x, E_y]): q_s = q·scale is what is kept
@@ -351,7 +353,7 @@ class _SaPE2Attend(torch.autograd.Function):
             grad_z.view(-1, grad_z.shape[-1]), tab.transpose(0, 1))
         grad_tab = torch.mm(src.reshape(-1, src.shape[-1]).transpose(0, 1), grad_z.view(-1, grad_z.shape[-1]))
         grad_ex, grad_ey = (g.mul_(s) if s != 1.0 else g for g in grad_tab.split(npos_max, dim=1))
-        return (*_qkv_grads(buf, grad_q, grad_k, grad_v), grad_ex.to(e_x.dtype), grad_ey.to(e_y.dtype),
+        return (*_qkv_grads(packed_grad, grad_q, grad_k, grad_v), grad_ex.to(e_x.dtype), grad_ey.to(e_y.dtype),
                 None, None, None, None, None, None)
 
 
@@ -443,12 +445,12 @@ class _CoPEAttend(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         if ctx.kern is not None:
             q_s, k, v, attn, gates, z, e_q = ctx.saved_tensors
-            out, (grad_q, grad_k, grad_v) = _kernel_grad_buffers(ctx, q_s, k, v)
+            packed_grad, (grad_q, grad_k, grad_v) = _kernel_grad_buffers(ctx, q_s, k, v)
             grad_z = ctx.kern.cope_attend_bwd(grad_out, q_s, k, v, attn, gates, z, grad_q, grad_k, grad_v,
                                               scale, npos_max)               # (B, h, T, M+1)
         else:
             q_s, k, v_r, attn, gates, frac, lo, step_lo, e_q = ctx.saved_tensors   # k: reversed
-            out, (out_q, out_k, out_v) = _grad_buffers(ctx, q_s)
+            packed_grad, (out_q, out_k, out_v) = _grad_buffers(ctx, q_s)
             grad_v = torch.matmul(attn.transpose(-1, -2), grad_out).flip(2)
             grad_logits = _softmax_backward_(torch.matmul(grad_out, v_r.transpose(-1, -2)), attn)  # = ∂/∂bias
             del attn
@@ -464,13 +466,13 @@ class _CoPEAttend(torch.autograd.Function):
             grad_gates = torch.mul(step_lo, grad_logits, out=buf).flip(-1).cumsum_(-1).flip(-1)
             grad_logits += torch.ops.aten.sigmoid_backward.grad_input(grad_gates, gates, grad_input=grad_gates)
             grad_k = torch.matmul(grad_logits.transpose(-1, -2), q_s).flip(2)
-            if out is not None:
+            if packed_grad is not None:
                 out_v.copy_(grad_v)
                 out_k.copy_(grad_k)
             grad_q = torch.matmul(grad_logits, k, out=out_q).mul_(scale)
         grad_q.view(-1, grad_q.shape[-1]).addmm_(grad_z.view(-1, npos_max), e_q.transpose(0, 1))  # z = q·e
         grad_e = torch.mm(q_s.view(-1, q_s.shape[-1]).transpose(0, 1), grad_z.view(-1, npos_max)).div_(scale)
-        return (*_qkv_grads(out, grad_q, grad_k, grad_v), grad_e.to(ctx.e_dtype), None, None, None)
+        return (*_qkv_grads(packed_grad, grad_q, grad_k, grad_v), grad_e.to(ctx.e_dtype), None, None, None)
 
 
 def cope_attention(q: Tensor, k: Tensor, v: Tensor, e: Tensor, npos_max: int = 10, *,
