@@ -94,3 +94,21 @@ def test_checkpoint_io_knows_only_its_own_format():
     """Arrows run importers -> checkpoint -> model, never back."""
     graph = import_graph()
     assert not graph["vitpe_core.checkpoint"] & {"vitpe_core.importers", "vitpe_core.foreign", "vitpe_core.metrics"}
+
+
+def test_the_model_packages_never_import_the_importers():
+    """Importing is the importers' job for every family, Swin included (importers/swin.py,
+    timm_swin.py): no arrow runs from a model or an encoding back up to them."""
+    graph = import_graph()
+    below = [m for m in graph if m.startswith(("vitpe_core.swin", "vitpe_core.encodings")) or m == "vitpe_core.model"]
+    assert below and not [m for m in below if any(t.startswith("vitpe_core.importers") for t in graph[m])]
+
+
+def test_every_family_is_one_converter_of_one_shape_in_one_table():
+    import inspect
+
+    from vitpe_core.importers.detect import FAMILIES
+    from vitpe_core.importers.families import CONVERTERS
+    assert {f for f in FAMILIES if f != "swin"} <= set(CONVERTERS)
+    for family, convert in CONVERTERS.items():
+        assert list(inspect.signature(convert).parameters) == ["sd", "ctx"], family

@@ -22,9 +22,19 @@ from ..checkpoint import CheckpointError
 from ..config import ViTConfig
 from ._hf import act, size_pair, target_grid
 from .context import Context, Converted
-from .keymap import Keys, qkv, zero_bias
+from .keymap import PARAMS, TENSOR, Keys, check_rotary_heads, qkv, zero_bias
 
+TOP = {"patch_embed.proj": "embeddings.patch_embeddings", "norm": "norm"}
+TOP_TENSORS = {"cls_token": "embeddings.cls_token"}
+LAYERS = ("model.layer.", "layer.")   # transformers 5's names, the hub's
 BLOCK = {"norm1": "norm1", "norm2": "norm2", "attn.proj": "attention.o_proj"}
+MLP = {"mlp.fc1": "mlp.up_proj", "mlp.fc2": "mlp.down_proj"}
+GATED_MLP = {"mlp.fc1_g": "mlp.gate_proj", "mlp.fc1_x": "mlp.up_proj", "mlp.fc2": "mlp.down_proj"}
+LAYER_SCALE = {"ls1.gamma": "layer_scale1.lambda1", "ls2.gamma": "layer_scale2.lambda1"}
+ZERO_BIAS = {"attn.proj": "The attention output", "mlp.fc1": "The MLP", "mlp.fc1_g": "The MLP", "mlp.fc1_x": "The MLP",
+             "mlp.fc2": "The MLP"}   # layers whose bias the config may leave out (a zero bias, said in a note)
+DROP = {r"^embeddings\.mask_token$": "Left out `mask_token` (used only for masked pre-training).",
+        r"rope_embeddings\.inv_freq$": None}   # derived from rope_theta
 
 
 def half_to_adjacent(w: Tensor, heads: int) -> Tensor:
@@ -37,66 +47,70 @@ def half_to_adjacent(w: Tensor, heads: int) -> Tensor:
 
 
 def convert(sd: Mapping[str, Tensor], ctx: Context) -> Converted:
-    config, img_size, heads, notes = ctx.config, ctx.img_size, ctx.heads, []
-    family = ctx.family
-    keys = Keys(sd, family)
-    proj = keys.take("patch_embed.proj.weight", "embeddings.patch_embeddings.weight")
-    keys.take("patch_embed.proj.bias", "embeddings.patch_embeddings.bias")
-    keys.take("cls_token", "embeddings.cls_token")
-    reg = keys.get("embeddings.register_tokens")
-    if reg is not None and reg.shape[1]:
-        keys.out["reg_token"] = reg
-    if keys.drop(r"^embeddings\.mask_token$"):
-        notes.append("Left out `mask_token` (used only for masked pre-training).")
-    keys.drop(r"rope_embeddings\.inv_freq$")   # derived from rope_theta
-    if proj is None or "cls_token" not in keys.out:
-        raise CheckpointError(f"{family}: the file lacks the patch embedding or the class token")
+    """Map the embeddings, check the heads, map each block, configure at the config's (or the given) size."""
+    notes: list[str] = []
+    keys = Keys(sd, ctx.family)
+    proj = _map_top(keys, notes)
     patch, dim = proj.shape[-1], proj.shape[0]
-    n_heads = heads or config.get("num_attention_heads") or max(1, dim // 64)
-    if dim % n_heads or (dim // n_heads) % 4:
-        raise CheckpointError(f"{family}: width {dim} and {n_heads} heads do not give a head dim divisible by 4")
+    heads = ctx.heads or ctx.config.get("num_attention_heads") or max(1, dim // 64)
+    check_rotary_heads(ctx.family, dim, heads)
     layers = keys.layers(r"(?:model\.)?layer\.(\d+)\.")
     for i in layers:
-        s = (f"model.layer.{i}.", f"layer.{i}.")
-        qkv(keys, f"blocks.{i}.attn.qkv", *[tuple(a + f"attention.{n}_proj" for a in s) for n in "qkv"])
-        for ours, theirs in BLOCK.items():
-            for p in ("weight", "bias"):
-                keys.take(f"blocks.{i}.{ours}.{p}", *(a + f"{theirs}.{p}" for a in s))
-        gate = any(a + "mlp.gate_proj.weight" in keys.sd for a in s)
-        for ours, theirs in (("fc1_g" if gate else "fc1", "gate_proj" if gate else "up_proj"),
-                             ("fc1_x", "up_proj" if gate else None), ("fc2", "down_proj")):
-            for p in ("weight", "bias"):
-                if theirs:
-                    keys.take(f"blocks.{i}.mlp.{ours}.{p}", *(a + f"mlp.{theirs}.{p}" for a in s))
-        for n in (1, 2):
-            keys.take(f"blocks.{i}.ls{n}.gamma", *(a + f"layer_scale{n}.lambda1" for a in s))
-        w = keys.out[f"blocks.{i}.attn.qkv.weight"]
-        q, k, v = w.chunk(3, 0)
-        keys.out[f"blocks.{i}.attn.qkv.weight"] = torch.cat((half_to_adjacent(q, n_heads),
-                                                              half_to_adjacent(k, n_heads), v), 0)
-        zero_bias(keys, f"blocks.{i}.attn.qkv", notes, "")
-        b = keys.out[f"blocks.{i}.attn.qkv.bias"]
-        q, k, v = b.chunk(3, 0)
-        keys.out[f"blocks.{i}.attn.qkv.bias"] = torch.cat((half_to_adjacent(q, n_heads),
-                                                            half_to_adjacent(k, n_heads), v), 0)
-        for name, what in (("attn.proj", "The attention output"), ("mlp.fc1", "The MLP"), ("mlp.fc1_g", "The MLP"),
-                           ("mlp.fc1_x", "The MLP"), ("mlp.fc2", "The MLP")):
-            zero_bias(keys, f"blocks.{i}.{name}", notes, what)
-    for p in ("weight", "bias"):
-        keys.take(f"norm.{p}", f"norm.{p}")
+        _map_block(keys, i, heads, notes)
     keys.refuse_rest()
-    out = keys.out
     zero_bias(keys, "patch_embed.proj", notes, "The patch embedding")
     notes.append("Query and key channels reordered from DINOv3's (k, k + d/2) rotation pairs to adjacent pairs: "
                  "the attention is the same.")
-    size = size_pair(config.get("image_size")) or (224, 224)
-    grid = target_grid(img_size, (size[0] // patch, size[1] // patch), patch)
+    size = size_pair(ctx.config.get("image_size")) or (224, 224)
+    grid = target_grid(ctx.img_size, (size[0] // patch, size[1] // patch), patch)
+    return keys.out, _config(keys.out, ctx, grid, len(layers), heads), notes
+
+
+def _map_top(keys: Keys, notes: list[str]) -> Tensor:
+    """The embeddings and the final norm; returns the patch embedding's weight."""
+    keys.map(TOP)
+    keys.map(TOP_TENSORS, params=TENSOR)
+    reg = keys.get("embeddings.register_tokens")
+    if reg is not None and reg.shape[1]:
+        keys.out["reg_token"] = reg
+    keys.drop_all(DROP, notes)
+    if "patch_embed.proj.weight" not in keys.out or "cls_token" not in keys.out:
+        raise CheckpointError(f"{keys.family}: the file lacks the patch embedding or the class token")
+    return keys.out["patch_embed.proj.weight"]
+
+
+def _map_block(keys: Keys, i: int, heads: int, notes: list[str]) -> None:
+    """Block `i` by the tables above, query and key rows in vitpe's rotation order, a zero bias
+    for each the config leaves out."""
+    src, dst = tuple(f"{a}{i}." for a in LAYERS), f"blocks.{i}."
+    qkv(keys, f"{dst}attn.qkv", *[tuple(a + f"attention.{n}_proj" for a in src) for n in "qkv"])
+    keys.map(BLOCK, src=src, dst=dst)
+    gated = any(a + "mlp.gate_proj.weight" in keys.sd for a in src)
+    keys.map(GATED_MLP if gated else MLP, src=src, dst=dst)
+    keys.map(LAYER_SCALE, src=src, dst=dst, params=TENSOR)
+    zero_bias(keys, f"{dst}attn.qkv", notes, "")
+    for p in PARAMS:
+        _rotate_pairs(keys.out, f"{dst}attn.qkv.{p}", heads)
+    for name, what in ZERO_BIAS.items():
+        zero_bias(keys, dst + name, notes, what)
+
+
+def _rotate_pairs(out: dict[str, Tensor], name: str, heads: int) -> None:
+    """`out[name]` (packed query/key/value rows) with its query and key rows `half_to_adjacent`."""
+    q, k, v = out[name].chunk(3, 0)
+    out[name] = torch.cat((half_to_adjacent(q, heads), half_to_adjacent(k, heads), v), 0)
+
+
+def _config(out: Mapping[str, Tensor], ctx: Context, grid: tuple[int, int], depth: int, heads: int) -> ViTConfig:
+    """The `ViTConfig` of the mapped weights `out`."""
+    proj = out["patch_embed.proj.weight"]
+    patch = proj.shape[-1]
     gated = "blocks.0.mlp.fc1_g.weight" in out
-    cfg = ViTConfig(img_size=(grid[0] * patch, grid[1] * patch), patch_size=patch, in_chans=proj.shape[1],
-                    num_classes=0, dim=dim, depth=len(layers), heads=n_heads,
-                    mlp_dim=out[f"blocks.0.mlp.{'fc1_g' if gated else 'fc1'}.weight"].shape[0],
-                    norm_eps=config.get("layer_norm_eps", 1e-5), encoding="rope_dinov3",
-                    encoding_options={"theta": float(config.get("rope_theta", 100.0))},
-                    reg_tokens=0 if reg is None else reg.shape[1], layer_scale=True, pool="token",
-                    mlp="gated" if gated else "mlp", act=act(config, family))
-    return out, cfg, notes
+    reg = out.get("reg_token")
+    return ViTConfig(img_size=(grid[0] * patch, grid[1] * patch), patch_size=patch, in_chans=proj.shape[1],
+                     num_classes=0, dim=proj.shape[0], depth=depth, heads=heads,
+                     mlp_dim=out[f"blocks.0.mlp.{'fc1_g' if gated else 'fc1'}.weight"].shape[0],
+                     norm_eps=ctx.config.get("layer_norm_eps", 1e-5), encoding="rope_dinov3",
+                     encoding_options={"theta": float(ctx.config.get("rope_theta", 100.0))},
+                     reg_tokens=0 if reg is None else reg.shape[1], layer_scale=True, pool="token",
+                     mlp="gated" if gated else "mlp", act=act(ctx.config, ctx.family))

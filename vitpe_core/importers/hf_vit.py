@@ -12,12 +12,24 @@ from ..checkpoint import CheckpointError
 from . import timm
 from ._hf import size_pair
 from .context import Context, Converted
+from .keymap import PARAMS, TENSOR, Keys
 
+# A layer's names in each layout: files on the hub (transformers 4) `encoder.layer.N.*`, transformers 5 `layers.N.*`.
 HF4_LAYER = {"q": "attention.attention.query", "k": "attention.attention.key", "v": "attention.attention.value",
              "o": "attention.output.dense", "norm1": "layernorm_before", "norm2": "layernorm_after",
              "fc1": "intermediate.dense", "fc2": "output.dense"}
 HF5_LAYER = {"q": "attention.q_proj", "k": "attention.k_proj", "v": "attention.v_proj", "o": "attention.o_proj",
              "norm1": "layernorm_before", "norm2": "layernorm_after", "fc1": "mlp.fc1", "fc2": "mlp.fc2"}
+LAYOUTS = (("encoder.layer.", HF4_LAYER), ("layers.", HF5_LAYER))   # both read, layer by layer; the latter wins
+
+# timm's names: their names, inside the backbone's `vit.` prefix (where the file has one) ...
+TOP = {"patch_embed.proj": "embeddings.patch_embeddings.projection", "norm": "layernorm"}
+TOP_TENSORS = {"cls_token": "embeddings.cls_token", "pos_embed": "embeddings.position_embeddings",
+               "mask_token": "embeddings.mask_token"}   # timm.drop_foreign leaves the mask token out, with its note
+HEAD = {"head": "classifier"}   # ... and outside it
+BLOCK = {"attn.proj": "o", "norm1": "norm1", "norm2": "norm2", "mlp.fc1": "fc1", "mlp.fc2": "fc2"}   # ours: a layout's
+DROP = {r"pooler\.": "Left out the Hugging Face pooler (dense + tanh), which ViTForImageClassification does not use."}
+WHO = "Hugging Face ViT"   # what the refusal of keys no rule takes calls the file
 
 
 def convert(sd: Mapping[str, torch.Tensor], ctx: Context) -> Converted:
@@ -31,43 +43,30 @@ def convert(sd: Mapping[str, torch.Tensor], ctx: Context) -> Converted:
 
 
 def from_hf(sd: dict[str, torch.Tensor], config: Mapping[str, Any], notes: list[str]
-             ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Hugging Face `ViTModel` / `ViTForImageClassification` keys -> timm keys."""
+            ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Hugging Face `ViTModel` / `ViTForImageClassification` keys -> timm keys, by the tables above;
+    a key no rule takes is refused."""
     if config.get("hidden_act", "gelu") != "gelu":
         raise CheckpointError(f"hidden_act {config['hidden_act']!r}: only 'gelu' (exact) is supported")
     pre = "vit." if any(k.startswith("vit.") for k in sd) else ""
-    out, used = {}, set()
+    keys = Keys(sd, WHO)
+    keys.map(TOP, src=pre)
+    keys.map(TOP_TENSORS, src=pre, params=TENSOR)
+    keys.map(HEAD)
+    for i in keys.layers(rf"{re.escape(pre)}(?:encoder\.layer|layers)\.(\d+)\."):
+        for layer, names in LAYOUTS:
+            src = f"{pre}{layer}{i}."
+            _qkv(keys, src, names, f"blocks.{i}.attn.qkv")
+            keys.map({ours: names[theirs] for ours, theirs in BLOCK.items()}, src=src, dst=f"blocks.{i}.")
+    keys.drop_all({f"^{re.escape(pre)}{pattern}": note for pattern, note in DROP.items()}, notes)
+    keys.refuse_rest()
+    return keys.out, {"heads": config.get("num_attention_heads"), "image_size": config.get("image_size")}
 
-    def take(src: str, dst: str) -> None:
-        if src in sd:
-            out[dst] = sd[src]
-            used.add(src)
 
-    take(f"{pre}embeddings.cls_token", "cls_token")
-    take(f"{pre}embeddings.position_embeddings", "pos_embed")
-    take(f"{pre}embeddings.mask_token", "mask_token")
-    for p in ("weight", "bias"):
-        take(f"{pre}embeddings.patch_embeddings.projection.{p}", f"patch_embed.proj.{p}")
-        take(f"{pre}layernorm.{p}", f"norm.{p}")
-        take(f"classifier.{p}", f"head.{p}")
-    # Files on the hub (transformers 4) name layers `encoder.layer.N.*`; transformers 5 `layers.N.*`.
-    layer_re = rf"{re.escape(pre)}(?:encoder\.layer|layers)\.(\d+)\."
-    layers = sorted({int(m.group(1)) for k in sd if (m := re.match(layer_re, k))})
-    for i in layers:
-        for src, names in ((f"{pre}encoder.layer.{i}.", HF4_LAYER), (f"{pre}layers.{i}.", HF5_LAYER)):
-            for p in ("weight", "bias"):
-                qkv = [sd.get(f"{src}{names[n]}.{p}") for n in ("q", "k", "v")]
-                if all(t is not None for t in qkv):
-                    out[f"blocks.{i}.attn.qkv.{p}"] = torch.cat(qkv, 0)
-                    used.update(f"{src}{names[n]}.{p}" for n in ("q", "k", "v"))
-                for ours, theirs in (("attn.proj", "o"), ("norm1", "norm1"), ("norm2", "norm2"),
-                                     ("mlp.fc1", "fc1"), ("mlp.fc2", "fc2")):
-                    take(f"{src}{names[theirs]}.{p}", f"blocks.{i}.{ours}.{p}")
-    pooler = [k for k in sd if k.startswith(f"{pre}pooler.")]
-    if pooler:
-        used |= set(pooler)
-        notes.append("Left out the Hugging Face pooler (dense + tanh), which ViTForImageClassification does not use.")
-    rest = sorted(set(sd) - used)
-    if rest:
-        raise CheckpointError(f"Hugging Face ViT keys vitpe cannot place: {rest[:6]}")
-    return out, {"heads": config.get("num_attention_heads"), "image_size": config.get("image_size")}
+def _qkv(keys: Keys, src: str, names: Mapping[str, str], dst: str) -> None:
+    """A layer's query, key and value of one parameter -> `dst`, where the file has all three
+    (else they stay unplaced, and are refused)."""
+    for p in PARAMS:
+        parts = [f"{src}{names[n]}.{p}" for n in "qkv"]
+        if all(n in keys.sd for n in parts):
+            keys.out[f"{dst}.{p}"] = torch.cat([keys.get(n) for n in parts], 0)

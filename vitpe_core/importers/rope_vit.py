@@ -8,23 +8,22 @@ import torch
 
 from ..checkpoint import CheckpointError
 
+GAMMA = re.compile(r"(blocks\.\d+)\.gamma_([12])$")   # `models_v2`'s LayerScale -> timm's `lsN.gamma`
+TRAINING_GRID = ("freqs_t_x", "freqs_t_y")            # the training grid's integer positions: recomputed per grid
+
+
 def from_rope_vit(sd: dict[str, torch.Tensor], notes: list[str]) -> dict[str, torch.Tensor]:
     """facebookresearch/deit `models_v2` names (DeiT-III, and naver-ai/rope-vit built on it) ->
     timm names; RoPE-Mixed's `freqs` stay for `rope_freqs` once the heads are known."""
     out = {}
     for k, v in sd.items():
-        m = re.match(r"(blocks\.\d+)\.gamma_([12])$", k)
-        if m:
+        if m := GAMMA.match(k):
             out[f"{m.group(1)}.ls{m.group(2)}.gamma"] = v
-        elif k in ("freqs_t_x", "freqs_t_y"):
-            continue   # integer positions of the training grid: recomputed for every grid
-        else:
+        elif k not in TRAINING_GRID:
             out[k] = v
-    if "freqs" in out:
-        f = out.pop("freqs")
-        if f.ndim != 3 or f.shape[0] != 2:
-            raise CheckpointError(f"RoPE-Mixed `freqs` must be (2, depth, heads*d/2), got {tuple(f.shape)}")
-        out["freqs"] = f   # reshaped once the number of heads is known (_rope_freqs)
+    freqs = out.get("freqs")
+    if freqs is not None and (freqs.ndim != 3 or freqs.shape[0] != 2):
+        raise CheckpointError(f"RoPE-Mixed `freqs` must be (2, depth, heads*d/2), got {tuple(freqs.shape)}")
     if "pos_embed" in out:
         notes.append("RoPE-ViT resamples its table without antialiasing; vitpe resamples as timm does "
                      "(antialiased bicubic): identical at the training size, slightly smoother when shrunk.")
@@ -33,7 +32,7 @@ def from_rope_vit(sd: dict[str, torch.Tensor], notes: list[str]) -> dict[str, to
 
 def rope_freqs(freqs: torch.Tensor, heads: int) -> torch.Tensor:
     """RoPE-ViT's `(2, L, h*d/2)` learned frequencies -> vitpe's `rope_freqs (L, 2, h, d/2)`."""
-    two, L, hd = freqs.shape
-    if hd % heads:
-        raise CheckpointError(f"freqs width {hd} is not divisible by {heads} heads: pass --heads")
-    return freqs.reshape(2, L, heads, hd // heads).permute(1, 0, 2, 3).contiguous()
+    _, depth, width = freqs.shape
+    if width % heads:
+        raise CheckpointError(f"freqs width {width} is not divisible by {heads} heads: pass --heads")
+    return freqs.reshape(2, depth, heads, width // heads).permute(1, 0, 2, 3).contiguous()

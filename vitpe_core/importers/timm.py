@@ -7,6 +7,7 @@ the caller; docs/importing.md has the table.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from typing import Mapping
@@ -24,6 +25,7 @@ from .rope_vit import from_rope_vit, rope_freqs
 
 MAX_IMG_SIDE, MAX_PATCHES = 2048, 4096   # a typed image size must not make the server allocate gigabytes
 
+
 class GridUnknownError(CheckpointError):
     """The position table's rows fit no grid the keys can decide: the caller must say which
     (`img_size` in pixels, or `grid` in patches). `table` describes the table (rows, prefix
@@ -39,7 +41,6 @@ def convert(sd: Mapping[str, torch.Tensor], ctx: Context) -> Converted:
     """timm's keys (and DeiT-III's `models_v2` names) -> weights and config; timm's CLIP- and
     SigLIP-style layers and gated MLPs through timm_clip.py."""
     notes: list[str] = []
-    heads, img_size = ctx.heads, ctx.img_size
     deit3_names = any(LAYER_SCALE_GAMMA.match(k) for k in sd)   # facebookresearch/deit's, naver-ai/rope-vit's
     if deit3_names:
         sd = from_rope_vit(sd, notes)
@@ -47,24 +48,39 @@ def convert(sd: Mapping[str, torch.Tensor], ctx: Context) -> Converted:
     sd = drop_foreign(sd, notes)
     extra: dict = {}
     if ctx.family in ("timm", "timm-clip", "timm-siglip"):
-        extra, sd = timm_clip.vit_layers(sd, ctx.config, act=ctx.act, pool=ctx.pool, notes=notes)
-        heads = heads or timm_hub.heads(ctx.config)
-        if img_size is None and "pos_embed" not in sd:
-            img_size = timm_hub.img_size(ctx.config)
-    kw = dict(heads=heads, pool=ctx.pool, notes=notes, eps=ctx.config.get("layer_norm_eps"),
-              patches_only=deit3_names, extra=extra)
-    try:
-        cfg, sd = timm_config(sd, ctx.family, img_size=img_size, **kw)
-    except GridUnknownError:   # a non-square table: the size timm's config.json gives, where one lies beside
-        if img_size is not None or timm_hub.img_size(ctx.config) is None:
-            raise
-        cfg, sd = timm_config(sd, ctx.family, img_size=timm_hub.img_size(ctx.config), **kw)
+        extra, sd, ctx = _timm_vit(sd, ctx, notes)
+    cfg, sd = _config_at_a_known_grid(sd, ctx, notes, patches_only=deit3_names, extra=extra)
     if "freqs" in sd:
         sd["rope_freqs"] = rope_freqs(sd.pop("freqs"), cfg.heads)
     if "patch_embed.proj.bias" not in sd:
         sd["patch_embed.proj.bias"] = torch.zeros(cfg.dim)
         notes.append("The patch embedding has no bias in the file; a zero bias is equivalent.")
     return sd, cfg, notes
+
+
+def _timm_vit(sd: dict[str, torch.Tensor], ctx: Context, notes: list[str]
+              ) -> tuple[dict, dict[str, torch.Tensor], Context]:
+    """A timm `VisionTransformer`'s CLIP- / SigLIP-style layers (timm_clip.py), and the heads and
+    size its timm config.json gives where the caller and the keys do not."""
+    extra, sd = timm_clip.vit_layers(sd, ctx.config, act=ctx.act, pool=ctx.pool, notes=notes)
+    img_size = ctx.img_size
+    if img_size is None and "pos_embed" not in sd:   # no table to read the grid from
+        img_size = timm_hub.img_size(ctx.config)
+    return extra, sd, dataclasses.replace(ctx, heads=ctx.heads or timm_hub.heads(ctx.config), img_size=img_size)
+
+
+def _config_at_a_known_grid(sd: dict[str, torch.Tensor], ctx: Context, notes: list[str], *, patches_only: bool,
+                            extra: dict) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+    """`timm_config` at `ctx.img_size`; a non-square table the keys leave open is read at the size
+    timm's config.json gives, where one lies beside the file."""
+    kw = dict(heads=ctx.heads, pool=ctx.pool, notes=notes, eps=ctx.config.get("layer_norm_eps"),
+              patches_only=patches_only, extra=extra)
+    try:
+        return timm_config(sd, ctx.family, img_size=ctx.img_size, **kw)
+    except GridUnknownError:
+        if ctx.img_size is not None or timm_hub.img_size(ctx.config) is None:
+            raise
+        return timm_config(sd, ctx.family, img_size=timm_hub.img_size(ctx.config), **kw)
 
 
 def drop_foreign(sd: dict[str, torch.Tensor], notes: list[str]) -> dict[str, torch.Tensor]:
@@ -94,7 +110,31 @@ def timm_config(sd: dict[str, torch.Tensor], family: str, *, img_size, heads, po
     `norm_eps`, and `pool` where the layers or timm's config.json say it)."""
     extra = dict(extra or {})
     given_pool, given_eps = extra.pop("pool", None), extra.pop("norm_eps", None)
-    pool, eps = pool or given_pool, eps or given_eps
+    proj = _patch_embedding(sd)
+    dim, patch = proj.shape[0], proj.shape[-1]
+    depth = 1 + max(int(k.split(".")[1]) for k in sd if re.match(r"blocks\.\d+\.", k))
+    class_token, dist_token = "cls_token" in sd, "dist_token" in sd
+    reg = sd["reg_token"].shape[1] if "reg_token" in sd else 0
+    sd, grid, no_embed_class = _table(sd, family, int(class_token) + int(dist_token) + reg, patch, img_size, notes,
+                                      patches_only=patches_only or "blocks.0.ls1.gamma" in sd)
+    fc_norm = "fc_norm.weight" in sd
+    pool = _pool(pool or given_pool, class_token, fc_norm, notes)
+    heads = heads or max(1, dim // 64)
+    if dim % heads:
+        raise CheckpointError(f"width {dim} is not divisible by {heads} heads: pass --heads")
+    head = sd.get("head.weight")
+    cfg = ViTConfig(img_size=(grid[0] * patch, grid[1] * patch), patch_size=patch, in_chans=proj.shape[1],
+                    num_classes=0 if head is None else head.shape[0], dim=dim, depth=depth, heads=heads,
+                    mlp_dim=sd["blocks.0.mlp.fc2.weight"].shape[1], qkv_bias="blocks.0.attn.qkv.bias" in sd,
+                    norm_eps=eps or given_eps or (1e-12 if family == "hf" else 1e-6),
+                    encoding=_encoding(family, sd, "pos_embed" in sd),
+                    class_token=class_token, dist_token=dist_token, reg_tokens=reg, no_embed_class=no_embed_class,
+                    layer_scale="blocks.0.ls1.gamma" in sd, pool=pool, fc_norm=fc_norm, **extra)
+    return cfg, sd
+
+
+def _patch_embedding(sd: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """`patch_embed.proj.weight`, once the keys every timm ViT has are there."""
     need = ["patch_embed.proj.weight", "blocks.0.attn.qkv.weight", "blocks.0.mlp.fc2.weight"]
     missing = [k for k in need if k not in sd]
     if missing:
@@ -102,50 +142,43 @@ def timm_config(sd: dict[str, torch.Tensor], family: str, *, img_size, heads, po
     proj = sd["patch_embed.proj.weight"]
     if proj.ndim != 4 or proj.shape[-1] != proj.shape[-2]:
         raise CheckpointError(f"patch_embed.proj.weight must be (D, C, p, p), got {tuple(proj.shape)}")
-    dim, in_chans, patch = proj.shape[0], proj.shape[1], proj.shape[-1]
-    depth = 1 + max(int(k.split(".")[1]) for k in sd if re.match(r"blocks\.\d+\.", k))
-    class_token, dist_token = "cls_token" in sd, "dist_token" in sd
-    reg = sd["reg_token"].shape[1] if "reg_token" in sd else 0
-    P = int(class_token) + int(dist_token) + reg
+    return proj
+
+
+def _table(sd: dict[str, torch.Tensor], family: str, prefix: int, patch: int, img_size, notes: list[str], *,
+           patches_only: bool) -> tuple[dict[str, torch.Tensor], tuple[int, int], bool]:
+    """(`sd` with its table resampled to `img_size`'s grid, that grid, whether the table covers the
+    patches only) of a model with `prefix` tokens; the grid is the table's without `img_size`."""
     pos = sd.get("pos_embed")
-    rope = "freqs" in sd or family == "rope-vit"
-    if pos is None and not rope:
+    if pos is None and not ("freqs" in sd or family == "rope-vit"):
         notes.append("No position table and no rotary frequencies: imported as `none` (no position encoding).")
     check_img_size(img_size, patch)
-    table_grid, no_embed_class = _grid(pos, P, patch, img_size,
-                                       patches_only=patches_only or "blocks.0.ls1.gamma" in sd)
-    grid = table_grid if img_size is None else (img_size[0] // patch, img_size[1] // patch)
+    trained, no_embed_class = _grid(pos, prefix, patch, img_size, patches_only=patches_only)
+    grid = trained if img_size is None else (img_size[0] // patch, img_size[1] // patch)
     if grid is None:
         raise CheckpointError("no position table to read the grid from: pass --img-size H[xW]")
-    if table_grid is not None and table_grid != grid:   # as timm's checkpoint_filter_fn does at a new img_size
-        rows = 0 if no_embed_class else P
-        sd = {**sd, "pos_embed": resample_abs_pos_embed(pos.float(), grid, table_grid, rows)}
-        notes.append(f"The table was trained on a {table_grid[0]}x{table_grid[1]} grid; resampled to "
+    if trained is not None and trained != grid:   # as timm's checkpoint_filter_fn does at a new img_size
+        rows = 0 if no_embed_class else prefix
+        sd = {**sd, "pos_embed": resample_abs_pos_embed(pos.float(), grid, trained, rows)}
+        notes.append(f"The table was trained on a {trained[0]}x{trained[1]} grid; resampled to "
                      f"{grid[0]}x{grid[1]} (bicubic, prefix rows kept apart, as timm does).")
-    fc_norm = "fc_norm.weight" in sd
-    if pool is None:
-        pool = "avg" if fc_norm or not class_token else "token"
-        if class_token and not fc_norm:
-            notes.append("Read-out: the CLS token (timm's default; the keys cannot tell it from average pooling "
-                         "without fc_norm: import with pool='avg' if the model was trained so).")
-    heads = heads or max(1, dim // 64)
-    if dim % heads:
-        raise CheckpointError(f"width {dim} is not divisible by {heads} heads: pass --heads")
-    head = sd.get("head.weight")
-    encoding = _encoding(family, sd, pos is not None)
-    cfg = ViTConfig(img_size=(grid[0] * patch, grid[1] * patch), patch_size=patch, in_chans=in_chans,
-                    num_classes=0 if head is None else head.shape[0], dim=dim, depth=depth, heads=heads,
-                    mlp_dim=sd["blocks.0.mlp.fc2.weight"].shape[1], qkv_bias="blocks.0.attn.qkv.bias" in sd,
-                    norm_eps=eps or (1e-12 if family == "hf" else 1e-6), encoding=encoding,
-                    class_token=class_token, dist_token=dist_token, reg_tokens=reg, no_embed_class=no_embed_class,
-                    layer_scale="blocks.0.ls1.gamma" in sd, pool=pool, fc_norm=fc_norm, **extra)
-    return cfg, sd
+    return sd, grid, no_embed_class
 
 
-def _grid(pos: torch.Tensor | None, P: int, patch: int, img_size, patches_only: bool
+def _pool(pool: str | None, class_token: bool, fc_norm: bool, notes: list[str]) -> str:
+    """The read-out given, else the one the keys suggest (with a note where they cannot tell)."""
+    if pool is not None:
+        return pool
+    if class_token and not fc_norm:
+        notes.append("Read-out: the CLS token (timm's default; the keys cannot tell it from average pooling "
+                     "without fc_norm: import with pool='avg' if the model was trained so).")
+    return "avg" if fc_norm or not class_token else "token"
+
+
+def _grid(pos: torch.Tensor | None, prefix: int, patch: int, img_size, patches_only: bool
           ) -> tuple[tuple[int, int] | None, bool]:
     """(grid the table was trained on, whether it covers the patches only). A table of
-    `P + N` or `N` rows; N square, or equal to `img_size`'s grid (non-square tables)."""
+    `prefix + N` or `N` rows; N square, or equal to `img_size`'s grid (non-square tables)."""
     if pos is None:
         return None, False
     if pos.ndim != 3 or pos.shape[0] != 1:
@@ -153,18 +186,18 @@ def _grid(pos: torch.Tensor | None, P: int, patch: int, img_size, patches_only: 
     rows = pos.shape[1]
     if img_size is not None:
         gh, gw = img_size[0] // patch, img_size[1] // patch
-        for prefix_rows in dict.fromkeys((P, 0)):
+        for prefix_rows in dict.fromkeys((prefix, 0)):
             if rows - prefix_rows == gh * gw:
-                return (gh, gw), prefix_rows == 0 and P > 0
+                return (gh, gw), prefix_rows == 0 and prefix > 0
     # timm's register models, DeiT-III (LayerScale) and RoPE-ViT (`models_v2` names) keep their
     # table for the patches only (no_embed_class); plain ViTs include the prefix rows. Only those
     # readings are tried: any other needs the user's --img-size.
-    readings = [0, P] if P > 1 or patches_only else [P]
-    for pr in readings:
-        side = _square(rows - pr) if rows > pr else None
+    readings = [0, prefix] if prefix > 1 or patches_only else [prefix]
+    for prefix_rows in readings:
+        side = _square(rows - prefix_rows) if rows > prefix_rows else None
         if side:
-            return (side, side), pr == 0 and P > 0
-    raise GridUnknownError(f"pos_embed has {rows} rows with {P} prefix token(s): not a square grid of patches")
+            return (side, side), prefix_rows == 0 and prefix > 0
+    raise GridUnknownError(f"pos_embed has {rows} rows with {prefix} prefix token(s): not a square grid of patches")
 
 
 def _encoding(family: str, sd: Mapping[str, torch.Tensor], has_table: bool) -> str:

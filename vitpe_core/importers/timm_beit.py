@@ -17,28 +17,38 @@ checkpoint filter uses BEiT's geometric interpolation: the outputs then differ f
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ..checkpoint import CheckpointError
 from ..config import ViTConfig
-from ..encodings.absolute import resample_abs_pos_embed
 from . import timm_hub
-from ._hf import config_grid, target_grid
+from ._hf import config_grid, resample_table, target_grid
+from .beit import encoding_name, per_layer_or_shared, place_rel_tables, split_table, table_heads, table_patches
 from .context import Context, Converted
-from .keymap import Keys, is_packed_glu
+from .keymap import TENSOR, Keys, is_packed_glu, split_packed_glu
 from .refuse import refuse
-from .beit import _table, one_table_scheme
 
 FAMILY = "timm-beit"
+# what timm's BEiT and Eva layouts share (timm_eva.py and timm_dinov3.py read these tables too)
+EMBEDDING = {"patch_embed.proj": "patch_embed.proj"}
+EMBEDDING_TENSORS = {"cls_token": "cls_token"}
+TOP = {"norm": "norm", "fc_norm": "fc_norm", "head": "head"}
+LAYER_SCALE = {"ls1.gamma": "gamma_1", "ls2.gamma": "gamma_2"}
+MASK_TOKEN = {r"^mask_token$": "Left out `mask_token` (used only for masked pre-training)."}
+# timm's BEiT's own
+BLOCK = {n: n for n in ("norm1", "norm2", "attn.proj", "mlp.fc1", "mlp.fc2")}
+SHARED_TABLE = "rel_pos_bias.relative_position_bias_table"
+DROP = {**MASK_TOKEN, r"relative_position_index$|^blocks\.\d+\.attn\.k_bias$": None}   # buffers older files keep
+
+
 def trained_grid(config: Mapping[str, Any], patch: int, pos: Tensor | None, table: Tensor | None,
                  img_size: tuple[int, int] | None, family: str) -> tuple[int, int]:
     """The grid the position parameters were trained on: timm's config.json's image size, else the
     square grid of the table (`pos_embed` or a relative table), else `img_size` where the table fits it."""
-    patches = pos.shape[1] - 1 if pos is not None else _square_table(table)
+    patches = pos.shape[1] - 1 if pos is not None else table_patches(table)
     if patches is None and table is not None and img_size is not None:   # a non-square table: --img-size
         H, W = img_size[0] // patch, img_size[1] // patch
         if (2 * H - 1) * (2 * W - 1) + 3 == table.shape[0]:
@@ -47,33 +57,20 @@ def trained_grid(config: Mapping[str, Any], patch: int, pos: Tensor | None, tabl
     return config_grid({"image_size": list(size)} if size else {}, patch, patches, family)
 
 
-def _square_table(t: Tensor | None) -> int | None:
-    if t is None:
-        return None
-    side = (round((t.shape[0] - 3) ** 0.5) + 1) // 2
-    return side * side if (2 * side - 1) ** 2 + 3 == t.shape[0] else None
-
-
-
-def take_embedding(keys: Keys, family: str, notes: list[str]) -> Tensor:
+# ----------------------------------------------------------------------------- shared by timm's BEiT and Eva
+def take_embedding(keys: Keys, family: str) -> Tensor:
     """The patch embedding and class token of timm's BEiT / Eva layouts (the projection weight,
-    checked convolutional), `mask_token` left out with a note."""
-    proj = keys.take("patch_embed.proj.weight", "patch_embed.proj.weight")
-    keys.take("patch_embed.proj.bias", "patch_embed.proj.bias")
-    if keys.take("cls_token", "cls_token") is None or proj is None or proj.ndim != 4:
+    checked convolutional)."""
+    keys.map(EMBEDDING)
+    keys.map(EMBEDDING_TENSORS, params=TENSOR)
+    proj = keys.out.get("patch_embed.proj.weight")
+    if "cls_token" not in keys.out or proj is None or proj.ndim != 4:
         raise CheckpointError(f"{family}: no convolutional patch embedding or class token in the file")
-    if keys.drop(r"^mask_token$"):
-        notes.append("Left out `mask_token` (used only for masked pre-training).")
     return proj
 
 
-def take_layer_scale(keys: Keys, b: str) -> None:
-    """timm's LayerScale of block prefix `b` (`gamma_1`, `gamma_2`) as vitpe's `ls1` / `ls2`."""
-    for n in (1, 2):
-        keys.take(f"{b}ls{n}.gamma", f"{b}gamma_{n}")
-
-
-def take_qkv(keys: Keys, i: int, family: str, reorder=None, biases_required: bool = False) -> None:
+def take_qkv(keys: Keys, i: int, family: str, reorder: Callable[[Tensor], Tensor] | None = None,
+             biases_required: bool = False) -> None:
     """Block `i`'s fused `attn.qkv.weight` and its separate `q_bias` / `v_bias` (timm's BEiT and
     Eva: the key has no bias; a zero one is equivalent) as vitpe's `qkv` weight and bias.
     `reorder(t)`: applied to the query and key parts (a rotary layout's channel order)."""
@@ -93,78 +90,16 @@ def take_qkv(keys: Keys, i: int, family: str, reorder=None, biases_required: boo
     if q is not None:
         keys.out[f"{b}attn.qkv.bias"] = torch.cat((q if reorder is None else reorder(q), torch.zeros_like(q), v))
 
-def convert(sd: Mapping[str, Tensor], ctx: Context) -> Converted:
-    config, img_size, heads, pool, notes = ctx.config, ctx.img_size, ctx.heads, ctx.pool, []
-    refuse(sd, FAMILY)
-    if is_packed_glu(sd):
-        raise CheckpointError(f"{FAMILY}: blocks.0.mlp.fc1.weight is twice as wide as fc2's input (a packed SwiGLU) "
-                              "beside attn.q_bias: timm's Eva (EVA-02), not a BEiT. Its rotary embedding is not in the "
-                              "file; put timm's config.json (architecture eva02_*) beside it")
-    keys = Keys(sd, FAMILY)
-    proj = take_embedding(keys, FAMILY, notes)
-    pos = keys.get("pos_embed")
-    keys.drop(r"relative_position_index$|^blocks\.\d+\.attn\.k_bias$")   # buffers older files keep
-    patch, dim = proj.shape[-1], proj.shape[0]
-    layers = keys.layers(r"blocks\.(\d+)\.")
-    shared = keys.get("rel_pos_bias.relative_position_bias_table")
-    first = shared if shared is not None else sd.get("blocks.0.attn.relative_position_bias_table")
-    if first is None:   # every timm BEiT has one; timm's Eva shares BEiT's names without
-        raise CheckpointError(f"{FAMILY}: attn.q_bias / v_bias and no relative position bias table: not a timm BEiT "
-                              "but timm's Eva class (EVA, EVA-02 CLIP, the RoPE ViTs, PE, timm's DINOv3), whose rotary "
-                              "embedding or post-norm is not in the keys; only EVA-02 tiny / small are imported, with "
-                              "timm's config.json (architecture eva02_*) beside the file")
-    grid0 = trained_grid(config, patch, pos, first, img_size, FAMILY)
-    grid = target_grid(img_size, grid0, patch)
-    tables = []
-    for i in layers:
-        b = f"blocks.{i}."
-        take_qkv(keys, i, FAMILY)
-        keys.keep(*(b + n for n in ("norm1", "norm2", "attn.proj", "mlp.fc1", "mlp.fc2")))
-        take_layer_scale(keys, b)
-        t = keys.get(f"{b}attn.relative_position_bias_table")
-        if t is not None:
-            tables.append(_table(t, grid0, FAMILY, f"{b}attn.relative_position_bias_table"))
-    tables = one_table_scheme(tables, shared, len(layers), grid0, FAMILY, "rel_pos_bias.relative_position_bias_table",
-                              "blocks")
-    keys.keep("norm", "fc_norm", "head")
-    keys.refuse_rest()
-    out = keys.out
-    if "blocks.0.mlp.fc1.weight" not in out:
-        raise CheckpointError(f"{FAMILY}: block 0 lacks mlp.fc1.weight")
-    encoding = []
-    if tables:
-        encoding.append("rpb_cls")
-        rel = torch.stack([t for t, _ in tables])                       # (L|1, h, 2H-1, 2W-1)
-        if grid != grid0:
-            rel = F.interpolate(rel.float(), size=(2 * grid[0] - 1, 2 * grid[1] - 1), mode="bilinear",
-                                align_corners=False).to(rel.dtype)
-            notes.append(f"The relative position tables were trained on a {grid0[0]}x{grid0[1]} grid; resized to "
-                         f"{grid[0]}x{grid[1]} bilinearly (transformers' rule); timm's checkpoint filter uses BEiT's "
-                         "geometric interpolation, so the outputs differ from timm's at this size.")
-        out["pos_enc.rel_tables"] = rel
-        out["pos_enc.cls_bias"] = torch.stack([c for _, c in tables])  # (L|1, h, 3)
-    if pos is not None:
-        encoding.append("ape")
-        out["pos_embed"] = pos
-        if grid != grid0:
-            out["pos_embed"] = resample_abs_pos_embed(pos.float(), grid, grid0, 1).to(pos.dtype)
-            notes.append(f"The position table was trained on a {grid0[0]}x{grid0[1]} grid; resampled to "
-                         f"{grid[0]}x{grid[1]} (bicubic, antialiased, the CLS row kept apart, as timm does).")
-    if not encoding:
-        notes.append("No position table and no relative position bias: imported as `none`.")
-    cfg = ViTConfig(img_size=(grid[0] * patch, grid[1] * patch), patch_size=patch, in_chans=proj.shape[1],
-                    num_classes=out["head.weight"].shape[0] if "head.weight" in out else 0, dim=dim,
-                    depth=len(layers), heads=heads or timm_hub.heads(config) or _heads(tables, dim),
-                    mlp_dim=out["blocks.0.mlp.fc1.weight"].shape[0], qkv_bias="blocks.0.attn.qkv.bias" in out,
-                    norm_eps=1e-6, encoding="+".join(encoding) or "none",
-                    encoding_options={"shared": True} if shared is not None else {},
-                    layer_scale="blocks.0.ls1.gamma" in out, pool=read_out(out, config, pool, notes),
-                    fc_norm="fc_norm.weight" in out, act="gelu")
-    return out, cfg, notes
 
-
-def _heads(tables: list[tuple[Tensor, Tensor]], dim: int) -> int:
-    return tables[0][0].shape[0] if tables else max(1, dim // 64)
+def take_fc1(keys: Keys, b: str, packed: bool) -> None:
+    """Block prefix `b`'s `mlp.fc1`: a packed SwiGLU (`packed`: timm's `GluMlp`, gate first) split
+    into vitpe's `fc1_g` / `fc1_x`, else as it is."""
+    for p in ("weight", "bias"):
+        t = keys.get(f"{b}mlp.fc1.{p}")
+        if t is not None and packed:
+            split_packed_glu(keys.out, t, f"{b}mlp.", p)
+        elif t is not None:
+            keys.out[f"{b}mlp.fc1.{p}"] = t
 
 
 def read_out(out: Mapping[str, Tensor], config: Mapping[str, Any], pool: str | None, notes: list[str]) -> str:
@@ -180,3 +115,80 @@ def read_out(out: Mapping[str, Tensor], config: Mapping[str, Any], pool: str | N
     notes.append("Read-out: the CLS token after `norm` (the keys cannot tell it from the mean without `fc_norm`; "
                  "import with --pool avg if the model was trained so).")
     return "token"
+
+
+# ----------------------------------------------------------------------------- the converter
+def convert(sd: Mapping[str, Tensor], ctx: Context) -> Converted:
+    notes: list[str] = []
+    _refuse(sd)
+    keys = Keys(sd, FAMILY)
+    patch = take_embedding(keys, FAMILY).shape[-1]
+    pos = keys.get("pos_embed")
+    keys.drop_all(DROP, notes)
+    shared = keys.get(SHARED_TABLE)
+    trained = _trained(sd, shared, pos, patch, ctx)
+    grid = target_grid(ctx.img_size, trained, patch)
+    layers = keys.layers(r"blocks\.(\d+)\.")
+    tables = [t for i in layers if (t := _map_block(keys, i, trained)) is not None]
+    tables = per_layer_or_shared(tables, shared, len(layers), trained, FAMILY, SHARED_TABLE, "blocks")
+    keys.map(TOP)
+    keys.refuse_rest()
+    if "blocks.0.mlp.fc1.weight" not in keys.out:
+        raise CheckpointError(f"{FAMILY}: block 0 lacks mlp.fc1.weight")
+    encoding = _place_encodings(keys.out, tables, pos, grid, trained, notes)
+    return keys.out, _config(keys.out, ctx, tables, grid, len(layers), encoding, shared is not None, notes), notes
+
+
+def _refuse(sd: Mapping[str, Tensor]) -> None:
+    refuse(sd, FAMILY)
+    if is_packed_glu(sd):
+        raise CheckpointError(f"{FAMILY}: blocks.0.mlp.fc1.weight is twice as wide as fc2's input (a packed SwiGLU) "
+                              "beside attn.q_bias: timm's Eva (EVA-02), not a BEiT. Its rotary embedding is not in the "
+                              "file; put timm's config.json (architecture eva02_*) beside it")
+
+
+def _trained(sd: Mapping[str, Tensor], shared: Tensor | None, pos: Tensor | None, patch: int, ctx: Context
+             ) -> tuple[int, int]:
+    """The grid the tables were trained on (`trained_grid`), from the first relative table."""
+    first = shared if shared is not None else sd.get("blocks.0.attn.relative_position_bias_table")
+    if first is None:   # every timm BEiT has one; timm's Eva shares BEiT's names without
+        raise CheckpointError(f"{FAMILY}: attn.q_bias / v_bias and no relative position bias table: not a timm BEiT "
+                              "but timm's Eva class (EVA, EVA-02 CLIP, the RoPE ViTs, PE, timm's DINOv3), whose rotary "
+                              "embedding or post-norm is not in the keys; only EVA-02 tiny / small are imported, with "
+                              "timm's config.json (architecture eva02_*) beside the file")
+    return trained_grid(ctx.config, patch, pos, first, ctx.img_size, FAMILY)
+
+
+def _map_block(keys: Keys, i: int, trained: tuple[int, int]) -> tuple[Tensor, Tensor] | None:
+    """Block `i` by BLOCK and LAYER_SCALE; its relative position table split (None: it has none)."""
+    b = f"blocks.{i}."
+    take_qkv(keys, i, FAMILY)
+    keys.map(BLOCK, src=b, dst=b)
+    keys.map(LAYER_SCALE, src=b, dst=b, params=TENSOR)
+    t = keys.get(f"{b}attn.relative_position_bias_table")
+    return None if t is None else split_table(t, trained, FAMILY, f"{b}attn.relative_position_bias_table")
+
+
+def _place_encodings(out: dict[str, Tensor], tables: list[tuple[Tensor, Tensor]], pos: Tensor | None,
+                     grid: tuple[int, int], trained: tuple[int, int], notes: list[str]) -> str:
+    """The tables at `grid`: `pos_embed` as timm resamples it, the offset tables as the encoding
+    resizes them (not timm's rule, noted); the encoding's name."""
+    if tables:
+        place_rel_tables(out, tables, grid, trained, notes, " bilinearly (transformers' rule); timm's checkpoint "
+                         "filter uses BEiT's geometric interpolation, so the outputs differ from timm's at this size.")
+    if pos is not None:
+        out["pos_embed"] = resample_table(pos, grid, trained, 1, notes, antialias=True, who="as timm does")
+    return encoding_name(out, notes)
+
+
+def _config(out: Mapping[str, Tensor], ctx: Context, tables: list[tuple[Tensor, Tensor]], grid: tuple[int, int],
+            depth: int, encoding: str, shared: bool, notes: list[str]) -> ViTConfig:
+    proj = out["patch_embed.proj.weight"]
+    patch, dim = proj.shape[-1], proj.shape[0]
+    return ViTConfig(img_size=(grid[0] * patch, grid[1] * patch), patch_size=patch, in_chans=proj.shape[1],
+                     num_classes=out["head.weight"].shape[0] if "head.weight" in out else 0, dim=dim, depth=depth,
+                     heads=ctx.heads or timm_hub.heads(ctx.config) or table_heads(tables, dim),
+                     mlp_dim=out["blocks.0.mlp.fc1.weight"].shape[0], qkv_bias="blocks.0.attn.qkv.bias" in out,
+                     norm_eps=1e-6, encoding=encoding, encoding_options={"shared": True} if shared else {},
+                     layer_scale="blocks.0.ls1.gamma" in out, pool=read_out(out, ctx.config, ctx.pool, notes),
+                     fc_norm="fc_norm.weight" in out, act="gelu")

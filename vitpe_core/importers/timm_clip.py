@@ -52,18 +52,9 @@ def vit_layers(sd: dict[str, torch.Tensor], config: Mapping[str, Any] | None, *,
         extra["act"] = act
     if norm_pre:
         extra.update(pre_norm=True, norm_eps=1e-5)
-    if attn_pool:
-        _check_pool_head(sd)
-        if pool not in (None, "map"):
-            raise CheckpointError(f"--pool {pool}: this model reads out by attention pooling (`attn_pool.*`)")
-        extra["pool"] = "map"
-    elif pool is None and config:
-        given = timm_hub.arg(config, "global_pool")
-        if isinstance(given, str) and given:
-            if given not in POOLS:
-                raise CheckpointError(f"timm's config.json says global_pool {given!r}; vitpe reads out by "
-                                      f"{sorted(POOLS)} only")
-            extra["pool"] = POOLS[given]
+    pool = _pool(sd, config, pool, bool(attn_pool))
+    if pool is not None:
+        extra["pool"] = pool
     if gated or packed:
         extra["mlp"] = "gated"
     if packed:
@@ -71,6 +62,25 @@ def vit_layers(sd: dict[str, torch.Tensor], config: Mapping[str, Any] | None, *,
         notes.append("The packed gated MLP (`mlp.fc1`) is split into gate and value halves (`fc1_g`, `fc1_x`), "
                      "as timm's SwiGLUPacked reads it.")
     return extra, sd
+
+
+def _pool(sd: Mapping[str, torch.Tensor], config: Mapping[str, Any] | None, pool: str | None, attn_pool: bool
+          ) -> str | None:
+    """The read-out the layers (attention pooling) or timm's config.json (`global_pool`) decide,
+    where the caller's `pool` does not; None: the keys' default (timm.py)."""
+    if attn_pool:
+        _check_pool_head(sd)
+        if pool not in (None, "map"):
+            raise CheckpointError(f"--pool {pool}: this model reads out by attention pooling (`attn_pool.*`)")
+        return "map"
+    if pool is None and config:
+        given = timm_hub.arg(config, "global_pool")
+        if isinstance(given, str) and given:
+            if given not in POOLS:
+                raise CheckpointError(f"timm's config.json says global_pool {given!r}; vitpe reads out by "
+                                      f"{sorted(POOLS)} only")
+            return POOLS[given]
+    return None
 
 
 def _check_pool_head(sd: Mapping[str, torch.Tensor]) -> None:

@@ -32,15 +32,20 @@ from ..config import ViTConfig
 from . import timm_hub
 from ._hf import target_grid
 from .context import Context, Converted
-from .keymap import Keys
 from .dinov3 import half_to_adjacent
+from .keymap import TENSOR, Keys, check_rotary_heads, is_packed_glu
 from .refuse import refuse
-from .timm_beit import take_embedding, take_layer_scale, take_qkv
+from .timm_beit import LAYER_SCALE, MASK_TOKEN, TOP, take_embedding, take_fc1, take_qkv
 
 FAMILY = "timm-dinov3"
 ARCH = r"_dinov3(_|$)"
 HEADS = {"vit_7b_patch16_dinov3": 32}   # timm 1.0.31: the one DINOv3 whose heads are not width / 64
 DEFAULT_SIZE = (256, 256)              # pretrained_cfg input_size of every DINOv3 in timm 1.0.31
+TOP_TENSORS = {"reg_token": "reg_token"}
+BLOCK = {n: n for n in ("norm1", "norm2", "attn.proj", "mlp.fc1_g", "mlp.fc1_x", "mlp.fc2")}   # + mlp.fc1 (take_fc1)
+DROP = {**MASK_TOKEN,
+        r"^blocks\.\d+\.attn\.k_bias$": None,   # a zero buffer
+        r"^rope\.": "Left out the rotary embedding's stored buffers (`rope.*`), which are recomputed."}
 
 
 def is_dinov3(config: Mapping[str, Any] | None) -> bool:
@@ -48,70 +53,91 @@ def is_dinov3(config: Mapping[str, Any] | None) -> bool:
 
 
 def convert(sd: Mapping[str, Tensor], ctx: Context) -> Converted:
-    config, img_size, heads, pool, notes = ctx.config, ctx.img_size, ctx.heads, ctx.pool, []
-    arch = timm_hub.architecture(config)
+    notes: list[str] = []
+    _refuse(sd, ctx.config)
+    keys = _map_top(sd, notes)
+    heads = _heads(ctx, keys.out["patch_embed.proj.weight"].shape[0])
+    layers = keys.layers(r"blocks\.(\d+)\.")
+    for i in layers:
+        _map_block(keys, i, heads)
+    keys.refuse_rest()
+    layer_scale = _check_blocks(keys.out, layers, notes)
+    return keys.out, _config(keys.out, ctx, len(layers), heads, layer_scale, notes), notes
+
+
+def _refuse(sd: Mapping[str, Tensor], config: Mapping[str, Any]) -> None:
+    """CheckpointError unless timm's config.json names a DINOv3 whose settings vitpe computes (refuse.py)."""
     if not is_dinov3(config):
+        arch = timm_hub.architecture(config)
         raise CheckpointError(f"{FAMILY}: timm's Eva class with register tokens (`reg_token`, `blocks.N.gamma_1`): "
                               "timm's DINOv3 or another Eva (`vit_*_rope_reg*`), whose rotary embeddings differ and "
                               "are not in the file; put timm's config.json (architecture vit_*_dinov3*) beside the file"
                               f"{f' (it names {arch!r})' if arch else ''}")
     refuse(sd, FAMILY, config)
-    args = timm_hub.model_args(config)
+
+
+def _map_top(sd: Mapping[str, Tensor], notes: list[str]) -> Keys:
+    """The keys outside the blocks: the embedding, TOP, TOP_TENSORS (the registers) and DROP."""
     keys = Keys(sd, FAMILY)
-    proj = take_embedding(keys, FAMILY, notes)
-    reg = keys.take("reg_token", "reg_token")
-    keys.drop(r"^blocks\.\d+\.attn\.k_bias$")   # a zero buffer
-    if keys.drop(r"^rope\."):                    # buffers (periods, cached sines and cosines), recomputed
-        notes.append("Left out the rotary embedding's stored buffers (`rope.*`), which are recomputed.")
-    patch, dim = proj.shape[-1], proj.shape[0]
-    n_heads = heads or timm_hub.heads(config) or HEADS.get(arch) or max(1, dim // 64)
-    if dim % n_heads or (dim // n_heads) % 4:
-        raise CheckpointError(f"{FAMILY}: width {dim} with {n_heads} heads: the head width must be a multiple of 4 "
-                              "(pass --heads)")
-    layers = keys.layers(r"blocks\.(\d+)\.")
-    for i in layers:
-        b = f"blocks.{i}."
-        take_qkv(keys, i, FAMILY, lambda t: half_to_adjacent(t, n_heads))
-        keys.keep(*(b + n for n in ("norm1", "norm2", "attn.proj", "mlp.fc1_g", "mlp.fc1_x", "mlp.fc2")))
-        packed = keys.get(f"{b}mlp.fc1.weight")
-        fc2 = keys.out.get(f"{b}mlp.fc2.weight")
-        for p in ("weight", "bias"):
-            t = packed if p == "weight" else keys.get(f"{b}mlp.fc1.bias")
-            if t is None:
-                continue
-            if fc2 is not None and packed is not None and packed.shape[0] == 2 * fc2.shape[1]:   # GluMlp, gate first
-                keys.out[f"{b}mlp.fc1_g.{p}"], keys.out[f"{b}mlp.fc1_x.{p}"] = t.chunk(2, dim=0)
-            else:
-                keys.out[f"{b}mlp.fc1.{p}"] = t
-        take_layer_scale(keys, b)
-    keys.keep("norm", "fc_norm", "head")
-    keys.refuse_rest()
-    out = keys.out
-    gated = "blocks.0.mlp.fc1_g.weight" in out
-    if f"blocks.0.mlp.{'fc1_g' if gated else 'fc1'}.weight" not in out:
+    take_embedding(keys, FAMILY)
+    keys.map(TOP_TENSORS, params=TENSOR)
+    keys.drop_all(DROP, notes)
+    keys.map(TOP)
+    return keys
+
+
+def _heads(ctx: Context, dim: int) -> int:
+    """`--heads`, else timm's config.json's, else the architecture's, else `dim // 64`; checked for the rotary pairs."""
+    heads = ctx.heads or timm_hub.heads(ctx.config) or HEADS.get(timm_hub.architecture(ctx.config)) or max(1, dim // 64)
+    check_rotary_heads(FAMILY, dim, heads)
+    return heads
+
+
+def _map_block(keys: Keys, i: int, heads: int) -> None:
+    """Block `i` by BLOCK and LAYER_SCALE, its query and key channels in vitpe's pair order; a
+    packed `mlp.fc1` (timm's `GluMlp`: twice fc2's input width) split."""
+    b = f"blocks.{i}."
+    take_qkv(keys, i, FAMILY, lambda t: half_to_adjacent(t, heads))
+    keys.map(BLOCK, src=b, dst=b)
+    take_fc1(keys, b, packed=is_packed_glu(keys.sd, b))
+    keys.map(LAYER_SCALE, src=b, dst=b, params=TENSOR)
+
+
+def _check_blocks(out: dict[str, Tensor], layers: list[int], notes: list[str]) -> bool:
+    """An MLP input projection in block 0, LayerScale in both branches of every block or none (returns
+    whether there is LayerScale); a zero patch-embedding bias where the file has none."""
+    if "blocks.0.mlp.fc1_g.weight" not in out and "blocks.0.mlp.fc1.weight" not in out:
         raise CheckpointError(f"{FAMILY}: block 0 lacks mlp.fc1.weight (or fc1_g / fc1_x)")
     ls = [sum(f"blocks.{i}.ls{n}.gamma" in out for i in layers) for n in (1, 2)]
     if ls not in ([0, 0], [len(layers)] * 2):
         raise CheckpointError(f"{FAMILY}: LayerScale in {ls[0]} attention and {ls[1]} MLP branches of {len(layers)} "
                               "blocks; vitpe's LayerScale is in both branches of every block")
     if "patch_embed.proj.bias" not in out:
-        out["patch_embed.proj.bias"] = torch.zeros(dim)
+        out["patch_embed.proj.bias"] = torch.zeros(out["patch_embed.proj.weight"].shape[0])
         notes.append("The patch embedding has no bias in the file; a zero bias is equivalent.")
-    size = timm_hub.img_size(config) or DEFAULT_SIZE
-    grid = target_grid(img_size, (size[0] // patch, size[1] // patch), patch)
-    theta = float(args.get("rope_temperature", 100.0))
+    return bool(ls[0])
+
+
+def _config(out: Mapping[str, Tensor], ctx: Context, depth: int, heads: int, layer_scale: bool, notes: list[str]
+            ) -> ViTConfig:
+    proj = out["patch_embed.proj.weight"]
+    patch = proj.shape[-1]
+    size = timm_hub.img_size(ctx.config) or DEFAULT_SIZE
+    grid = target_grid(ctx.img_size, (size[0] // patch, size[1] // patch), patch)
+    theta = float(timm_hub.model_args(ctx.config).get("rope_temperature", 100.0))
     notes.append(f"timm's DINOv3 rotary embedding: rope_dinov3 with theta {theta:g}; each head's query and key "
                  "channels reordered from timm's (k, k + d/2) rotation pairs to adjacent pairs (the attention is the "
                  "same).")
-    cfg = ViTConfig(img_size=(grid[0] * patch, grid[1] * patch), patch_size=patch, in_chans=proj.shape[1],
-                    num_classes=out["head.weight"].shape[0] if "head.weight" in out else 0, dim=dim,
-                    depth=len(layers), heads=n_heads,
-                    mlp_dim=out[f"blocks.0.mlp.{'fc1_g' if gated else 'fc1'}.weight"].shape[0],
-                    qkv_bias="blocks.0.attn.qkv.bias" in out, norm_eps=1e-5, encoding="rope_dinov3",
-                    encoding_options={"theta": theta}, reg_tokens=0 if reg is None else reg.shape[1],
-                    layer_scale=bool(ls[0]), pool=_read_out(out, config, pool, notes),
-                    fc_norm="fc_norm.weight" in out, act="silu" if gated else "gelu", mlp="gated" if gated else "mlp")
-    return out, cfg, notes
+    gated = "blocks.0.mlp.fc1_g.weight" in out
+    reg = out.get("reg_token")
+    return ViTConfig(img_size=(grid[0] * patch, grid[1] * patch), patch_size=patch, in_chans=proj.shape[1],
+                     num_classes=out["head.weight"].shape[0] if "head.weight" in out else 0, dim=proj.shape[0],
+                     depth=depth, heads=heads,
+                     mlp_dim=out[f"blocks.0.mlp.{'fc1_g' if gated else 'fc1'}.weight"].shape[0],
+                     qkv_bias="blocks.0.attn.qkv.bias" in out, norm_eps=1e-5, encoding="rope_dinov3",
+                     encoding_options={"theta": theta}, reg_tokens=0 if reg is None else reg.shape[1],
+                     layer_scale=layer_scale, pool=_read_out(out, ctx.config, ctx.pool, notes),
+                     fc_norm="fc_norm.weight" in out, act="silu" if gated else "gelu", mlp="gated" if gated else "mlp")
 
 
 def _read_out(out: Mapping[str, Tensor], config: Mapping[str, Any], pool: str | None, notes: list[str]) -> str:

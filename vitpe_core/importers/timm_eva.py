@@ -25,16 +25,19 @@ from torch import Tensor
 
 from ..checkpoint import CheckpointError
 from ..config import ViTConfig
-from ..encodings.absolute import resample_abs_pos_embed
 from . import timm_hub
-from ._hf import target_grid
+from ._hf import resample_table, target_grid
 from .context import Context, Converted
-from .keymap import Keys, is_packed_glu
+from .keymap import TENSOR, Keys, check_rotary_heads, is_packed_glu
 from .refuse import refuse
-from .timm_beit import read_out, take_embedding, take_layer_scale, take_qkv, trained_grid
+from .timm_beit import LAYER_SCALE, MASK_TOKEN, TOP, read_out, take_embedding, take_fc1, take_qkv, trained_grid
 
 FAMILY = "timm-eva02"
 REF_GRID = (16, 16)   # ref_feat_shape of every eva02_* architecture in timm 1.0.31 (224 / 14)
+BLOCK = {n: n for n in ("norm1", "norm2", "attn.proj", "mlp.fc2")}   # and the packed mlp.fc1, split (take_fc1)
+DROP = {**MASK_TOKEN,
+        r"^blocks\.\d+\.attn\.k_bias$": None,   # a zero buffer older files keep
+        r"^rope\.": "Left out the rotary embedding's stored sines and cosines (`rope.*`), which are recomputed."}
 
 
 def is_eva02(config: Mapping[str, Any] | None) -> bool:
@@ -49,9 +52,26 @@ def swap_halves(w: Tensor, heads: int) -> Tensor:
 
 
 def convert(sd: Mapping[str, Tensor], ctx: Context) -> Converted:
-    config, img_size, heads, pool, notes = ctx.config, ctx.img_size, ctx.heads, ctx.pool, []
-    arch = timm_hub.architecture(config)
+    notes: list[str] = []
+    _refuse(sd, ctx.config)
+    keys, pos = _map_top(sd, notes)
+    proj = keys.out["patch_embed.proj.weight"]
+    trained = trained_grid(ctx.config, proj.shape[-1], pos, None, ctx.img_size, FAMILY)
+    grid = target_grid(ctx.img_size, trained, proj.shape[-1])
+    heads = ctx.heads or timm_hub.heads(ctx.config) or max(1, proj.shape[0] // 64)
+    check_rotary_heads(FAMILY, proj.shape[0], heads)
+    layers = keys.layers(r"blocks\.(\d+)\.")
+    for i in layers:
+        _map_block(keys, i, heads)
+    keys.refuse_rest()
+    keys.out["pos_embed"] = resample_table(pos, grid, trained, 1, notes, antialias=True, who="as timm does")
+    return keys.out, _config(keys.out, ctx, grid, len(layers), heads, notes), notes
+
+
+def _refuse(sd: Mapping[str, Tensor], config: Mapping[str, Any]) -> None:
+    """CheckpointError unless timm's config.json names an EVA-02 and the keys are its tiny / small layout."""
     if not is_eva02(config):
+        arch = timm_hub.architecture(config)
         raise CheckpointError(f"{FAMILY}: timm's Eva computes a rotary embedding that is not in the file; its "
                               "reference grid is the architecture's: put timm's config.json (architecture eva02_*) "
                               f"beside the file{f' (it names {arch!r})' if arch else ''}")
@@ -59,49 +79,41 @@ def convert(sd: Mapping[str, Tensor], ctx: Context) -> Converted:
     if not is_packed_glu(sd):
         raise CheckpointError(f"{FAMILY}: blocks.0.mlp.fc1.weight is not a packed SwiGLU (twice fc2's input width): "
                               "not the EVA-02 tiny / small layout vitpe maps")
+
+
+def _map_top(sd: Mapping[str, Tensor], notes: list[str]) -> tuple[Keys, Tensor]:
+    """The keys outside the blocks (TOP, DROP); the position table, which every EVA-02 has."""
     keys = Keys(sd, FAMILY)
-    proj = take_embedding(keys, FAMILY, notes)
+    take_embedding(keys, FAMILY)
     pos = keys.get("pos_embed")
     if pos is None:
         raise CheckpointError(f"{FAMILY}: no pos_embed; every EVA-02 has one beside its rotary embedding")
-    keys.drop(r"^blocks\.\d+\.attn\.k_bias$")   # a zero buffer older files keep
-    if keys.drop(r"^rope\."):                    # buffers older files keep; timm recomputes them too
-        notes.append("Left out the rotary embedding's stored sines and cosines (`rope.*`), which are recomputed.")
-    patch, dim = proj.shape[-1], proj.shape[0]
-    grid0 = trained_grid(config, patch, pos, None, img_size, FAMILY)
-    grid = target_grid(img_size, grid0, patch)
-    n_heads = heads or timm_hub.heads(config) or max(1, dim // 64)
-    if dim % n_heads or (dim // n_heads) % 4:
-        raise CheckpointError(f"{FAMILY}: width {dim} with {n_heads} heads: the head width must be a multiple of 4 "
-                              "(pass --heads)")
-    layers = keys.layers(r"blocks\.(\d+)\.")
-    for i in layers:
-        b = f"blocks.{i}."
-        take_qkv(keys, i, FAMILY, lambda t: swap_halves(t, n_heads), biases_required=True)
-        keys.keep(*(b + n for n in ("norm1", "norm2", "attn.proj", "mlp.fc2")))
-        for p in ("weight", "bias"):
-            packed = keys.get(f"{b}mlp.fc1.{p}")
-            if packed is not None:
-                keys.out[f"{b}mlp.fc1_g.{p}"], keys.out[f"{b}mlp.fc1_x.{p}"] = packed.chunk(2, dim=0)
-        take_layer_scale(keys, b)
-    keys.keep("norm", "fc_norm", "head")
-    keys.refuse_rest()
-    out = keys.out
-    out["pos_embed"] = pos
-    if grid != grid0:
-        out["pos_embed"] = resample_abs_pos_embed(pos.float(), grid, grid0, 1).to(pos.dtype)
-        notes.append(f"The position table was trained on a {grid0[0]}x{grid0[1]} grid; resampled to "
-                     f"{grid[0]}x{grid[1]} (bicubic, antialiased, the CLS row kept apart, as timm does).")
-    ref = timm_hub.model_args(config).get("ref_feat_shape") or REF_GRID
+    keys.drop_all(DROP, notes)
+    keys.map(TOP)
+    return keys, pos
+
+
+def _map_block(keys: Keys, i: int, heads: int) -> None:
+    """Block `i` by BLOCK and LAYER_SCALE, its query and key channels in vitpe's pair order."""
+    b = f"blocks.{i}."
+    take_qkv(keys, i, FAMILY, lambda t: swap_halves(t, heads), biases_required=True)
+    keys.map(BLOCK, src=b, dst=b)
+    take_fc1(keys, b, packed=True)
+    keys.map(LAYER_SCALE, src=b, dst=b, params=TENSOR)
+
+
+def _config(out: Mapping[str, Tensor], ctx: Context, grid: tuple[int, int], depth: int, heads: int,
+            notes: list[str]) -> ViTConfig:
+    ref = timm_hub.model_args(ctx.config).get("ref_feat_shape") or REF_GRID
     ref = (int(ref[0]), int(ref[-1])) if isinstance(ref, (list, tuple)) else (int(ref), int(ref))
     notes.append(f"EVA-02's rotary embedding: rope_axial with theta 10000 on the {ref[0]}x{ref[1]} reference grid "
                  "(ref_feat_shape); each head's query and key channels swap halves (timm turns the row pairs first), "
                  "which leaves every score unchanged.")
-    cfg = ViTConfig(img_size=(grid[0] * patch, grid[1] * patch), patch_size=patch, in_chans=proj.shape[1],
-                    num_classes=out["head.weight"].shape[0] if "head.weight" in out else 0, dim=dim,
-                    depth=len(layers), heads=n_heads, mlp_dim=out["blocks.0.mlp.fc2.weight"].shape[1],
-                    norm_eps=1e-6, encoding="rope_axial+ape",
-                    encoding_options={"theta": 10000.0, "ref_grid": list(ref)},
-                    layer_scale="blocks.0.ls1.gamma" in out, pool=read_out(out, config, pool, notes),
-                    fc_norm="fc_norm.weight" in out, act="silu", mlp="gated")
-    return out, cfg, notes
+    proj = out["patch_embed.proj.weight"]
+    patch = proj.shape[-1]
+    return ViTConfig(img_size=(grid[0] * patch, grid[1] * patch), patch_size=patch, in_chans=proj.shape[1],
+                     num_classes=out["head.weight"].shape[0] if "head.weight" in out else 0, dim=proj.shape[0],
+                     depth=depth, heads=heads, mlp_dim=out["blocks.0.mlp.fc2.weight"].shape[1], norm_eps=1e-6,
+                     encoding="rope_axial+ape", encoding_options={"theta": 10000.0, "ref_grid": list(ref)},
+                     layer_scale="blocks.0.ls1.gamma" in out, pool=read_out(out, ctx.config, ctx.pool, notes),
+                     fc_norm="fc_norm.weight" in out, act="silu", mlp="gated")
