@@ -8,7 +8,7 @@ import streamlit as st
 from vitpe_core import figures, views
 from pages.common import cache, explain, loading, messages, picker, position_panel, swin_view, uploads, viewsync
 from pages.common import widgets
-from pages.common.resolution import resolution_table
+from pages.common.resolution import resolution_explorer, resolution_table
 from pages.common.output import chart, downloads
 
 PAGE, COLUMNS = "compare", 2
@@ -63,6 +63,7 @@ def main() -> None:
                 panel(name, ckpts[name], key, custom, view.patch, layer, head, ref.config.grid)
     colors = figures.checkpoint_colors(list(configs))   # one per listed checkpoint, whatever is shown
     position_panel.position_section(PAGE, shown, ckpts, layer, head, colors, view.patch, ref.config.grid)
+    resolution_explorer(PAGE, shown, ckpts)
     training_curves(shown, ckpts, colors)
 
 

@@ -13,6 +13,7 @@ file. The figures are the app's own (`vitpe_core.figures`, from `analysis`, `pos
     vx.attention(m, "photo-chelsea", patch=(3, 4), layer=2, head=1)
     vx.rollout(m, "photo.jpg")                     # any image file, a PIL image, or a gallery id
     vx.kernels(m); vx.query_kernels(m, patch=(0, 0)); vx.attention_distance(m)
+    vx.resolution(m)                               # 0.5x-2x its input size: what it keeps (resolution.py)
     vx.report(m, "out.html")                       # the self-contained HTML report (html_report)
 
 Images: a gallery id (`vitpe_core.gallery.gallery_ids()`), a path to an image file (decoded by
@@ -36,6 +37,7 @@ from .gallery import gallery_caption, gallery_ids, gallery_image
 from .html_report import ReportImage, write_report
 from .html_report.build import file_sha256, model_card, weights_sha256
 from .inputs import checkpoint_input, image_key, model_crop
+from .model import ViT
 
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
 
@@ -256,6 +258,28 @@ def query_kernels(m: Model, patch: tuple[int, int] | None = None, head: int | No
     return figures.query_kernels_fig(maps, patches, fits, cols=min(6, len(maps)),
                                      title=f"Per query: patch ({patch[0]}, {patch[1]}) to every key, "
                                            f"{views.head_text(head)}")
+
+
+def resolution(m: Model, sizes: Sequence[tuple[int, int]] | None = None, *, progress: bool = True):
+    """The resolution sweep (`resolution.sweep`) on the gallery images: at each input size (default
+    `resolution.default_sizes`: 0.5x-2x in whole patches and one rectangular) the top-1 agreement
+    and feature cosine to the native size, the resampled table's 2D structure, the position kernel's
+    relative score; a figure, its rows under `fig.layout.meta["rows"]` (`resolution.rows_json`)."""
+    from tqdm.auto import tqdm
+
+    from . import resolution as res
+    if not isinstance(m.ckpt.model, ViT):
+        raise ValueError(f"{m.name}: only ViTs are swept (a Swin's windows are fixed when it is built)")
+    cfg = m.config
+    sizes = res.default_sizes(cfg.img_size, cfg.patch_size) if sizes is None else sizes
+    bar = tqdm(total=len(res.check_sizes([*sizes, tuple(cfg.img_size)], cfg.patch_size)), disable=not progress,
+               desc=f"{m.name}: input sizes")
+    rows = res.sweep(m.ckpt.model, positional.image_set(m.ckpt), sizes, on_size=lambda i, n, s: bar.update(i - bar.n))
+    bar.update(bar.total - bar.n)
+    bar.close()
+    fig = figures.resolution_fig(rows, title=f"{m.name} at other input sizes")
+    fig.layout.meta = {"rows": res.rows_json(rows)}
+    return fig
 
 
 def attention_distance(m: Model):

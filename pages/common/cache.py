@@ -447,3 +447,22 @@ def position_analysis(name: str) -> dict[str, np.ndarray]:
     relative_score, mean_distance, entropy): from the cache file beside it when it is current,
     else computed on the gallery image set (seconds for the shipped models) and cached."""
     return _position(model_ref(name))
+
+
+# ----------------------------------------------------------------------------- other input sizes
+@budgeted("resolution sweeps", max_items=32)
+def _resolution(ref: ModelRef, sizes: tuple[tuple[int, int], ...], _on_size=None) -> list:
+    from vitpe_core import positional, resolution
+    ckpt = load_model(ref)
+    return resolution.sweep(ckpt.model, positional.image_set(ckpt), sizes, on_size=_on_size)
+
+
+def resolution_sweep(name: str, sizes: tuple[tuple[int, int], ...], on_size=None) -> list:
+    """`resolution.sweep`'s rows for checkpoint `name` at `sizes` on the gallery image set, cached in
+    the memory budget like the traces; `on_size(done, total, size)` reports progress while computing."""
+    return _resolution(model_ref(name), tuple(sizes), on_size)
+
+
+def resolution_cached(name: str, sizes: tuple[tuple[int, int], ...]) -> bool:
+    """Whether `resolution_sweep(name, sizes)` would answer from the cache (no sweep to run)."""
+    return _resolution.is_cached(model_ref(name), tuple(sizes))

@@ -1,11 +1,22 @@
-"""The compare page's "Top-1 % at other input resolutions" table (what `python -m vitpe_core
-evaluate --sizes ... --record` stored in each checkpoint's metrics)."""
+"""The compare page's answers about other input sizes: the "Top-1 % at other input resolutions"
+table (what `python -m vitpe_core evaluate --sizes ... --record` stored in each checkpoint's
+metrics) and the resolution explorer (`vitpe_core.resolution`: one model swept over input sizes)."""
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
-from vitpe_core import views
+from vitpe_core import figures, resolution, views
+from vitpe_core.swin.explore import is_swin_model
+from pages.common import cache
+from pages.common.output import chart
+
+EXPLAIN = ("What another input size does to the model, with its own run-time resampling of its position "
+           "parameters (the table resampled, the bias resized, the rotation angles at the new grid), on the "
+           "gallery images resized: whether its top-1 stays the native size's, how close its pooled features "
+           "stay, how well the resampled table keeps its 2D structure, how much of its position-only kernel is "
+           "an offset-only kernel, and how far it attends by depth. Square sizes are joined by lines, the "
+           "rectangular one is a hollow marker.")
 
 
 def resolution_table(page: str, names, ckpts) -> None:
@@ -16,3 +27,54 @@ def resolution_table(page: str, names, ckpts) -> None:
     else:
         st.caption("Not measured for these checkpoints: run `python -m vitpe_core evaluate "
                    "checkpoints/NAME.safetensors --sizes 24,32,40,48 --record`.")
+
+
+def resolution_explorer(page: str, names, ckpts) -> None:
+    """Pick one shown checkpoint and its sizes (0.5x-2x native, one rectangular), sweep on request
+    (with a progress bar; cached in the memory budget), then the chart, the distance by depth and the table."""
+    st.subheader("At other input sizes: when does the model lose its sense of position?")
+    st.markdown(EXPLAIN)
+    vits = [n for n in names if not is_swin_model(ckpts[n])]
+    if len(vits) < len(names):
+        st.caption("Swin models are not swept: their windows are fixed when the model is built for a size.")
+    if not vits:
+        return
+    cols = st.columns([1, 3])
+    name = cols[0].selectbox("Model", vits, key=f"{page}_res_model")
+    cfg = ckpts[name].config
+    options = {f"{h}×{w}": (h, w) for h, w in resolution.default_sizes(cfg.img_size, cfg.patch_size)}
+    picked = cols[1].multiselect("Input sizes (px)", list(options), default=list(options),
+                                 key=f"{page}_res_sizes_{name}")
+    sizes = tuple(options[p] for p in picked)
+    asked = st.session_state.setdefault(f"{page}_res_asked", set())
+    if st.button("Sweep these sizes", key=f"{page}_res_go", type="primary"):
+        asked.add((name, sizes))
+    if (name, sizes) not in asked and not cache.resolution_cached(name, sizes):
+        st.caption(f"{len(sizes)} sizes, each a traced pass over the gallery images: press **Sweep these sizes**.")
+        return
+    bar = st.progress(0.0, text="Sweeping input sizes…")
+    rows = cache.resolution_sweep(name, sizes, lambda i, n, s: bar.progress(
+        i / n, text=f"Sweeping input sizes: {s[0]}×{s[1]} px ({i + 1} of {n})"))
+    bar.empty()
+    below, above = resolution.lost_at(rows)
+    st.markdown(_verdict(rows, below, above))
+    chart(figures.resolution_fig(rows, title=f"{name} at other input sizes"), f"{name}_resolution",
+          key=f"{page}_res_chart")
+    chart(figures.distance_by_size_fig(rows, title=f"{name}: attention distance by depth, per input size"),
+          f"{name}_resolution_distance", key=f"{page}_res_distance")
+    table = pd.DataFrame(resolution.rows_json(rows)).set_index("size")
+    st.dataframe(table.astype(str), key=f"{page}_res_table", placeholder="—")
+    st.download_button("Sweep (CSV)", data=table.to_csv().encode(), file_name=f"{name}_resolution.csv",
+                       mime="text/csv", key=f"{page}_res_csv", on_click="ignore")
+
+
+def _verdict(rows, below, above) -> str:
+    what = "top-1 stays the native size's" if rows[0].agreement is not None else "pooled features stay (cosine)"
+    parts = []
+    if below is not None:
+        parts.append(f"at {below.label} px and below")
+    if above is not None:
+        parts.append(f"at {above.label} px and above")
+    if not parts:
+        return f"On every size swept, its {what} for at least 90 % of the gallery images (or a cosine of 0.9)."
+    return f"Its {what} for less than 90 % of the gallery images (or a cosine under 0.9) " + " and ".join(parts) + "."

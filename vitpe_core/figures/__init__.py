@@ -22,6 +22,8 @@ import overlay_fig`):
   `patch_centres`, `picker_spec`, `with_outline` (a Plotly spec as a dict).
 * `windows`: Swin's windows — `window_map_fig` (a patch's row over its window, with the block's
   shifted window grid), `window_lines_path`.
+* `resolution`: the input-size sweep (`vitpe_core.resolution`) — `resolution_fig` (what each size
+  keeps), `distance_by_size_fig`.
 
 A new builder goes in the module of its kind (or a new one), takes its style from `common`,
 and is added to the imports and `__all__` below.
@@ -42,6 +44,7 @@ from .maps import (DIFF_SCALE, LAYERS_MAX_COLS, figure7_canvas, figure7_grid_fig
                    pair_fig, patch_map_fig, png_data_uri, shift_diff_fig, similarity_matrix_fig)
 from .maps import _png_data_uri as _png_data_uri   # its cache is checked by tests/test_figures.py
 from .picker import MAX_HEIGHT_PX, patch_centres, picker_spec, with_outline
+from .resolution import distance_by_size_fig, resolution_fig
 from .raster import display_image, figure7_image, figure7_pixel_to_patch, grid_image, pixel_to_patch
 from .windows import window_lines_path, window_map_fig
 
@@ -68,4 +71,6 @@ __all__ = [
     "MAX_HEIGHT_PX", "patch_centres", "picker_spec", "with_outline",
     # windows
     "window_map_fig", "window_lines_path",
+    # resolution
+    "resolution_fig", "distance_by_size_fig",
 ]

@@ -1,0 +1,128 @@
+"""The resolution sweep (vitpe_core/resolution.py) and its explorer on the compare page: the
+sizes it offers, its values against the library calls it is built from, and the page in AppTest."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from vitpe_core import analysis, figures, positional, resolution
+from vitpe_core.config import ViTConfig
+from vitpe_core.model import ViT
+from vitpe_core.stress import Transform, transform_input
+
+
+def _model(encoding: str, classes: int = 5) -> ViT:
+    torch.manual_seed(0)
+    cfg = ViTConfig(img_size=(32, 32), patch_size=8, dim=32, depth=2, heads=2, mlp_dim=64, num_classes=classes,
+                    encoding=encoding)
+    return ViT(cfg).eval()
+
+
+def test_default_sizes_span_half_to_twice_native_in_whole_patches_with_one_rectangle():
+    sizes = resolution.default_sizes((32, 32), 4)
+    assert sizes[0] == (16, 16) and sizes[-1] == (64, 64) and (32, 32) in sizes
+    assert all(h % 4 == 0 and w % 4 == 0 for h, w in sizes)
+    assert [s for s in sizes if s[0] != s[1]] == [(32, 48)]
+    big = resolution.default_sizes((224, 224), 16)
+    assert big[0] == (112, 112) and big[-1] == (448, 448) and (224, 336) in big
+
+
+def test_sizes_are_checked():
+    assert resolution.check_sizes([(16, 24), (16, 24), (8, 8)], 8) == [(8, 8), (16, 24)]
+    with pytest.raises(ValueError, match="multiple of the patch size 8"):
+        resolution.check_sizes([(20, 16)], 8)
+    with pytest.raises(ValueError, match="at most"):
+        resolution.check_sizes([(8 * 65, 8)], 8)
+
+
+@pytest.mark.parametrize("encoding", ["ape", "rpb", "rope_axial", "none"])
+def test_a_sweep_equals_the_library_calls_it_is_built_from(encoding):
+    model = _model(encoding)
+    images = torch.randn(6, 3, 32, 32)
+    rows = resolution.sweep(model, images, [(16, 16), (48, 48), (32, 48)])
+    assert [r.size for r in rows] == [(16, 16), (32, 32), (32, 48), (48, 48)]
+    native = next(r for r in rows if r.native)
+    assert native.size == (32, 32) and native.agreement == 1.0 and native.feature_cosine == pytest.approx(1.0)
+    with torch.no_grad():
+        ref = model(images)
+        ref_feat = model.pool(model.forward_features(images))
+    for r in rows:
+        x = transform_input(images, Transform(r.size))
+        grid = model.grid_for(r.size)
+        assert r.grid == grid == (r.size[0] // 8, r.size[1] // 8)
+        with torch.no_grad():
+            logits = model(x)
+            feat = model.pool(model.forward_features(x))
+        assert r.agreement == pytest.approx(float((logits.argmax(-1) == ref.argmax(-1)).float().mean()))
+        cos = torch.nn.functional.cosine_similarity(feat, ref_feat, dim=-1).mean()
+        assert r.feature_cosine == pytest.approx(float(cos), abs=1e-6)
+        table = analysis.position_table(model, grid)
+        if table is None:
+            assert r.structure is None
+        else:
+            sim = analysis.cosine_similarity(table)
+            assert r.structure == pytest.approx(analysis.structure_score(sim, grid)["spearman"])
+        kern = positional.position_kernels(model, x)
+        if kern.kind == "none":
+            assert r.relative_score is None
+        else:
+            assert r.relative_score == pytest.approx(float(positional.relative_score(kern.kernel, kern.grid).mean()))
+        rec: list[dict] = []
+        with torch.no_grad():
+            model(x, trace=rec)
+        attn = np.stack([t["attn"].float().numpy() for t in rec], 1)
+        dist = positional.mean_attention_distance(attn, grid, model.num_prefix).mean(-1).mean(0)
+        np.testing.assert_allclose(r.distance, dist, rtol=1e-5)
+
+
+def test_without_a_head_agreement_is_none_and_the_verdict_reads_the_feature_cosine():
+    rows = resolution.sweep(_model("ape", classes=0), torch.randn(3, 3, 32, 32), [(16, 16), (64, 64)])
+    assert all(r.agreement is None for r in rows)
+    below, above = resolution.lost_at(rows, threshold=2.0)     # every cosine is under 2: the nearest sizes
+    assert below.size == (16, 16) and above.size == (64, 64)
+    assert resolution.lost_at(rows, threshold=-2.0) == (None, None)
+
+
+def test_the_figures_draw_every_series_and_size():
+    rows = resolution.sweep(_model("ape"), torch.randn(3, 3, 32, 32), [(16, 16), (48, 48), (32, 48)])
+    fig = figures.resolution_fig(rows, title="t")
+    names = {t.name for t in fig.data}
+    assert names == {name for _, name, _ in figures.resolution.SERIES}
+    squares = [t for t in fig.data if t.mode == "lines+markers"]
+    assert all(len(t.x) == 3 for t in squares)                                # 16, 32, 48: joined
+    assert all(t.marker.symbol == "circle-open" and len(t.x) == 1 for t in fig.data if t.mode == "markers")
+    dist = figures.distance_by_size_fig(rows, title="d")
+    assert [t.name for t in dist.data] == ["16×16", "32×32 (native)", "32×48", "48×48"]
+    assert resolution.rows_json(rows)[1]["native"] is True
+
+
+def test_the_compare_page_sweeps_on_request_and_draws_the_chart(app_checkpoint_dir, monkeypatch, tmp_path):
+    from streamlit.testing.v1 import AppTest
+    from test_app import APP
+    monkeypatch.setenv("VITPE_CHECKPOINTS", str(app_checkpoint_dir))
+    monkeypatch.setenv("VITPE_UPLOAD_DIR", str(tmp_path / "uploads"))
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params["page"] = "compare"
+    at.run()
+    assert not at.exception
+    assert "compare_res_chart" not in {c.key for c in at.get("plotly_chart")}      # nothing swept unasked
+    at.selectbox(key="compare_res_model").select("ape").run()
+    sizes = at.multiselect(key="compare_res_sizes_ape")
+    sizes.set_value(["16×16", "32×32", "32×48"]).run()
+    at.button(key="compare_res_go").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    charts = {c.key: c for c in at.get("plotly_chart")}
+    assert {"compare_res_chart", "compare_res_distance"} <= set(charts)
+    table = next(d.value for d in at.dataframe if "feature_cosine" in d.value.columns)
+    assert len(table) == 3 and table["native"].tolist() == ["False", "True", "False"]
+
+
+def test_the_notebook_sweeps_a_checkpoint_and_keeps_the_rows(app_checkpoint_dir):
+    from vitpe_core import explore as vx
+    m = vx.load(app_checkpoint_dir / "ape.safetensors")
+    fig = vx.resolution(m, sizes=[(32, 32)], progress=False)
+    rows = fig.layout.meta["rows"]
+    native = tuple(m.config.img_size)
+    assert [tuple(r["size"]) for r in rows] == sorted({(32, 32), native})
+    assert next(r for r in rows if r["native"])["agreement"] == 1.0
