@@ -7,7 +7,7 @@ their outputs to tests/data/import_references.safetensors:
 
     python -m venv /tmp/timm-env
     /tmp/timm-env/bin/pip install torch==2.14.1 torchvision==0.29.1 timm==1.0.31 safetensors
-    /tmp/timm-env/bin/python scripts/make_import_references.py [--only timm-families]
+    /tmp/timm-env/bin/python scripts/make_import_references.py [--only timm-families|sizes]
 
 For every case: the model's state dict in its own key names, a fixed input, the logits (or
 features), every layer's attention weights (timm's non-fused path, read at `attn_drop`),
@@ -26,6 +26,13 @@ built by `timm.create_model` from a real architecture name with small overrides,
 `config.json` timm itself writes for it (`save_config_for_hf`: `architecture`, `model_args`,
 `pretrained_cfg`) is stored beside the case in the metadata. Swin's attention is read per block
 (`B·nW, h, N, N`) at each `WindowAttention.attn_drop`.
+
+Other sizes go to a third file, tests/data/import_references_sizes_timm.safetensors (`--only sizes`
+writes it alone; tests/test_import_sizes_timm.py): one case per timm-layout family (`SIZE_CASES`),
+its state dict and config.json, and at a larger square and a rectangular size an input (float16,
+exactly) and timm's logits by both of its paths: the model created at that size loaded through the
+model module's own `checkpoint_filter_fn`, and the native model built with `dynamic_img_size=True`
+(where the class takes it; timm's `Beit` does not).
 
 The RoPE-ViT cases are not built with a library (naver-ai/rope-vit is a research repository on
 top of timm, not a package): its attention is written out here from its published model code
@@ -48,6 +55,7 @@ from timm.models.deit import VisionTransformerDistilled
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "import_references.safetensors"
 OUT_FAMILIES = OUT.with_name("import_references_timm_families.safetensors")
+OUT_SIZES = OUT.with_name("import_references_sizes_timm.safetensors")
 SMALL = dict(embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0, num_classes=7)
 
 TIMM_CASES = {   # name -> (class, kwargs, input (H, W))
@@ -234,13 +242,98 @@ def write_families() -> None:
     print(f"wrote {OUT_FAMILIES} ({OUT_FAMILIES.stat().st_size / 1e3:.0f} kB, {len(meta)} cases)")
 
 
+# ----------------------------------------------------------------------------- timm layouts at other sizes
+# name -> (timm architecture, overrides at the native size, family, other sizes {tag: (H, W)}): one small case per
+# timm-layout family (plain ViT twice: CLS + table with its row; registers + a patches-only, non-square table; BEiT
+# twice: per-layer tables; shared + pos_embed), each at a larger square size and a rectangular one (one side shrinks;
+# Swin: twice its size, and a rectangle vitpe refuses at import but runs). The state dict is stored again here (the
+# file stands alone); the cases of FAMILY_CASES are built as there, with the same weights.
+SIZE_CASES = {
+    "timm_cls": ("vit_base_patch16_224", dict(VIT, mlp_ratio=2.0), "timm", {"sq": (48, 48), "rect": (24, 40)}),
+    "timm_reg4_noembed_ls_nonsquare": ("vit_base_patch16_224",
+                                       dict(VIT, img_size=(24, 40), mlp_ratio=2.0, reg_tokens=4, no_embed_class=True,
+                                            init_values=0.5), "timm", {"sq": (40, 40), "rect": (32, 24)}),
+    **{name: (*FAMILY_CASES[name], sizes) for name, sizes in {
+        "beit_layer_bias_mean": {"sq": (48, 48), "rect": (24, 40)},
+        "beit_shared_bias_ape_token": {"sq": (48, 48), "rect": (40, 24)},
+        "clip_quickgelu": {"sq": (48, 48), "rect": (24, 40)},
+        "siglip_map_gelu_tanh": {"sq": (48, 48), "rect": (24, 40)},
+        "eva02_tiny_336_style": {"sq": (48, 48), "rect": (24, 40)},
+        "dinov3_small_reg4_nonsquare": {"sq": (48, 48), "rect": (40, 24)},
+        "swin_shift_clamped": {"sq": (64, 64), "rect": (32, 64)},
+        "swinv2_shift_clamped": {"sq": (64, 64), "rect": (32, 64)},
+    }.items()},
+}
+
+
+def _dynamic(model: nn.Module) -> bool:
+    """Whether the model's class takes `dynamic_img_size` (timm's BEiT does not)."""
+    import inspect
+    return "dynamic_img_size" in inspect.signature(type(model).__init__).parameters
+
+
+def size_case(arch: str, kwargs: dict, sizes: dict) -> tuple[dict[str, torch.Tensor], dict]:
+    """The native model's state dict and config.json, and for each other size an input and timm's logits by both
+    of its paths: `filter` (the model created at that size, the native state dict through the model module's
+    own `checkpoint_filter_fn`, with the source's model_args recorded as `create_model('local-dir:...')` does)
+    and `dynamic` (the native model built with `dynamic_img_size=True`, run on the other size)."""
+    import tempfile
+
+    from timm.models._hub import save_config_for_hf
+    native = timm.create_model(arch, pretrained=False, **kwargs).eval()
+    _randomise(native)
+    sd = {k: v.clone() for k, v in native.state_dict().items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        save_config_for_hf(native, f"{tmp}/config.json")
+        config = json.loads(Path(f"{tmp}/config.json").read_text())
+    module = sys.modules[type(native).__module__]
+    out = {f"sd.{k}": v.contiguous() for k, v in sd.items()}
+    paths = ["filter"] + (["dynamic"] if _dynamic(native) else [])
+    if "dynamic" in paths:
+        dyn = timm.create_model(arch, pretrained=False, **kwargs, dynamic_img_size=True).eval()
+        dyn.load_state_dict(sd)
+    for tag, size in sizes.items():
+        x = torch.randn(1, 3, *size, generator=torch.Generator().manual_seed(1)).half()   # stored as float16, exactly
+        target = timm.create_model(arch, pretrained=False, **{**kwargs, "img_size": size}).eval()
+        target.pretrained_model_args = dict(config.get("model_args") or {})
+        missing, unexpected = target.load_state_dict(module.checkpoint_filter_fn(dict(sd), target), strict=False)
+        assert not unexpected and all("relative_position_index" in k for k in missing), (missing, unexpected)
+        with torch.no_grad():
+            out[f"x.{tag}"] = x
+            out[f"filter.{tag}"] = target(x.float())
+            if "dynamic" in paths:
+                out[f"dynamic.{tag}"] = dyn(x.float())
+    return out, {"class": type(native).__name__, "module": module.__name__, "config": config, "paths": paths,
+                 "sizes": {tag: list(size) for tag, size in sizes.items()}}
+
+
+def write_sizes() -> None:
+    tensors, meta = {}, {}
+    for name, (arch, kwargs, family, sizes) in SIZE_CASES.items():
+        torch.manual_seed(0)
+        case, info = size_case(arch, kwargs, sizes)
+        tensors.update({f"{name}.{k}": v for k, v in case.items()})
+        meta[name] = {"family": family, "architecture": arch, "kwargs": kwargs, **info}
+    save_file({k: v.contiguous() if v.dtype == torch.float16 else v.contiguous().float() for k, v in tensors.items()},
+              str(OUT_SIZES),
+              metadata={"cases": json.dumps(meta), "timm": timm.__version__, "torch": torch.__version__})
+    print(f"wrote {OUT_SIZES} ({OUT_SIZES.stat().st_size / 1e3:.0f} kB, {len(meta)} cases)")
+
+
 def main() -> None:
-    """Both files; `--only timm-families` writes the second one alone (the first one's logits move
-    by an ulp between CPUs, so a rerun elsewhere would rewrite it without need)."""
+    """All three files; `--only timm-families` writes the second one alone (the first one's logits move
+    by an ulp between CPUs, so a rerun elsewhere would rewrite it without need), `--only sizes` the third."""
     set_fused_attn(False)
-    write_families()
-    if sys.argv[1:] == ["--only", "timm-families"]:
+    only = sys.argv[2] if sys.argv[1:2] == ["--only"] and len(sys.argv) == 3 else None
+    if sys.argv[1:] and only not in ("timm-families", "sizes"):
+        sys.exit("usage: make_import_references.py [--only timm-families|sizes]")
+    if only == "sizes":
+        write_sizes()
         return
+    write_families()
+    if only == "timm-families":
+        return
+    write_sizes()
     tensors, meta = {}, {}
     for name, (cls, kwargs, size) in TIMM_CASES.items():
         torch.manual_seed(0)

@@ -105,7 +105,8 @@ def test_what_each_timm_family_becomes(tmp_path):
     assert (cfg["beit_layer_bias_mean"].encoding, cfg["beit_layer_bias_mean"].pool,
             cfg["beit_layer_bias_mean"].layer_scale) == ("rpb_cls", "avg", True)
     assert (cfg["beit_shared_bias_ape_token"].encoding, cfg["beit_shared_bias_ape_token"].encoding_options,
-            cfg["beit_shared_bias_ape_token"].pool) == ("rpb_cls+ape", {"shared": True}, "token")
+            cfg["beit_shared_bias_ape_token"].pool) == ("rpb_cls+ape", {"shared": True, "table_resize": "geometric"},
+                                                        "token")   # timm's rule at other sizes (test_import_sizes_timm)
     c = cfg["clip_quickgelu"]
     assert (c.pre_norm, c.act, c.norm_eps, c.pool) == (True, "quick_gelu", 1e-5, "token")
     c = cfg["siglip_map_gelu_tanh"]

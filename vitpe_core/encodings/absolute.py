@@ -3,7 +3,10 @@
 * `ape` keeps timm's layout `(1, P+N, D)` under the name `pos_embed`, so a timm / DeiT
   state dict loads; at another grid its patch part is resampled bicubically with timm's
   `resample_abs_pos_embed` semantics (prefix rows kept, float32, antialias), by this module's
-  `resample_abs_pos_embed` (interpolation `mode` a keyword), which importers call too.
+  `resample_abs_pos_embed` (interpolation `mode` a keyword), which importers call too. The
+  options `ape_interpolation` / `ape_antialias` choose another rule for that run-time resampling
+  (a Hugging Face import sets its library's: bicubic, not antialiased, for ViT, BEiT, DINOv2,
+  CLIP, SigLIP); without them (every checkpoint written before they existed) timm's rule.
 * `ape2d` is `E_row[r] + E_col[c]` plus a learned CLS row; each 1D table is resampled
   linearly at another grid.
 * `sincos2d` is fixed: first D/2 channels encode the row, last D/2 the column, each half
@@ -27,6 +30,17 @@ ABS_MODES = ("bicubic", "bilinear", "nearest", "nearest-exact", "area")   # F.in
 _ANTIALIAS_MODES = ("bicubic", "bilinear")                                  # torch antialiases only these
 
 
+def check_abs_rule(mode: str, antialias: bool) -> None:
+    """ValueError unless `mode` is one of `ABS_MODES` and `antialias` a bool torch allows with it."""
+    if mode not in ABS_MODES:
+        raise ValueError(f"mode must be one of {', '.join(map(repr, ABS_MODES))}; got {mode!r}")
+    if not isinstance(antialias, bool):
+        raise ValueError(f"antialias must be true or false, got {antialias!r}")
+    if antialias and mode not in _ANTIALIAS_MODES:
+        raise ValueError(f"antialias=True works only with mode 'bicubic' or 'bilinear' (got {mode!r}); "
+                         "pass antialias=False")
+
+
 def resample_abs_pos_embed(posemb: Tensor, new_grid: Grid, old_grid: Grid, num_prefix: int, *,
                            mode: str = "bicubic", antialias: bool = True) -> Tensor:
     """`(1, P+N_old, D)` -> `(1, P+N_new, D)`: the `H x W` patch part resized, the `P` prefix rows kept.
@@ -36,11 +50,7 @@ def resample_abs_pos_embed(posemb: Tensor, new_grid: Grid, old_grid: Grid, num_p
     interpolating modes); the same grid returns `posemb` itself. `mode` is one of `ABS_MODES`;
     `antialias` only with "bicubic" / "bilinear" (as torch requires).
     """
-    if mode not in ABS_MODES:
-        raise ValueError(f"mode must be one of {', '.join(map(repr, ABS_MODES))}; got {mode!r}")
-    if antialias and mode not in _ANTIALIAS_MODES:
-        raise ValueError(f"antialias=True works only with mode 'bicubic' or 'bilinear' (got {mode!r}); "
-                         "pass antialias=False")
+    check_abs_rule(mode, antialias)
     if tuple(new_grid) == tuple(old_grid):
         return posemb
     prefix, patches = posemb[:, :num_prefix], posemb[:, num_prefix:]
@@ -54,18 +64,29 @@ def resample_abs_pos_embed(posemb: Tensor, new_grid: Grid, old_grid: Grid, num_p
 
 @register_encoding("ape")
 class LearnedAbsolute(PositionEncoding):
-    """Learned 1D table with a CLS row, as in the original ViT and timm."""
+    """Learned 1D table with a CLS row, as in the original ViT and timm. At another grid the
+    patch rows are resampled by `resample_abs_pos_embed` with `mode=ape_interpolation`,
+    `antialias=ape_antialias` (default timm's rule, bicubic and antialiased; Hugging Face's
+    `interpolate_pos_encoding` does not antialias). Named apart from other parts' options, so
+    that `rpb_cls+ape` routes them here."""
 
     hooks = ("table",)
 
-    def __init__(self, ctx: EncodingContext) -> None:
+    def __init__(self, ctx: EncodingContext, *, ape_interpolation: str = "bicubic",
+                 ape_antialias: bool = True) -> None:
         super().__init__(ctx)
+        check_abs_rule(ape_interpolation, ape_antialias)
+        self.interpolation, self.antialias = ape_interpolation, ape_antialias
         H, W = ctx.grid
         self.pos_embed = nn.Parameter(torch.empty(1, ctx.table_rows_prefix + H * W, ctx.dim))  # (1, P+N, D)
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
 
     def table(self, grid: Grid) -> Tensor:
-        return resample_abs_pos_embed(self.pos_embed, grid, self.ctx.grid, self.ctx.table_rows_prefix)[0]
+        return resample_abs_pos_embed(self.pos_embed, grid, self.ctx.grid, self.ctx.table_rows_prefix,
+                                      mode=self.interpolation, antialias=self.antialias)[0]
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, resample={self.interpolation}{', antialias' if self.antialias else ''}"
 
 
 @register_encoding("ape2d")

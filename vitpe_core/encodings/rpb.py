@@ -4,7 +4,8 @@
   `(2H-1, 2W-1)`. The bias between patches depends only on their offset; prefix
   rows/columns are zero. At another grid the table is resized bicubically (align_corners=False).
 * `rpb_cls`: the same table (per layer, or one shared by all layers) plus BEiT's three
-  learned prefix entries per head (CLS→patch, patch→CLS, CLS→CLS); resized bilinearly.
+  learned prefix entries per head (CLS→patch, patch→CLS, CLS→CLS); resized bilinearly, or by
+  BEiT's geometric rule with the option `table_resize="geometric"` (timm-layout BEiT imports).
   Checked: imported BEiT / data2vec-vision models equal transformers' attention weights
   (tests/test_importers_families.py).
 
@@ -145,15 +146,20 @@ class RelativePositionBiasCLS(PositionEncoding):
     the offsets `(Δr, Δc)` plus three learned entries per head for the prefix tokens,
     `cls_bias[..., 0]` CLS→patch, `[..., 1]` patch→CLS, `[..., 2]` CLS→CLS. One table per
     layer, or one for all layers (`shared=True`, BEiT's `use_shared_relative_position_bias`).
-    At another grid the offset table is resized bilinearly (align_corners=False) and the three
-    entries kept, as BEiT does in transformers (`interpolate_pos_encoding`)."""
+    At another grid the offset table is resized by `resize_rel_table` with `table_resize`
+    ("bilinear" by default, align_corners=False, as BEiT does in transformers'
+    `interpolate_pos_encoding`; "geometric": BEiT's fine-tuning rule as timm's checkpoint filter
+    has it, which timm-layout imports set) and the three entries kept."""
 
     hooks = ("bias",)
 
-    def __init__(self, ctx: EncodingContext, *, shared: bool = False) -> None:
+    def __init__(self, ctx: EncodingContext, *, shared: bool = False, table_resize: str = "bilinear") -> None:
         super().__init__(ctx)
+        if table_resize not in REL_MODES:
+            raise ValueError(f"table_resize must be one of {', '.join(map(repr, REL_MODES))}; got {table_resize!r}")
         H, W = ctx.grid
         self.shared = shared
+        self.table_resize = table_resize
         n = 1 if shared else ctx.depth
         self.rel_tables = nn.Parameter(torch.empty(n, ctx.heads, 2 * H - 1, 2 * W - 1))   # (L|1, h, 2H-1, 2W-1)
         self.cls_bias = nn.Parameter(torch.empty(n, ctx.heads, 3))                           # (L|1, h, 3)
@@ -162,7 +168,7 @@ class RelativePositionBiasCLS(PositionEncoding):
 
     def offset_table(self, grid: Grid, layer: int) -> Tensor:
         """`(h, 2H-1, 2W-1)` bias per offset for `grid` (resized if it is not the build grid)."""
-        return resize_rel_table(self.rel_tables[0 if self.shared else layer], grid, mode="bilinear")
+        return resize_rel_table(self.rel_tables[0 if self.shared else layer], grid, mode=self.table_resize)
 
     def bias(self, q, k, *, grid, layer, parts=None, logits=None):
         P = self.ctx.num_prefix

@@ -1,5 +1,6 @@
-"""The resolution sweep (`vitpe_core.resolution`): one chart of what each input size keeps of
-the model's behaviour and sense of position, and the attention distance by depth per size."""
+"""The resolution sweep (`vitpe_core.resolution`): `resolution_fig`, one chart of what each input
+size keeps of the model's behaviour and sense of position, and `distance_by_size_fig`, the
+attention distance by depth per size."""
 from __future__ import annotations
 
 from typing import Sequence

@@ -1,6 +1,8 @@
 """Shared by the Hugging Face family importers (beit.py, dinov2.py, dinov3.py, clip.py): the parts of
 a `save_pretrained` model's `config.json` every family has (activation, image size, the grid its
-position parameters were trained on) and the table resampling transformers does at another size."""
+position parameters were trained on) and the table resampling transformers does at another size:
+once at import for `--img-size` (`resample_table`), and at run time for an input of another size
+(`ape_options`: the `ape` encoding's options with the family's rule)."""
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -61,3 +63,22 @@ def resample_table(pos: Tensor, new: tuple[int, int], old: tuple[int, int], pref
     notes.append(f"The position table was trained on a {old[0]}x{old[1]} grid; resampled to {new[0]}x{new[1]} "
                  f"(bicubic, {'antialiased' if antialias else 'not antialiased'}, prefix rows kept apart, {who}).")
     return resample_abs_pos_embed(pos, new, old, prefix, antialias=antialias)
+
+
+def ape_options(antialias: bool) -> dict[str, object]:
+    """The `ape` encoding's options that make its run-time resampling (an input of another size)
+    the family's `interpolate_pos_encoding`: bicubic in float32, align_corners=False, prefix rows
+    kept apart, antialiased (DINOv2 with registers) or not (ViT, BEiT, DINOv2, CLIP, SigLIP)."""
+    return {"ape_interpolation": "bicubic", "ape_antialias": antialias}
+
+
+def note_resampled_once(notes: list[str], new: tuple[int, int], old: tuple[int, int], patch: int,
+                        what: str = "table") -> None:
+    """Where the position `what` ("table", "tables") was resampled at import (`new` != `old`): one line
+    saying that an input of yet another size resamples the resampled one, where transformers
+    resamples the trained one."""
+    if new != old:
+        notes.append(f"At an input size other than {new[0] * patch}x{new[1] * patch} px this model resamples its "
+                     f"{new[0]}x{new[1]} position {what} again where transformers resamples the trained "
+                     f"{old[0]}x{old[1]} {what} (not the same numbers): import at {old[0] * patch}x{old[1] * patch} "
+                     "to run at every size as transformers does.")

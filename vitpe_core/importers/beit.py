@@ -9,6 +9,9 @@ shared table; the three CLS rows of the table become `rpb_cls`'s `cls_bias`; the
 projection has no bias (zero); LayerScale `lambda_1/2`; the read-out is the mean of the patches
 with `pooler.layernorm` (`use_mean_pooling`) or the CLS token after `layernorm`.
 
+An input of another size is computed as transformers' `interpolate_pos_encoding=True` does: the
+offset tables resized bilinearly, `ape` bicubic without antialiasing (`ape_antialias=False`).
+
 Deviation: at a grid other than the config's, transformers reshapes a non-square offset table
 with its sides swapped before resizing; vitpe resizes it as (2H-1, 2W-1). Square grids (every
 released BEiT) agree.
@@ -23,7 +26,7 @@ from torch import Tensor
 from ..checkpoint import CheckpointError
 from ..config import ViTConfig
 from ..encodings.rpb import resize_rel_table
-from ._hf import act, config_grid, resample_table, target_grid
+from ._hf import act, ape_options, config_grid, note_resampled_once, resample_table, target_grid
 from .context import Context, Converted
 from .keymap import TENSOR, Keys, qkv, strip_prefix, zero_bias
 
@@ -165,7 +168,14 @@ def _place_encodings(out: dict[str, Tensor], tables: list[tuple[Tensor, Tensor]]
         place_rel_tables(out, tables, grid, trained, notes, " (bilinear, as transformers' interpolate_pos_encoding).")
     if pos is not None:
         out["pos_embed"] = resample_table(pos, grid, trained, 1, notes, antialias=False)
+    if tables or pos is not None:
+        note_resampled_once(notes, grid, trained, out["patch_embed.proj.weight"].shape[-1], "tables")
     return encoding_name(out, notes)
+
+
+def _options(encoding: str, shared: bool) -> dict[str, object]:
+    """`rpb_cls`'s (one shared table) and `ape`'s (transformers' resampling: bicubic, not antialiased)."""
+    return {**({"shared": True} if shared else {}), **(ape_options(False) if "ape" in encoding.split("+") else {})}
 
 
 def _config(out: Mapping[str, Tensor], ctx: Context, tables: list[tuple[Tensor, Tensor]], grid: tuple[int, int],
@@ -179,6 +189,6 @@ def _config(out: Mapping[str, Tensor], ctx: Context, tables: list[tuple[Tensor, 
                      num_classes=out["head.weight"].shape[0] if "head.weight" in out else 0, dim=dim, depth=depth,
                      heads=ctx.heads or ctx.config.get("num_attention_heads") or table_heads(tables, dim),
                      mlp_dim=out["blocks.0.mlp.fc1.weight"].shape[0], norm_eps=ctx.config.get("layer_norm_eps", 1e-12),
-                     encoding=encoding, encoding_options={"shared": True} if shared else {},
+                     encoding=encoding, encoding_options=_options(encoding, shared),
                      layer_scale="blocks.0.ls1.gamma" in out, pool="avg" if mean else "token",
                      fc_norm="fc_norm.weight" in out, final_norm="norm.weight" in out, act=act(ctx.config, ctx.family))

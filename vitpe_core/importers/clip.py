@@ -13,6 +13,9 @@ layout -> a vitpe ViT with `ape`.
   is attention pooling (`head` -> `pool="map"`, vitpe's `attn_pool`: `probe` -> `latent`,
   `in_proj` split into `q` and `kv`); the classifier reads the mean of all tokens (its unused
   `head` is left out, named).
+* Another size: the table is resampled as `interpolate_pos_encoding=True` does (bicubic, not
+  antialiased): once at import for `--img-size`, at run time (`ape_antialias=False`) for an input
+  of another size.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from torch import Tensor
 
 from ..checkpoint import CheckpointError
 from ..config import ViTConfig
-from ._hf import act, config_grid, resample_table, target_grid
+from ._hf import act, ape_options, config_grid, note_resampled_once, resample_table, target_grid
 from .context import Context, Converted
 from .keymap import PARAMS, Keys, qkv, strip_prefix, zero_bias
 
@@ -50,6 +53,7 @@ def convert(sd: Mapping[str, Tensor], ctx: Context) -> Converted:
     trained = config_grid(vision, patch, pos.shape[0] - prefix_rows, ctx.family)
     grid = target_grid(ctx.img_size, trained, patch)
     out["pos_embed"] = resample_table(pos[None], grid, trained, prefix_rows, notes, antialias=False)
+    note_resampled_once(notes, grid, trained, patch)
     if pool == "avg" and "head.weight" not in out:
         notes.append("Read-out: the mean of the tokens (the vision model has no pooling head).")
     return out, _config(out, ctx, vision, grid, depth, pool), notes
@@ -124,6 +128,7 @@ def _config(out: Mapping[str, Tensor], ctx: Context, vision: Mapping, grid: tupl
                      heads=ctx.heads or vision.get("num_attention_heads") or max(1, dim // 64),
                      mlp_dim=out["blocks.0.mlp.fc1.weight"].shape[0],
                      norm_eps=vision.get("layer_norm_eps", 1e-5 if clip else 1e-6), encoding="ape",
+                     encoding_options=ape_options(False),
                      class_token="cls_token" in out, pool=pool, pre_norm="norm_pre.weight" in out,
                      final_norm="norm.weight" in out,
                      act=act(vision, ctx.family, "quick_gelu" if clip else "gelu_pytorch_tanh"))

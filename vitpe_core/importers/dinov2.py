@@ -13,7 +13,9 @@ CLS token after `layernorm` (its `pooler_output`).
   is used at the processor's crop (224), transformers resampling the table at every forward
   (bicubic; antialiased with registers, not without). The import resamples it once to the processor's
   crop size when `preprocessor_config.json` gives one, else keeps the config's size; `--img-size`
-  chooses another.
+  chooses another. An input of another size resamples the model's table by the same rule
+  (`ape_antialias` in the config): the trained table where the import kept it, else the
+  resampled one (a note says so).
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from torch import Tensor
 
 from ..checkpoint import CheckpointError
 from ..config import ViTConfig
-from ._hf import act, config_grid, resample_table, size_pair, target_grid
+from ._hf import act, ape_options, config_grid, note_resampled_once, resample_table, size_pair, target_grid
 from .context import Context, Converted
 from .keymap import PARAMS, TENSOR, Keys, qkv, split_packed_glu, strip_prefix
 
@@ -58,8 +60,9 @@ def convert(sd: Mapping[str, Tensor], ctx: Context) -> Converted:
     out, embeddings, depth = _map_keys(sd, ctx.family, notes)
     patch = out["patch_embed.proj.weight"].shape[-1]
     grid, trained = _grids(ctx, patch, embeddings["pos"], notes)
-    regs = _embeddings(out, embeddings, grid, trained, ctx.config, notes)
-    return out, _config(out, ctx, grid, depth, regs), notes
+    regs, antialias = _embeddings(out, embeddings, grid, trained, ctx.config, notes)
+    note_resampled_once(notes, grid, trained, patch)
+    return out, _config(out, ctx, grid, depth, regs, antialias), notes
 
 
 def _map_keys(sd: Mapping[str, Tensor], family: str, notes: list[str]
@@ -99,9 +102,9 @@ def _grids(ctx: Context, patch: int, pos: Tensor, notes: list[str]) -> tuple[tup
 
 
 def _embeddings(out: dict[str, Tensor], embeddings: Mapping[str, Tensor | None], grid: tuple[int, int],
-                trained: tuple[int, int], config: Mapping[str, Any], notes: list[str]) -> int:
+                trained: tuple[int, int], config: Mapping[str, Any], notes: list[str]) -> tuple[int, bool]:
     """The class and register tokens and the table (resampled to `grid`) into `out`; returns the
-    number of registers."""
+    number of registers and whether the family's resampling antialiases."""
     cls, pos, reg = embeddings["cls"], embeddings["pos"], embeddings["reg"]
     regs = 0 if reg is None else reg.shape[1]   # a registers model may have none (an empty tensor)
     if regs:
@@ -114,10 +117,11 @@ def _embeddings(out: dict[str, Tensor], embeddings: Mapping[str, Tensor | None],
         out["cls_token"] = cls
     antialias = config.get("model_type") == "dinov2_with_registers" or reg is not None   # as its resampling does
     out["pos_embed"] = resample_table(pos, grid, trained, 0 if regs else 1, notes, antialias=antialias)
-    return regs
+    return regs, antialias
 
 
-def _config(out: Mapping[str, Tensor], ctx: Context, grid: tuple[int, int], depth: int, regs: int) -> ViTConfig:
+def _config(out: Mapping[str, Tensor], ctx: Context, grid: tuple[int, int], depth: int, regs: int,
+            antialias: bool) -> ViTConfig:
     """The `ViTConfig` of the mapped weights `out`; the classifier must read `[CLS, mean]`."""
     proj = out["patch_embed.proj.weight"]
     patch, dim = proj.shape[-1], proj.shape[0]
@@ -131,6 +135,7 @@ def _config(out: Mapping[str, Tensor], ctx: Context, grid: tuple[int, int], dept
                      heads=ctx.heads or ctx.config.get("num_attention_heads") or max(1, dim // 64),
                      mlp_dim=out[f"blocks.0.mlp.{'fc1_g' if gated else 'fc1'}.weight"].shape[0],
                      qkv_bias="blocks.0.attn.qkv.bias" in out, norm_eps=ctx.config.get("layer_norm_eps", 1e-6),
-                     encoding="ape", reg_tokens=regs, no_embed_class=bool(regs), layer_scale=True,
+                     encoding="ape", encoding_options=ape_options(antialias), reg_tokens=regs,
+                     no_embed_class=bool(regs), layer_scale=True,
                      pool="token" if head is None else "token+avg", mlp="gated" if gated else "mlp",
                      act="silu" if gated else act(ctx.config, ctx.family))

@@ -1,5 +1,8 @@
 """Hugging Face `ViTModel` / `ViTForImageClassification` keys (transformers 4 names, as files on
-the hub carry them, and transformers 5's) -> timm's keys, then timm.py's converter."""
+the hub carry them, and transformers 5's) -> timm's keys, then timm.py's converter at the config's
+image size. Another size is resampled as transformers' `interpolate_pos_encoding=True` does
+(bicubic, not antialiased; timm antialiases): once at import for `--img-size`, at run time
+(`ape_antialias=False`) for an input of another size."""
 from __future__ import annotations
 
 import re
@@ -10,7 +13,7 @@ import torch
 
 from ..checkpoint import CheckpointError
 from . import timm
-from ._hf import size_pair
+from ._hf import ape_options, note_resampled_once, resample_table, size_pair, target_grid
 from .context import Context, Converted
 from .keymap import PARAMS, TENSOR, Keys
 
@@ -37,9 +40,20 @@ def convert(sd: Mapping[str, torch.Tensor], ctx: Context) -> Converted:
     and the size its table was trained at."""
     notes: list[str] = []
     sd, hf = from_hf(dict(sd), ctx.config, notes)
-    ctx = dataclasses.replace(ctx, heads=ctx.heads or hf["heads"], img_size=ctx.img_size or size_pair(hf["image_size"]))
-    weights, cfg, more = timm.convert(sd, ctx)
-    return weights, cfg, notes + more
+    trained = size_pair(hf["image_size"])
+    weights, cfg, more = timm.convert(sd, dataclasses.replace(ctx, heads=ctx.heads or hf["heads"],
+                                                              img_size=trained or ctx.img_size))
+    notes += more
+    grid = target_grid(ctx.img_size, cfg.grid, cfg.patch_size)
+    options = dict(cfg.encoding_options)
+    if "pos_embed" in weights:   # transformers' rule, not timm's
+        options.update(ape_options(False))
+        if grid != cfg.grid:
+            rows = 0 if cfg.no_embed_class else cfg.num_prefix
+            weights["pos_embed"] = resample_table(weights["pos_embed"], grid, cfg.grid, rows, notes, antialias=False)
+            note_resampled_once(notes, grid, cfg.grid, cfg.patch_size)
+    return weights, dataclasses.replace(cfg, img_size=(grid[0] * cfg.patch_size, grid[1] * cfg.patch_size),
+                                        encoding_options=options), notes
 
 
 def from_hf(sd: dict[str, torch.Tensor], config: Mapping[str, Any], notes: list[str]

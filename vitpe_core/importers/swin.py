@@ -8,6 +8,11 @@ the headless `SwinModel` / `Swinv2Model`; transformers 5's names in memory (`att
 config decides what the keys cannot: window size, image size (the Swin-V2 windows and the
 last stages' single windows depend on it), norms' eps, activation, the CPB's pretrained windows.
 
+Another size: `img_size` builds the model transformers builds for that size (`image_size=`): Swin's
+absolute table resampled as `interpolate_pos_encoding=True` does, Swin-V2's windows and shifts those
+of that size (a note where they differ from the config's model, which keeps its windows at any
+input). An input of another size runs as the config's model does at that size.
+
 Refused, naming the keys or the setting: any key this model does not compute (a masked-image
 decoder, a backbone's per-stage norms, ...), an activation other than exact GELU, a Swin-V2 with an
 absolute table (transformers cannot run one either), a config that contradicts the weights.
@@ -26,7 +31,8 @@ from typing import Any, Mapping
 import torch
 
 from ..checkpoint import CheckpointError
-from ..swin.config import SwinConfig, build_windows
+from ..encodings.absolute import resample_abs_pos_embed
+from ..swin.config import SwinConfig, build_grid, build_windows
 from .context import Context, Converted
 from .detect import SWIN_MODEL_TYPES
 from .keymap import TENSOR, Keys, strip_prefix
@@ -65,7 +71,32 @@ def convert(sd: Mapping[str, torch.Tensor], ctx: Context) -> Converted:
         raise CheckpointError(f"{ctx.family}: config.json says {model_type!r} but the weights are a "
                               f"{'Swin-V2 (continuous_position_bias_mlp)' if version == 2 else 'Swin (bias tables)'}")
     weights = _map_keys(sd, version, notes, ctx.family)
-    return weights, swin_config(config, weights, version, ctx.family, notes), notes
+    cfg = swin_config(config, weights, version, ctx.family, notes)
+    if ctx.img_size is not None and ctx.config:
+        _at_another_size(weights, cfg, ctx.config, version, ctx.family, notes)
+    return weights, cfg, notes
+
+
+def _at_another_size(w: dict[str, torch.Tensor], cfg: SwinConfig, config: Mapping[str, Any], version: int, name: str,
+                     notes: list[str]) -> None:
+    """Built for `cfg.img_size`, not the config's size: Swin's absolute table resampled (in `w`) as
+    `interpolate_pos_encoding=True` does; for Swin-V2, whose windows are fixed when built, a note
+    where they differ from those of the config's model run at this size."""
+    try:
+        trained = swin_config(config, w, version, name, [])
+    except CheckpointError:   # the config's own size builds no model: nothing to compare with
+        return
+    if "absolute_pos_embed" in w and trained.grid != cfg.grid:
+        w["absolute_pos_embed"] = resample_abs_pos_embed(w["absolute_pos_embed"], cfg.grid, trained.grid, 0,
+                                                         antialias=False)
+        notes.append(f"The absolute table was trained on a {trained.grid[0]}x{trained.grid[1]} grid; resampled to "
+                     f"{cfg.grid[0]}x{cfg.grid[1]} (bicubic, not antialiased, as transformers' "
+                     "interpolate_pos_encoding).")
+    if version == 2 and (trained.stage_windows, trained.stage_shifts) != (cfg.stage_windows, cfg.stage_shifts):
+        notes.append(f"Swin-V2 fixes its windows when built: at {cfg.img_size[0]}x{cfg.img_size[1]} px windows "
+                     f"{list(cfg.stage_windows)}, shifts {list(cfg.stage_shifts)} (transformers' model built for this "
+                     f"size), where the config's model keeps {list(trained.stage_windows)}, "
+                     f"{list(trained.stage_shifts)} at any input: import without img_size for that one.")
 
 
 def _map_keys(sd: Mapping[str, torch.Tensor], version: int, notes: list[str], family: str) -> dict[str, torch.Tensor]:
@@ -147,7 +178,7 @@ def swin_config(c: Mapping[str, Any], w: Mapping[str, torch.Tensor], version: in
             raise CheckpointError(f"{name}: stage {s} has blocks {sorted(have)} in the weights, {d} in config.json")
     window = int(c.get("window_size", 7))
     img = _size(c.get("image_size", 224), "image_size", name)
-    windows, shifts = build_windows(version, window, (-(-img[0] // patch[0]), -(-img[1] // patch[0])), len(depths))
+    windows, shifts = build_windows(version, window, build_grid(img, patch[0], version), len(depths))
     if version == 1 and tables:   # Swin: each stage's window is its table's ((2w-1)^2 rows)
         sides = {s: round(t.shape[0] ** 0.5) for s, t in tables.items()}
         table_w = tuple((sides[s] + 1) // 2 if s in sides else windows[s] for s in range(len(depths)))

@@ -72,15 +72,19 @@ def _timm_vit(sd: dict[str, torch.Tensor], ctx: Context, notes: list[str]
 def _config_at_a_known_grid(sd: dict[str, torch.Tensor], ctx: Context, notes: list[str], *, patches_only: bool,
                             extra: dict) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
     """`timm_config` at `ctx.img_size`; a non-square table the keys leave open is read at the size
-    timm's config.json gives, where one lies beside the file."""
+    timm's config.json gives, where one lies beside the file (and resampled to `ctx.img_size` where
+    that is another size, as timm's checkpoint filter does for a model created at it)."""
     kw = dict(heads=ctx.heads, pool=ctx.pool, notes=notes, eps=ctx.config.get("layer_norm_eps"),
               patches_only=patches_only, extra=extra)
     try:
         return timm_config(sd, ctx.family, img_size=ctx.img_size, **kw)
     except GridUnknownError:
-        if ctx.img_size is not None or timm_hub.img_size(ctx.config) is None:
+        trained = timm_hub.img_size(ctx.config)
+        if trained is None:
             raise
-        return timm_config(sd, ctx.family, img_size=timm_hub.img_size(ctx.config), **kw)
+        if ctx.img_size is None:
+            return timm_config(sd, ctx.family, img_size=trained, **kw)
+        return timm_config(sd, ctx.family, img_size=ctx.img_size, trained_size=trained, **kw)
 
 
 def drop_foreign(sd: dict[str, torch.Tensor], notes: list[str]) -> dict[str, torch.Tensor]:
@@ -104,10 +108,12 @@ def _square(n: int) -> int | None:
 
 
 def timm_config(sd: dict[str, torch.Tensor], family: str, *, img_size, heads, pool, notes, eps,
-                patches_only: bool = False, extra: dict | None = None) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+                patches_only: bool = False, extra: dict | None = None, trained_size: tuple[int, int] | None = None
+                ) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
     """The config the timm-named `sd` describes, and `sd` with its table resampled to `img_size`.
     `extra`: ViTConfig fields the keys do not decide (timm_clip.py: `pre_norm`, `act`, `mlp`,
-    `norm_eps`, and `pool` where the layers or timm's config.json say it)."""
+    `norm_eps`, and `pool` where the layers or timm's config.json say it). `trained_size`: the
+    size the table was trained at, read where neither `img_size` nor a square grid fits its rows."""
     extra = dict(extra or {})
     given_pool, given_eps = extra.pop("pool", None), extra.pop("norm_eps", None)
     proj = _patch_embedding(sd)
@@ -116,7 +122,8 @@ def timm_config(sd: dict[str, torch.Tensor], family: str, *, img_size, heads, po
     class_token, dist_token = "cls_token" in sd, "dist_token" in sd
     reg = sd["reg_token"].shape[1] if "reg_token" in sd else 0
     sd, grid, no_embed_class = _table(sd, family, int(class_token) + int(dist_token) + reg, patch, img_size, notes,
-                                      patches_only=patches_only or "blocks.0.ls1.gamma" in sd)
+                                      patches_only=patches_only or "blocks.0.ls1.gamma" in sd,
+                                      trained_size=trained_size)
     fc_norm = "fc_norm.weight" in sd
     pool = _pool(pool or given_pool, class_token, fc_norm, notes)
     heads = heads or max(1, dim // 64)
@@ -146,14 +153,15 @@ def _patch_embedding(sd: Mapping[str, torch.Tensor]) -> torch.Tensor:
 
 
 def _table(sd: dict[str, torch.Tensor], family: str, prefix: int, patch: int, img_size, notes: list[str], *,
-           patches_only: bool) -> tuple[dict[str, torch.Tensor], tuple[int, int], bool]:
+           patches_only: bool, trained_size: tuple[int, int] | None = None
+           ) -> tuple[dict[str, torch.Tensor], tuple[int, int], bool]:
     """(`sd` with its table resampled to `img_size`'s grid, that grid, whether the table covers the
     patches only) of a model with `prefix` tokens; the grid is the table's without `img_size`."""
     pos = sd.get("pos_embed")
     if pos is None and not ("freqs" in sd or family == "rope-vit"):
         notes.append("No position table and no rotary frequencies: imported as `none` (no position encoding).")
     check_img_size(img_size, patch)
-    trained, no_embed_class = _grid(pos, prefix, patch, img_size, patches_only=patches_only)
+    trained, no_embed_class = _grid(pos, prefix, patch, img_size, patches_only=patches_only, trained_size=trained_size)
     grid = trained if img_size is None else (img_size[0] // patch, img_size[1] // patch)
     if grid is None:
         raise CheckpointError("no position table to read the grid from: pass --img-size H[xW]")
@@ -175,20 +183,20 @@ def _pool(pool: str | None, class_token: bool, fc_norm: bool, notes: list[str]) 
     return "avg" if fc_norm or not class_token else "token"
 
 
-def _grid(pos: torch.Tensor | None, prefix: int, patch: int, img_size, patches_only: bool
-          ) -> tuple[tuple[int, int] | None, bool]:
+def _grid(pos: torch.Tensor | None, prefix: int, patch: int, img_size, patches_only: bool,
+          trained_size: tuple[int, int] | None = None) -> tuple[tuple[int, int] | None, bool]:
     """(grid the table was trained on, whether it covers the patches only). A table of
-    `prefix + N` or `N` rows; N square, or equal to `img_size`'s grid (non-square tables)."""
+    `prefix + N` or `N` rows; N equal to `img_size`'s grid (non-square tables), else square, else
+    equal to `trained_size`'s grid (a non-square table imported at another size)."""
     if pos is None:
         return None, False
     if pos.ndim != 3 or pos.shape[0] != 1:
         raise CheckpointError(f"pos_embed must be (1, rows, D), got {tuple(pos.shape)}")
     rows = pos.shape[1]
     if img_size is not None:
-        gh, gw = img_size[0] // patch, img_size[1] // patch
-        for prefix_rows in dict.fromkeys((prefix, 0)):
-            if rows - prefix_rows == gh * gw:
-                return (gh, gw), prefix_rows == 0 and prefix > 0
+        fits = _fits(rows, prefix, (img_size[0] // patch, img_size[1] // patch))
+        if fits:
+            return fits
     # timm's register models, DeiT-III (LayerScale) and RoPE-ViT (`models_v2` names) keep their
     # table for the patches only (no_embed_class); plain ViTs include the prefix rows. Only those
     # readings are tried: any other needs the user's --img-size.
@@ -197,7 +205,19 @@ def _grid(pos: torch.Tensor | None, prefix: int, patch: int, img_size, patches_o
         side = _square(rows - prefix_rows) if rows > prefix_rows else None
         if side:
             return (side, side), prefix_rows == 0 and prefix > 0
+    fits = _fits(rows, prefix, (trained_size[0] // patch, trained_size[1] // patch)) if trained_size else None
+    if fits:
+        return fits
     raise GridUnknownError(f"pos_embed has {rows} rows with {prefix} prefix token(s): not a square grid of patches")
+
+
+def _fits(rows: int, prefix: int, grid: tuple[int, int]) -> tuple[tuple[int, int], bool] | None:
+    """(`grid`, whether the table covers the patches only) where `rows` are `grid`'s patches with the
+    `prefix` rows or without; None where neither."""
+    for prefix_rows in dict.fromkeys((prefix, 0)):
+        if rows - prefix_rows == grid[0] * grid[1]:
+            return grid, prefix_rows == 0 and prefix > 0
+    return None
 
 
 def _encoding(family: str, sd: Mapping[str, torch.Tensor], has_table: bool) -> str:

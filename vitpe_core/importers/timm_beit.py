@@ -11,9 +11,12 @@ CLS token (`global_pool='token'`). LayerNorm eps 1e-6 and exact GELU, as every t
 refused by name. A packed SwiGLU MLP beside `q_bias` is timm's `Eva` (EVA-02), not a BEiT:
 refused here, imported by timm_eva.py where timm's config.json names the architecture.
 
-Another image size: `pos_embed` is resampled as timm does (bicubic, antialiased); the offset
-tables are resized bilinearly (the `rpb_cls` encoding's rule, transformers'), where timm's
-checkpoint filter uses BEiT's geometric interpolation: the outputs then differ from timm's (noted).
+Another image size: `pos_embed` is resampled as timm does (bicubic, antialiased) and the offset
+tables by BEiT's geometric interpolation, as timm's `checkpoint_filter_fn` does for a model created
+at that size (`resize_rel_table(mode="geometric")`, timm 1.0.31's `resize_rel_pos_bias_table`; the
+CLS entries kept); the encoding gets `table_resize="geometric"`, so an imported model run on another
+size resizes its tables by the same rule (timm's `Beit` has no `dynamic_img_size`: that equals timm's
+model created at that size). tests/test_import_sizes_timm.py checks both against timm.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from torch import Tensor
 
 from ..checkpoint import CheckpointError
 from ..config import ViTConfig
+from ..encodings.rpb import resize_rel_table
 from . import timm_hub
 from ._hf import config_grid, resample_table, target_grid
 from .beit import encoding_name, per_layer_or_shared, place_rel_tables, split_table, table_heads, table_patches
@@ -41,6 +45,7 @@ MASK_TOKEN = {r"^mask_token$": "Left out `mask_token` (used only for masked pre-
 # timm's BEiT's own
 BLOCK = {n: n for n in ("norm1", "norm2", "attn.proj", "mlp.fc1", "mlp.fc2")}
 SHARED_TABLE = "rel_pos_bias.relative_position_bias_table"
+TABLE_RESIZE = "geometric"   # timm's checkpoint_filter_fn: resize_rel_pos_bias_table, BEiT's rule
 DROP = {**MASK_TOKEN, r"relative_position_index$|^blocks\.\d+\.attn\.k_bias$": None}   # buffers older files keep
 
 
@@ -171,11 +176,18 @@ def _map_block(keys: Keys, i: int, trained: tuple[int, int]) -> tuple[Tensor, Te
 
 def _place_encodings(out: dict[str, Tensor], tables: list[tuple[Tensor, Tensor]], pos: Tensor | None,
                      grid: tuple[int, int], trained: tuple[int, int], notes: list[str]) -> str:
-    """The tables at `grid`: `pos_embed` as timm resamples it, the offset tables as the encoding
-    resizes them (not timm's rule, noted); the encoding's name."""
+    """The tables at `grid` as timm's checkpoint filter puts them: `pos_embed` resampled, the offset
+    tables resized by BEiT's geometric rule (a table a call, as the encoding resizes them); the
+    encoding's name."""
     if tables:
-        place_rel_tables(out, tables, grid, trained, notes, " bilinearly (transformers' rule); timm's checkpoint "
-                         "filter uses BEiT's geometric interpolation, so the outputs differ from timm's at this size.")
+        place_rel_tables(out, tables, trained, trained, notes, "")   # as trained: the resize is timm's, below
+        if grid != trained:
+            rel = out["pos_enc.rel_tables"]
+            out["pos_enc.rel_tables"] = torch.stack([resize_rel_table(t, grid, mode=TABLE_RESIZE)
+                                                     for t in rel]).to(rel.dtype)
+            notes.append(f"The relative position tables were trained on a {trained[0]}x{trained[1]} grid; resized "
+                         f"to {grid[0]}x{grid[1]} by BEiT's geometric interpolation, as timm's checkpoint filter "
+                         "does.")
     if pos is not None:
         out["pos_embed"] = resample_table(pos, grid, trained, 1, notes, antialias=True, who="as timm does")
     return encoding_name(out, notes)
@@ -189,6 +201,13 @@ def _config(out: Mapping[str, Tensor], ctx: Context, tables: list[tuple[Tensor, 
                      num_classes=out["head.weight"].shape[0] if "head.weight" in out else 0, dim=dim, depth=depth,
                      heads=ctx.heads or timm_hub.heads(ctx.config) or table_heads(tables, dim),
                      mlp_dim=out["blocks.0.mlp.fc1.weight"].shape[0], qkv_bias="blocks.0.attn.qkv.bias" in out,
-                     norm_eps=1e-6, encoding=encoding, encoding_options={"shared": True} if shared else {},
+                     norm_eps=1e-6, encoding=encoding, encoding_options=_options(encoding, shared),
                      layer_scale="blocks.0.ls1.gamma" in out, pool=read_out(out, ctx.config, ctx.pool, notes),
                      fc_norm="fc_norm.weight" in out, act="gelu")
+
+
+def _options(encoding: str, shared: bool) -> dict:
+    """The `rpb_cls` options: one shared table or one per layer, resized at other sizes by timm's rule."""
+    if "rpb_cls" not in encoding.split("+"):
+        return {}
+    return {**({"shared": True} if shared else {}), "table_resize": TABLE_RESIZE}

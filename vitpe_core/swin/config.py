@@ -27,14 +27,26 @@ def stage_grid(grid: tuple[int, int], stage: int) -> tuple[int, int]:
     return h, w
 
 
+def build_grid(img_size: tuple[int, int], patch: int, version: int) -> tuple[int, int]:
+    """The first-stage grid `build_windows` decides on: Swin's the image padded to whole patches
+    (what it runs on); Swin-V2's `image_size // patch_size`, rounded down, as Hugging Face's
+    `Swinv2Model` builds its layers (`embeddings.patch_grid`)."""
+    if version == 1:
+        return -(-img_size[0] // patch), -(-img_size[1] // patch)
+    return img_size[0] // patch, img_size[1] // patch
+
+
 def build_windows(version: int, window: int, grid: tuple[int, int], stages: int
                   ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(window, odd-block shift) per stage, as Hugging Face builds them for first-stage `grid`.
-    Swin: a grid whose shorter side is at most the window is one window, unshifted. Swin-V2
-    (`Swinv2Layer._compute_window_shift`) decides on the grid's height alone."""
+    """(window, odd-block shift) per stage, as Hugging Face builds them for first-stage `grid`
+    (`build_grid`). Swin: a grid whose shorter side is at most the window is one window, unshifted;
+    its stages' grids are rounded up (odd grids are padded before merging). Swin-V2
+    (`Swinv2Layer._compute_window_shift`) decides on the grid's height alone, the stage's
+    `grid // 2**s` rounded down (`Swinv2Encoder`'s `input_resolution`; at least 1, where Hugging
+    Face's would be an empty window it cannot run)."""
     windows, shifts = [], []
     for s in range(stages):
-        h, w = stage_grid(grid, s)
+        h, w = stage_grid(grid, s) if version == 1 else (max(1, grid[0] >> s), max(1, grid[1] >> s))
         side = min(h, w) if version == 1 else h
         windows.append(min(side, window))
         shifts.append(0 if side <= window else window // 2)
@@ -79,7 +91,8 @@ class SwinConfig:
             if (self.embed_dim * 2 ** s) % h:
                 raise ValueError(f"stage {s}: width {self.embed_dim * 2 ** s} is not divisible by {h} heads")
         if not self.stage_windows:
-            w, sh = build_windows(self.version, self.window_size, self.grid, S)
+            w, sh = build_windows(self.version, self.window_size, build_grid(self.img_size, self.patch_size,
+                                                                             self.version), S)
             fix(self, "stage_windows", w)
             fix(self, "stage_shifts", sh)
         if len(self.stage_windows) != S or len(self.stage_shifts) != S:

@@ -22,6 +22,12 @@ within 1e-5 (relative) in float32. Deliberate deviations:
 * Swin on a grid smaller than its table's window (another image size): the window shrinks to the
   grid as in Hugging Face, whose own forward then fails on the table's size; here the table's
   central `(2w-1)^2` offsets are used (the same offsets, a smaller window).
+* Hugging Face's Swin keeps a window it shrank for a small input at every later, larger input
+  (`SwinLayer.set_shift_and_window_size` overwrites the layer's window and shift); this model
+  decides at every call, as a freshly loaded Hugging Face model does at that size.
+* Swin's absolute table at another grid is resampled as `interpolate_pos_encoding=True` does
+  (bicubic, align_corners=False, not antialiased); Hugging Face's can do so only for a table
+  trained on a square grid.
 
 `forward(images, trace=[])` records one dict per block, in order (see `WindowAttention`).
 """
@@ -35,6 +41,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from ..encodings.absolute import resample_abs_pos_embed
 from .config import SwinConfig
 
 MASK_VALUE = -100.0      # Hugging Face's (and the original's) value between tokens of different regions
@@ -274,11 +281,8 @@ class SwinTransformer(nn.Module):
         x = self.patch_embed.proj(x)                                                                  # (B, C, H, W)
         grid = (x.shape[-2], x.shape[-1])
         x = self.patch_embed.norm(rearrange(x, "b c y x -> b (y x) c"))                              # (B, N, C)
-        if self.cfg.absolute_pos_embed:
-            if grid != self.cfg.grid:
-                raise ValueError(f"this Swin's absolute table covers a {self.cfg.grid} grid; the image gives {grid}: "
-                                 f"use {self.cfg.img_size[0]}x{self.cfg.img_size[1]} px images")
-            x = x + self.absolute_pos_embed
+        if self.cfg.absolute_pos_embed:   # resampled at another grid as transformers' interpolate_pos_encoding
+            x = x + resample_abs_pos_embed(self.absolute_pos_embed, grid, self.cfg.grid, 0, antialias=False)
         return x, grid
 
     def forward_features(self, x: Tensor, trace: list[dict] | None = None) -> Tensor:
