@@ -88,7 +88,7 @@ def test_the_figures_draw_every_series_and_size():
     rows = resolution.sweep(_model("ape"), torch.randn(3, 3, 32, 32), [(16, 16), (48, 48), (32, 48)])
     fig = figures.resolution_fig(rows, title="t")
     names = {t.name for t in fig.data}
-    assert names == {name for _, name, _ in figures.resolution.SERIES}
+    assert names == {name for _, name, _ in figures.RESOLUTION_SERIES}
     squares = [t for t in fig.data if t.mode == "lines+markers"]
     assert all(len(t.x) == 3 for t in squares)                                # 16, 32, 48: joined
     assert all(t.marker.symbol == "circle-open" and len(t.x) == 1 for t in fig.data if t.mode == "markers")

@@ -44,7 +44,7 @@ from .maps import (DIFF_SCALE, LAYERS_MAX_COLS, figure7_canvas, figure7_grid_fig
                    pair_fig, patch_map_fig, png_data_uri, shift_diff_fig, similarity_matrix_fig)
 from .maps import _png_data_uri as _png_data_uri   # its cache is checked by tests/test_figures.py
 from .picker import MAX_HEIGHT_PX, patch_centres, picker_spec, with_outline
-from .resolution import distance_by_size_fig, resolution_fig
+from .resolution import RESOLUTION_SERIES, distance_by_size_fig, resolution_fig
 from .raster import display_image, figure7_image, figure7_pixel_to_patch, grid_image, pixel_to_patch
 from .windows import window_lines_path, window_map_fig
 
@@ -72,5 +72,5 @@ __all__ = [
     # windows
     "window_map_fig", "window_lines_path",
     # resolution
-    "resolution_fig", "distance_by_size_fig",
+    "RESOLUTION_SERIES", "resolution_fig", "distance_by_size_fig",
 ]

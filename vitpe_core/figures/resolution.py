@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 
 from .common import CHECKPOINT_PALETTE, _title
 
-SERIES = (   # SizeRow field, legend name, what it says
+RESOLUTION_SERIES = (   # SizeRow field, legend name, what it says
     ("agreement", "top-1 as at native size", "the share of images whose top-1 class is the native size's"),
     ("feature_cosine", "feature cosine to native", "the mean cosine of the pooled features to the native size's"),
     ("structure", "table's 2D structure", "Spearman's rho of the resampled table's similarity against distance"),
@@ -25,12 +25,12 @@ def _scale(row, native) -> float:
 
 
 def resolution_fig(rows: Sequence, *, title: str) -> go.Figure:
-    """One line per figure of `SERIES` over the sizes' scale (square sizes joined, rectangular ones
+    """One line per figure of `RESOLUTION_SERIES` over the sizes' scale (square sizes joined, rectangular ones
     as hollow markers), the native size marked; hover names each size in pixels and patches."""
     native = next(r for r in rows if r.native)
     aspect = native.size[0] / native.size[1]
     fig = go.Figure()
-    for i, (field, name, what) in enumerate(SERIES):
+    for i, (field, name, what) in enumerate(RESOLUTION_SERIES):
         pts = [(r, getattr(r, field)) for r in rows if getattr(r, field) is not None]
         if not pts:
             continue
