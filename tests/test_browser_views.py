@@ -6,6 +6,7 @@ maps and titles that fit. Checkpoints: tiny random-weight models with a three-ep
 temporary folder."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -181,3 +182,23 @@ def test_the_compare_page_keeps_every_map_square_beside_a_model_on_another_grid(
         except AssertionError:
             if step == 5:
                 raise
+
+
+def test_the_resolution_explorer_sweeps_a_model_and_draws_what_each_size_keeps(page, app_url):
+    """Compare page → "At other input sizes": pick a model, press the button, a progress bar, then the
+    chart (one trace per figure, the native size marked) and the distance by depth, drawn."""
+    page.goto(f"{app_url}/?page=compare")
+    settle(page)
+    section = page.get_by_text("At other input sizes", exact=False).first
+    section.scroll_into_view_if_needed()
+    page.get_by_role("button", name="Sweep these sizes").click()
+    chart = page.locator(".st-key-compare_res_chart .js-plotly-plot")
+    expect(chart).to_be_attached(timeout=TIMEOUT_MS)
+    page.wait_for_function("() => { const p = document.querySelector('.st-key-compare_res_chart .js-plotly-plot');"
+                           " return p && p._fullData && p._fullData.length >= 4; }", timeout=TIMEOUT_MS)
+    expect(chart.locator(".gtitle")).to_contain_text("at other input sizes")
+    expect(chart.locator(".annotation-text")).to_contain_text("native 32×32")
+    distance = page.locator(".st-key-compare_res_distance .js-plotly-plot")
+    expect(distance.locator(".legendtext")).to_have_count(8)       # the 8 default sizes of a 32-px model
+    settle(page)
+    expect(page.get_by_text(re.compile(r"^(Its top-1|On every size swept)"))).to_be_visible()   # the verdict
