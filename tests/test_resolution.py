@@ -126,3 +126,21 @@ def test_the_notebook_sweeps_a_checkpoint_and_keeps_the_rows(app_checkpoint_dir)
     native = tuple(m.config.img_size)
     assert [tuple(r["size"]) for r in rows] == sorted({(32, 32), native})
     assert next(r for r in rows if r["native"])["agreement"] == 1.0
+
+
+def test_a_swin_is_swept_for_its_top1_and_features_only():
+    from vitpe_core.swin import SwinConfig, SwinTransformer
+    torch.manual_seed(0)
+    cfg = SwinConfig(version=2, img_size=(32, 32), patch_size=4, in_chans=3, num_classes=4, embed_dim=16,
+                     depths=(2, 2), num_heads=(2, 4), window_size=4, stage_windows=(4, 4), stage_shifts=(2, 0))
+    model = SwinTransformer(cfg).eval()
+    images = torch.randn(3, 3, 32, 32)
+    rows = resolution.sweep(model, images, [(16, 16), (48, 32)])
+    assert [r.size for r in rows] == [(16, 16), (32, 32), (48, 32)]
+    for r in rows:
+        assert r.structure is None and r.relative_score is None and r.distance == ()
+        x = transform_input(images, Transform(r.size))
+        with torch.no_grad():
+            assert r.agreement == pytest.approx(float((model(x).argmax(-1) == model(images).argmax(-1)).float().mean()))
+    assert next(r for r in rows if r.native).feature_cosine == pytest.approx(1.0)
+    assert figures.resolution_fig(rows, title="t").data

@@ -37,7 +37,6 @@ from .gallery import gallery_caption, gallery_ids, gallery_image
 from .html_report import ReportImage, write_report
 from .html_report.build import file_sha256, model_card, weights_sha256
 from .inputs import checkpoint_input, image_key, model_crop
-from .model import ViT
 
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
 
@@ -268,8 +267,6 @@ def resolution(m: Model, sizes: Sequence[tuple[int, int]] | None = None, *, prog
     from tqdm.auto import tqdm
 
     from . import resolution as res
-    if not isinstance(m.ckpt.model, ViT):
-        raise ValueError(f"{m.name}: only ViTs are swept (a Swin's windows are fixed when it is built)")
     cfg = m.config
     sizes = res.default_sizes(cfg.img_size, cfg.patch_size) if sizes is None else sizes
     bar = tqdm(total=len(res.check_sizes([*sizes, tuple(cfg.img_size)], cfg.patch_size)), disable=not progress,

@@ -9,6 +9,7 @@ model's own run-time resampling of its position parameters (the encoding's `tabl
 * `relative_score`: how much of the position-only kernel an offset-only kernel explains, mean over
   layers and heads (`positional.relative_score`; None without a position kernel);
 * `distance`: mean attention distance by depth, in patches (mean over heads and images);
+  (a Swin, attending inside windows: the next two only)
 * `agreement`: the fraction of images whose top-1 class is the one at the native size (None
   without a classification head);
 * `feature_cosine`: the mean cosine of the pooled features to the native size's.
@@ -32,6 +33,7 @@ from .encodings.base import Grid
 from .model import ViT
 from .positional import mean_attention_distance, position_kernels, relative_score
 from .stress import Transform, transform_input
+from .swin.model import SwinTransformer
 
 MAX_SIDE_PATCHES = 64          # a sweep's largest grid side (attention maps grow with the 4th power of it)
 
@@ -81,9 +83,12 @@ def check_sizes(sizes: Sequence[tuple[int, int]], patch: int) -> list[tuple[int,
 
 
 @torch.no_grad()
-def _outputs(model: ViT, x: Tensor) -> tuple[Tensor, Tensor]:
-    """(logits, pooled features) of `x`, as `ViT.forward` computes them."""
+def _outputs(model: ViT | SwinTransformer, x: Tensor) -> tuple[Tensor, Tensor]:
+    """(logits, pooled features) of `x`, as the model's `forward` computes them."""
     tokens = model.forward_features(x)
+    if isinstance(model, SwinTransformer):
+        feat = tokens.mean(1)
+        return model.head(feat), feat
     feat = model.pool(tokens)
     logits = model.head(feat)
     if model.cfg.dist_token:
@@ -99,13 +104,18 @@ def _chunk(model: ViT, grid: Grid, budget: int = 24 * 2**20) -> int:
 
 
 @torch.no_grad()
-def measure(model: ViT, images: Tensor, size: tuple[int, int]) -> dict:
+def measure(model: ViT | SwinTransformer, images: Tensor, size: tuple[int, int]) -> dict:
     """The raw figures of `images (B, 3, H, W)` (normalised, native size) at input `size`: the
     logits and pooled features, the position-only kernel's relative score, the attention distance
-    by depth and the table's 2D-structure score (see the module doc)."""
+    by depth and the table's 2D-structure score (see the module doc). A Swin (windows; no table, no
+    global kernel): the logits and features only."""
     model.eval()
     x = transform_input(images.float(), Transform(tuple(size)))
     grid = model.grid_for(tuple(size))
+    if isinstance(model, SwinTransformer):
+        logits, feats = zip(*(_outputs(model, c) for c in x.split(16)))
+        return {"logits": torch.cat(logits), "features": torch.cat(feats), "grid": grid, "structure": None,
+                "relative_score": None, "distance": np.zeros(0)}
     distances: list[np.ndarray] = []
 
     def on_trace(rec: list[dict]) -> None:
@@ -121,7 +131,7 @@ def measure(model: ViT, images: Tensor, size: tuple[int, int]) -> dict:
             "relative_score": rel, "distance": np.concatenate(distances).mean(0)}
 
 
-def sweep(model: ViT, images: Tensor, sizes: Sequence[tuple[int, int]], *,
+def sweep(model: ViT | SwinTransformer, images: Tensor, sizes: Sequence[tuple[int, int]], *,
           on_size: Callable[[int, int, tuple[int, int]], None] | None = None) -> list[SizeRow]:
     """One `SizeRow` per size of `sizes` (the native size is measured too, as the reference);
     `on_size(done, total, size)` is called before each size (a progress bar)."""

@@ -34,13 +34,14 @@ def resolution_explorer(page: str, names, ckpts) -> None:
     (with a progress bar; cached in the memory budget), then the chart, the distance by depth and the table."""
     st.subheader("At other input sizes: when does the model lose its sense of position?")
     st.markdown(EXPLAIN)
-    vits = [n for n in names if not is_swin_model(ckpts[n])]
-    if len(vits) < len(names):
-        st.caption("Swin models are not swept: their windows are fixed when the model is built for a size.")
-    if not vits:
+    if not names:
         return
     cols = st.columns([1, 3])
-    name = cols[0].selectbox("Model", vits, key=f"{page}_res_model")
+    name = cols[0].selectbox("Model", names, key=f"{page}_res_model")
+    if is_swin_model(ckpts[name]):
+        st.caption(f"`{name}` is a Swin: it attends inside windows (fixed when it was built, as transformers "
+                   "keeps them) and has no table nor one position kernel, so only its top-1 and features are "
+                   "compared across sizes.")
     cfg = ckpts[name].config
     options = {f"{h}×{w}": (h, w) for h, w in resolution.default_sizes(cfg.img_size, cfg.patch_size)}
     picked = cols[1].multiselect("Input sizes (px)", list(options), default=list(options),
@@ -60,8 +61,9 @@ def resolution_explorer(page: str, names, ckpts) -> None:
     st.markdown(_verdict(rows, below, above))
     chart(figures.resolution_fig(rows, title=f"{name} at other input sizes"), f"{name}_resolution",
           key=f"{page}_res_chart")
-    chart(figures.distance_by_size_fig(rows, title=f"{name}: attention distance by depth, per input size"),
-          f"{name}_resolution_distance", key=f"{page}_res_distance")
+    if rows[0].distance:
+        chart(figures.distance_by_size_fig(rows, title=f"{name}: attention distance by depth, per input size"),
+              f"{name}_resolution_distance", key=f"{page}_res_distance")
     table = pd.DataFrame(resolution.rows_json(rows)).set_index("size")
     st.dataframe(table.astype(str), key=f"{page}_res_table", placeholder="—")
     st.download_button("Sweep (CSV)", data=table.to_csv().encode(), file_name=f"{name}_resolution.csv",
