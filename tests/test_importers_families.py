@@ -137,7 +137,8 @@ def test_what_each_family_becomes(case, tmp_path):
     cfg = import_file(save(model, tmp_path / case)).model.cfg
     expect = {
         "beit_layer_bias_mean": dict(encoding="rpb_cls", pool="avg", fc_norm=True, layer_scale=True),
-        "beit_shared_bias_ape_cls": dict(encoding="rpb_cls+ape", encoding_options={"shared": True}, pool="token"),
+        "beit_shared_bias_ape_cls": dict(encoding="rpb_cls+ape", pool="token", encoding_options={
+            "shared": True, "ape_interpolation": "bicubic", "ape_antialias": False}),   # transformers' resampling
         "dinov2_registers_classifier": dict(encoding="ape", reg_tokens=3, no_embed_class=True, pool="token+avg"),
         "dinov3": dict(encoding="rope_dinov3", reg_tokens=2, grid=(3, 5), pool="token"),
         "clip_vision": dict(pre_norm=True, act="quick_gelu", pool="token", class_token=True),
