@@ -5,6 +5,8 @@
     python scripts/screenshots.py --own FOLDER/vit_tiny.safetensors   # -> docs/screenshot_own_model.png
     python scripts/screenshots.py --own FOLDER/swin.safetensors --name swin --layer 1   # -> docs/screenshot_swin.png
     python scripts/screenshots.py --random-swin --layer 1             # -> docs/screenshot_swin.png
+    python scripts/screenshots.py --resolution                        # -> docs/screenshot_resolution.png
+    python scripts/screenshots.py --resolution --own FOLDER/vit_tiny.safetensors --name resolution_own
 
 * docs/screenshot_bias.png: the bias explorer on a photo with a clicked patch (`sape2+ape` if
   the folder has it, else its first checkpoint), the bias row over the image and the full
@@ -15,6 +17,9 @@
 * docs/screenshot_own_model.png (`--own`): the bias explorer on an imported pretrained ViT
   (`python -m vitpe_core import`), at its own resolution and grid, on the astronaut photo.
   `--name NAME` writes docs/screenshot_NAME.png instead; `--layer L` shows block/layer L.
+* docs/screenshot_resolution.png (`--resolution`): the compare page's resolution explorer swept
+  for `ape` (else the first checkpoint; `--own`: the imported model) at its default sizes: the
+  chart of what each size keeps, the attention distance by depth, the table (that section only).
 * `--random-swin`: a Swin-V2 of swinv2-tiny's shape (transformers' `Swinv2Config()` defaults: 224
   px, 4-px patches, 7x7 windows) with transformers' random initial weights, saved with
   `save_pretrained` and imported: the Swin window view's layout (window grid, shift, the clicked
@@ -130,6 +135,33 @@ def shoot_own(page, base: str, ckpt: str, grid: tuple[int, int], out: Path, laye
     harness.full_page_screenshot(page, out)
 
 
+def shoot_resolution(page, base: str, ckpt: str, grid: tuple[int, int], out: Path) -> None:
+    """The compare page showing `ckpt` alone, its resolution explorer swept at the default sizes:
+    the section from its heading to its CSV button."""
+    page.goto(harness.share_url(base, page="compare", ckpt=ckpt, image="photo-chelsea", layer=0, head="mean"))
+    harness.wait_script_run(page, TIMEOUT_MS / 1000)
+    sidebar = page.locator("[data-testid='stSidebar']")
+    picks = sidebar.locator("[data-testid='stMultiSelect']").first
+    for _ in range(40):                                       # show `ckpt` only: the sweep's model list is the shown
+        tags = picks.locator("[data-baseweb='tag']")
+        others = [t for t in tags.all() if ckpt not in t.inner_text()]
+        if not others:
+            break
+        others[0].locator("[role='presentation'], svg").last.click()
+        harness.wait_script_run(page, TIMEOUT_MS / 1000)
+    page.get_by_role("button", name="Sweep these sizes").click()
+    page.locator(".st-key-compare_res_chart .js-plotly-plot").wait_for(timeout=30 * TIMEOUT_MS)
+    harness.wait_script_run(page, 30 * TIMEOUT_MS / 1000)
+    page.wait_for_timeout(1500)                                          # plotly finishes drawing
+    page.set_viewport_size({"width": WIDTH, "height": 6000})
+    page.wait_for_timeout(1500)
+    top = page.get_by_text("At other input sizes", exact=False).first.bounding_box()
+    bottom = page.locator(".st-key-compare_res_csv").bounding_box()
+    y0, y1 = top["y"] - 10, bottom["y"] + bottom["height"] + 10
+    page.screenshot(path=str(out), clip={"x": 0, "y": y0, "width": WIDTH, "height": y1 - y0}, full_page=True)
+    page.set_viewport_size({"width": WIDTH, "height": 1000})
+
+
 def random_swin(tmp: Path) -> Path:
     """`transformers.Swinv2ForImageClassification(Swinv2Config())` (random weights, seed 0), saved
     and imported with the CLI; the checkpoint's path."""
@@ -153,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layer", type=int, default=0, help="with --own / --random-swin: the layer (Swin: block) shown")
     ap.add_argument("--random-swin", action="store_true", help="shoot a random-weight Swin-V2 of swinv2-tiny's shape "
                                                                    "(the window view's layout; needs transformers)")
+    ap.add_argument("--resolution", action="store_true", help="shoot the compare page's resolution explorer only "
+                    "(of `ape`, or of --own)")
     ap.add_argument("--out", default=str(REPO / "docs"))
     ap.add_argument("--port", type=int, default=None)
     args = ap.parse_args(argv)
@@ -194,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
                      "screenshot_compare.png": (shoot_compare, bias_ckpt)}
             if args.own:
                 shots = {f"screenshot_{args.name}.png": (functools.partial(shoot_own, layer=args.layer), names[0])}
+            if args.resolution:
+                ckpt = names[0] if args.own else table[0]
+                shots = {f"screenshot_{args.name if args.own else 'resolution'}.png": (shoot_resolution, ckpt)}
             for name, (shoot, ckpt) in shots.items():
                 shoot(page, base, ckpt, grids[ckpt], out / name)
                 size = save_small(out / name)

@@ -64,7 +64,10 @@ def resolution_explorer(page: str, names, ckpts) -> None:
     if rows[0].distance:
         chart(figures.distance_by_size_fig(rows, title=f"{name}: attention distance by depth, per input size"),
               f"{name}_resolution_distance", key=f"{page}_res_distance")
-    table = pd.DataFrame(resolution.rows_json(rows)).set_index("size")
+    table = pd.DataFrame(resolution.rows_json(rows))
+    table["size"] = [r.label for r in rows]
+    table["grid"] = [f"{r.grid[0]}×{r.grid[1]}" for r in rows]
+    table = table.set_index("size")
     st.dataframe(table.astype(str), key=f"{page}_res_table", placeholder="—")
     st.download_button("Sweep (CSV)", data=table.to_csv().encode(), file_name=f"{name}_resolution.csv",
                        mime="text/csv", key=f"{page}_res_csv", on_click="ignore")

@@ -49,10 +49,12 @@ def resolution_fig(rows: Sequence, *, title: str) -> go.Figure:
     fig.add_vline(x=1.0, line=dict(color="#888", dash="dot"), annotation_text=f"native {native.label}",
                   annotation_position="top")
     _title(fig, title, b=40)
-    fig.update_layout(xaxis_title="input size (× native, by area)", yaxis_title="value", xaxis_type="log",
-                      height=360 + fig.layout.margin.t, hovermode="closest",
+    fig.update_layout(xaxis_title="input size (× native, by area)", yaxis_title="value",
+                      height=360 + fig.layout.margin.t + 20, hovermode="closest",
                       legend=dict(orientation="h", y=-0.22, yanchor="top"))
-    fig.update_xaxes(tickvals=sorted({round(_scale(r, native), 2) for r in rows}))
+    square = [r for r in rows if abs(r.size[0] / r.size[1] - aspect) < 1e-9]
+    fig.update_xaxes(tickvals=[round(_scale(r, native), 3) for r in square],
+                     ticktext=[f"{_scale(r, native):.2g}×<br>{r.label}" for r in square])
     return fig
 
 
