@@ -144,3 +144,21 @@ def test_a_swin_is_swept_for_its_top1_and_features_only():
             assert r.agreement == pytest.approx(float((model(x).argmax(-1) == model(images).argmax(-1)).float().mean()))
     assert next(r for r in rows if r.native).feature_cosine == pytest.approx(1.0)
     assert figures.resolution_fig(rows, title="t").data
+
+
+def test_the_report_cli_adds_the_sweep_and_refuses_bad_sizes(app_checkpoint_dir, tmp_path, capsys):
+    import json
+    import re
+
+    from vitpe_core.__main__ import main
+    ckpt = str(app_checkpoint_dir / "ape.safetensors")
+    out = tmp_path / "r.html"
+    assert main(["report", ckpt, "--out", str(out), "--images", "cifar10-test-0000", "--sizes", "16,32x48"]) == 0
+    html = out.read_text(encoding="utf-8")
+    data = json.loads(re.search(r'<script type="application/json" id="report-data">(.*?)</script>', html, re.S)[1])
+    fig = data["position"]["resolution"]
+    assert "At other input sizes" in html and 'data-fig="position.resolution"' in html
+    assert {t["name"] for t in fig["data"]} >= {"top-1 as at native size", "feature cosine to native"}
+    assert "--sizes 16,32x48" in html                                                  # the command that made it
+    assert main(["report", ckpt, "--out", str(tmp_path / "bad.html"), "--sizes", "18"]) == 2   # not whole patches
+    assert "multiple of the patch size" in capsys.readouterr().err and not (tmp_path / "bad.html").exists()

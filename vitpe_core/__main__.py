@@ -403,6 +403,8 @@ def _add_report(sub) -> None:
                                                   "as many as fit --max-mb; the others keep the mean over heads)")
     r.add_argument("--max-mb", type=float, default=24.0, help="size the explorer's per-head layers are chosen to "
                                                               "fit, in MB (default 24)")
+    r.add_argument("--sizes", nargs="?", const="default", help="add the resolution sweep (vitpe_core/resolution.py): "
+                   "alone, 0.5x-2x the model's size and one rectangle; or sizes such as 16,24,32x48 (pixels)")
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -420,16 +422,29 @@ def _report(args: argparse.Namespace) -> int:
     words = ["report", args.checkpoint, "--out", args.out] + (["--images", *args.images] if args.images else []) + \
         (["--layers", ",".join(map(str, args.layers))] if args.layers else []) + \
         (["--max-mb", f"{args.max_mb:g}"] if args.max_mb * 1e6 != DEFAULT_MAX_BYTES else [])
+    rows = _sweep(m, args.sizes) if args.sizes else None
+    words += ["--sizes", args.sizes] if args.sizes else []
     command = "python -m vitpe_core " + shlex.join(words)
     with tqdm(total=steps, desc=f"report of {m.name}", unit="step") as bar:
         def progress(step: str) -> None:
             bar.set_postfix_str(step[:40])
             bar.update(1)
         out = write_report(m.ckpt, args.out, images=images, path=m.path, layers=args.layers, command=command,
-                           content_hash=m.content_hash, max_bytes=int(args.max_mb * 1e6), progress=progress)
+                           content_hash=m.content_hash, max_bytes=int(args.max_mb * 1e6), resolution=rows,
+                           progress=progress)
     print(json.dumps({"out": str(out), "bytes": out.stat().st_size, "checkpoint": m.name,
                       "content_hash": m.content_hash}))
     return 0
+
+
+def _sweep(m, text: str) -> list:
+    """`resolution.sweep` of `m` on the gallery images at `text`'s sizes ("default", or `16,24,32x48`)."""
+    from . import positional, resolution
+    from .importers import parse_size
+    cfg = m.config
+    sizes = (resolution.default_sizes(cfg.img_size, cfg.patch_size) if text == "default"
+             else [parse_size(s) for s in text.split(",") if s.strip()])
+    return resolution.sweep(m.ckpt.model, positional.image_set(m.ckpt), sizes)
 
 
 def _add_kernel(sub) -> None:

@@ -10,6 +10,7 @@ What the page holds:
 * the position-only kernels per layer with the relative score, the per-query kernels (the grid's
   centre and corner), attention distance by depth (`positional.analyze`; the checkpoint's
   `NAME.analysis.npz` cache is reused when current);
+* with `--sizes`, the resolution sweep (`vitpe_core.resolution`): what each input size keeps;
 * an offline bias explorer: for each image (default: three CIFAR-10 test images and one photo of
   the gallery), click any patch and see its bias row (SaPE²'s x and y parts and their sum) and
   attention row, per layer, for the mean of heads or one head, and attention rollout of the patch
@@ -59,10 +60,11 @@ def report_html(ckpt: Checkpoint, **kw) -> str:
 def write_report(ckpt: Checkpoint, out: str | Path, *, images: Sequence[ReportImage] | None = None,
                  path: str | Path | None = None, layers: Sequence[int] | None = None, command: str = "",
                  content_hash: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES,
-                 progress: Callable[[str], None] = lambda _: None) -> Path:
-    """Build the report of `ckpt` and write it to `out`; the path written."""
+                 resolution: Sequence | None = None, progress: Callable[[str], None] = lambda _: None) -> Path:
+    """Build the report of `ckpt` and write it to `out` (`resolution`: a sweep's rows to draw too);
+    the path written."""
     return write_html(_built(ckpt, progress, images=images, path=path, layers=layers, command=command,
-                             content_hash=content_hash, max_bytes=max_bytes), out)
+                             content_hash=content_hash, max_bytes=max_bytes, resolution=resolution), out)
 
 
 def report_bytes(ckpt: Checkpoint, *, progress: Callable[[str], None] = lambda _: None, **kw) -> bytes:

@@ -171,13 +171,14 @@ def position_arrays(ckpt: Checkpoint, path: str | Path | None) -> dict[str, np.n
 def build_report(ckpt: Checkpoint, *, images: Sequence[ReportImage] | None = None, path: str | Path | None = None,
                  content_hash: str | None = None, layers: Sequence[int] | None = None,
                  max_bytes: int = DEFAULT_MAX_BYTES, command: str = "", position: dict | None = None,
-                 progress: Callable[[str], None] = lambda _: None) -> dict:
+                 resolution: Sequence | None = None, progress: Callable[[str], None] = lambda _: None) -> dict:
     """Everything the page shows, as one JSON-able dict. `images`: default `default_images()`;
     `path`: the checkpoint file (its analysis cache is reused, its hash is the content hash
     unless `content_hash` is given); `layers`: the layers whose every head the explorer keeps
     (default: as many as fit `max_bytes`, `explorer.choose_heads_layers`); `command`: what made
     the report, for the footer; `position`: `positional.analyze`'s arrays when the caller has
-    them (the app's cache); `progress(step)` is told each step (`progress_steps` of them)."""
+    them (the app's cache); `resolution`: `resolution.sweep`'s rows, drawn under "How is position
+    encoded?" when given; `progress(step)` is told each step (`progress_steps` of them)."""
     if getattr(ckpt.config, "arch", "vit") == "swin":
         raise ValueError(f"{ckpt.name} is a Swin model: the HTML report is built for ViTs (one global grid); the "
                          "app's bias explorer draws a Swin's windows (vitpe_core.swin.windows.window_rows)")
@@ -194,6 +195,9 @@ def build_report(ckpt: Checkpoint, *, images: Sequence[ReportImage] | None = Non
     card, sim = model_card(ckpt), similarity_section(ckpt)
     progress("position analysis")
     pos = position_section(ckpt, position if position is not None else position_arrays(ckpt, path))
+    if resolution:
+        pos["resolution"] = _spec(figures.resolution_fig(resolution, title=f"{ckpt.name or 'model'} at other input "
+                                                                           "sizes"), f"{ckpt.name}_resolution")
     traces = []
     for img in images:
         progress(f"trace of {img.label}")

@@ -76,7 +76,12 @@ def position_html(pos: dict) -> str:
                    "grid: the grid's centre and its top-left corner, per layer. <b>fit</b>: the R² of the offset "
                    "fit on this query's row (1 = the shared pattern exactly; below 0 = worse than a flat row).</p>"
                    f"{_fig('position.query_kernels')}")
-    return kernels + "<h3>Attention distance by depth</h3>" + _fig("position.distance")
+    sizes = ("<h3>At other input sizes</h3><p>The model at each input size (the gallery images resized; its position "
+             "parameters resampled as it does at run time): how often its top-1 stays the native size's, the cosine of "
+             "its pooled features to the native ones, the resampled table's 2D structure, the offset-only share of its "
+             "position kernel (<code>vitpe_core/resolution.py</code>).</p>" + _fig("position.resolution")
+             if "resolution" in pos else "")
+    return kernels + "<h3>Attention distance by depth</h3>" + _fig("position.distance") + sizes
 
 
 def _options(values: list[tuple[str, str]]) -> str:
