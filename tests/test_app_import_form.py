@@ -307,9 +307,11 @@ def test_a_model_evicted_while_its_page_is_drawn_gets_a_message_not_a_traceback(
     name = _imported_name(at)
     real_trace = cache.trace
 
-    def trace_then_evict(*args, **kwargs):      # the page has its checkpoint; then the store loses it
+    def trace_then_evict(*args, **kwargs):      # the page has its checkpoint; then the stores lose it
+        import shutil
         out = real_trace(*args, **kwargs)
         cache.model_store().budget.clear()
+        shutil.rmtree(cache.disk_models().folder)   # from memory and from disk (issue 47's store)
         return out
 
     monkeypatch.setattr(cache, "trace", trace_then_evict)
@@ -318,3 +320,30 @@ def test_a_model_evicted_while_its_page_is_drawn_gets_a_message_not_a_traceback(
     assert not at.exception, [e.value for e in at.exception]
     assert any(f"The imported model {name!r} was removed from the server" in w.value for w in at.warning), \
         [w.value for w in at.warning]
+
+
+def test_an_imported_models_link_opens_after_the_process_forgot_it_and_not_after_the_store_did():
+    """Issue 47: an import is kept on disk under its sha256 (`VITPE_MODEL_DIR`, default under the
+    upload folder), so a link's `model=` opens it in another session after the memory budget
+    evicted it or the server restarted (the memory emptied here); with the disk store gone too,
+    the link's page says so."""
+    import shutil
+
+    from test_app import _small_vit, _timm_npz
+
+    from pages.common import cache
+    from vitpe_core import membudget
+    at = _form(ok(run({"page": "checkpoints"})), weights=("vit.npz", _timm_npz(_small_vit())))
+    name = _imported_name(at)
+    at.switch_page("pages/bias.py")
+    at = ok(ok(at.run()).selectbox(key="bias_ckpt").set_value(name).run())
+    link = {"page": "bias", **{k: at.query_params[k] for k in ("ckpt", "model", "patch")}}
+    assert cache.disk_models().size()[0] == 1
+    membudget.shared().clear()                                   # a restart: nothing in memory
+    other = ok(run(link))
+    assert other.session_state["ckpt"] == name and not other.warning, [w.value for w in other.warning]
+    assert other.query_params["model"] == link["model"]
+    membudget.shared().clear()
+    shutil.rmtree(cache.disk_models().folder)                    # and the store on disk gone too
+    gone = ok(run(link))
+    assert any("is not on this server any more" in w.value for w in gone.warning), [w.value for w in gone.warning]

@@ -76,3 +76,82 @@ def test_stores_log_what_they_keep_and_evict(tmp_path, caplog):
     models.put("a" * 64, object(), 5)
     models.put("b" * 64, object(), 5)
     assert "evicted aaaaaaaaaaaa" in caplog.text
+
+
+# ----------------------------------------------------------------------------- imported models on disk
+def _ckpt(seed: int = 0, name: str = "vit-upload"):
+    from vitpe_core import ViTConfig, build_model
+    from vitpe_core.checkpoint import Checkpoint
+    torch.manual_seed(seed)
+    model = build_model(ViTConfig(img_size=(16, 16), patch_size=4, dim=16, depth=1, heads=2, mlp_dim=32,
+                                  num_classes=3, encoding="ape")).eval()
+    metrics = {"source": "vit.npz", "family": "timm", "imported": True, "class_names": ["a", "b", "c"],
+               "notes": "", "source_dtype": "float32"}
+    return Checkpoint(model, model.cfg, metrics, {}, name)
+
+
+def _sha(text: str) -> str:
+    import hashlib
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def test_model_store_keeps_an_import_exactly_under_its_hash_across_instances(tmp_path):
+    from vitpe_core.store import ModelStore
+    ck, sha = _ckpt(), _sha("a")
+    assert ModelStore(tmp_path).put(sha, ck, torch.float32) and sha in ModelStore(tmp_path)
+    back = ModelStore(tmp_path).get(sha)                    # another process, or after a restart
+    x = torch.randn(2, 3, 16, 16)
+    assert back.name == "vit-upload" and back.metrics["class_names"] == ["a", "b", "c"]
+    assert torch.equal(back.model(x), ck.model(x))
+    assert ModelStore(tmp_path).get(_sha("unknown")) is None
+
+
+def test_model_store_accepts_only_hashes_and_drops_a_damaged_file(tmp_path):
+    from vitpe_core.store import ModelStore
+    store, sha = ModelStore(tmp_path), _sha("b")
+    with pytest.raises(ValueError, match="64 hexadecimal"):
+        store.put("../../etc/passwd", _ckpt(), torch.float32)
+    assert store.get("../x") is None and "../x" not in store
+    store.put(sha, _ckpt(), torch.float32)
+    path = tmp_path / f"{sha}.safetensors"
+    path.write_bytes(path.read_bytes()[:100])                  # torn by hand (the store never writes so)
+    assert store.get(sha) is None and not path.exists() and not path.with_suffix(".json").exists()
+
+
+def test_model_store_is_bounded_least_recently_used_first(tmp_path):
+    import os
+    from vitpe_core.store import ModelStore
+    one = ModelStore(tmp_path / "probe")
+    one.put(_sha("probe"), _ckpt(), torch.float32)
+    size = one.size()[1]
+    store = ModelStore(tmp_path / "s", max_bytes=int(2.5 * size))
+    a, b, c = _sha("a"), _sha("b"), _sha("c")
+    store.put(a, _ckpt(1), torch.float32)
+    store.put(b, _ckpt(2), torch.float32)
+    old = (tmp_path / "s" / f"{a}.safetensors").stat().st_mtime_ns - 10**9
+    os.utime(tmp_path / "s" / f"{b}.safetensors", ns=(old, old))   # b read least recently
+    store.put(c, _ckpt(3), torch.float32)
+    assert a in store and c in store and b not in store and store.size()[0] == 2
+    assert not ModelStore(tmp_path / "t", max_bytes=size // 2).put(a, _ckpt(), torch.float32)   # over the cap
+
+
+def test_two_processes_storing_one_model_at_once_leave_one_whole_file(tmp_path):
+    import threading
+    from vitpe_core.store import ModelStore
+    sha, ck = _sha("same"), _ckpt()
+    threads = [threading.Thread(target=ModelStore(tmp_path).put, args=(sha, ck, torch.float32)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{sha}.json", f"{sha}.safetensors"]   # no temporaries
+    assert ModelStore(tmp_path).get(sha) is not None
+
+
+def test_model_dir_defaults_under_the_upload_folder(monkeypatch, tmp_path):
+    from vitpe_core.store import default_model_dir
+    monkeypatch.setenv("VITPE_UPLOAD_DIR", str(tmp_path / "up"))
+    monkeypatch.delenv("VITPE_MODEL_DIR", raising=False)
+    assert default_model_dir() == tmp_path / "up" / "models"
+    monkeypatch.setenv("VITPE_MODEL_DIR", str(tmp_path / "models"))
+    assert default_model_dir() == tmp_path / "models"

@@ -1,5 +1,6 @@
-"""Bounded stores for what visitors upload: imported models in memory (`LRUStore`) and images
-on disk, shareable by link (`ImageStore`).
+"""Bounded stores for what visitors upload: imported models in memory (`LRUStore`) and on disk
+(`ModelStore`), and images on disk (`ImageStore`); what is on disk is shareable by link with every
+process that sees the same folder (replicas behind a load balancer, a restarted server).
 
 `LRUStore` is a thread-safe least-recently-used store for imported models held in memory.
 
@@ -166,6 +167,118 @@ class ImageStore:
                 f.unlink(missing_ok=True)
                 log.info("upload store: evicted %s (%d bytes, least recently used; cap %d bytes)",
                          f.stem[:12], size, self.max_bytes)
+
+
+# ----------------------------------------------------------------------------- imported models on disk
+MODEL_DIR_VAR = "VITPE_MODEL_DIR"
+
+
+def default_model_dir() -> Path:
+    """`$VITPE_MODEL_DIR`, else `models/` in the upload folder (`default_upload_dir`)."""
+    value = os.environ.get(MODEL_DIR_VAR, "").strip()
+    return Path(value).expanduser() if value else default_upload_dir() / "models"
+
+
+class ModelStore:
+    """Imported models on disk as vitpe checkpoints (`<sha256>.safetensors` and its JSON sidecar),
+    keyed by the content hash of what was uploaded, so that a link carrying `model=<sha256>` opens
+    the model on any process that sees the folder, after an eviction from memory or a restart.
+
+    Safe as the image store is: only a validated 64-hex-digit hash reaches the filesystem; a file
+    is written to a temporary name and renamed (`checkpoint.save_checkpoint`), so a reader sees a
+    whole file or none, and two processes storing the same model at once write the same bytes;
+    loading reads safetensors (no code runs) and checks the file as any checkpoint
+    (`load_checkpoint`). Bounded: past `max_bytes` the least recently used models go (a read
+    refreshes one); a model larger than the cap is not kept (`put` says so)."""
+
+    def __init__(self, folder: str | Path | None = None, max_bytes: int = 2 * 2**30) -> None:
+        self.folder = Path(folder) if folder is not None else default_model_dir()
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+
+    def _path(self, digest: str) -> Path:
+        if not isinstance(digest, str) or not HASH_RE.fullmatch(digest):
+            raise ValueError("not a model id: expected 64 hexadecimal digits")
+        return self.folder / f"{digest}.safetensors"
+
+    def __contains__(self, digest: str) -> bool:
+        try:
+            return self._path(digest).is_file()
+        except ValueError:
+            return False
+
+    def put(self, digest: str, ckpt, dtype: torch.dtype) -> bool:
+        """Keep `ckpt` (a `checkpoint.Checkpoint`, its name in its metrics as `upload_name`) under
+        `digest`, its weights in `dtype` (the file's own precision: exact); False when it is larger
+        than the cap (not kept). Evicts the least recently used past the cap."""
+        from .checkpoint import save_checkpoint
+        path = self._path(digest)
+        if path.is_file():
+            path.touch()
+            return True
+        metrics = {**ckpt.metrics, "upload_name": ckpt.name}
+        save_checkpoint(path, ckpt.model, metrics=metrics, dtype=dtype)
+        size = path.stat().st_size
+        log.info("model store: stored %s (%s, %d bytes) in %s", digest[:12], ckpt.name, size, self.folder)
+        with self._lock:
+            self._evict(keep=path)
+        if size > self.max_bytes:
+            self._remove(path)
+            return False
+        return True
+
+    def get(self, digest: str):
+        """The stored model (a `Checkpoint` named as it was imported), or None if unknown, evicted,
+        malformed or unreadable (a damaged file is removed)."""
+        from .checkpoint import CheckpointError, load_checkpoint
+        try:
+            path = self._path(digest)
+        except ValueError:
+            return None
+        if not path.is_file():
+            return None
+        try:
+            ckpt = load_checkpoint(path)
+        except (CheckpointError, OSError) as e:
+            log.warning("model store: %s cannot be read (%s); removed", digest[:12], e)
+            self._remove(path)
+            return None
+        path.touch()
+        ckpt.name = str(ckpt.metrics.get("upload_name") or digest[:12])
+        return ckpt
+
+    def size(self) -> tuple[int, int]:
+        """(models, bytes) on disk."""
+        sizes = [f.stat().st_size for f in self._files()]
+        return len(sizes), sum(sizes)
+
+    def _files(self) -> list[Path]:
+        out = []
+        for f in (self.folder.glob("*.safetensors") if self.folder.is_dir() else []):
+            if HASH_RE.fullmatch(f.stem) and f.is_file():
+                out.append(f)
+        return out
+
+    def _remove(self, path: Path) -> None:
+        for f in (path, path.with_suffix(".json")):
+            f.unlink(missing_ok=True)
+
+    def _evict(self, keep: Path) -> None:
+        files = []
+        for f in self._files():
+            try:
+                files.append((f.stat().st_mtime_ns, f.stat().st_size, f))
+            except OSError:          # removed by another process while we looked
+                pass
+        total = sum(size for _, size, _ in files)
+        for _, size, f in sorted(files):
+            if total <= self.max_bytes:
+                break
+            if f != keep:
+                total -= size
+                self._remove(f)
+                log.info("model store: evicted %s (%d bytes, least recently used; cap %d bytes)", f.stem[:12], size,
+                         self.max_bytes)
 
 
 def png_bytes(img) -> bytes:

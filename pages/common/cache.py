@@ -45,7 +45,7 @@ from vitpe_core.gallery import gallery_image
 from vitpe_core.inputs import checkpoint_input, class_names, dataset_of, image_key, model_crop  # noqa: F401
 from vitpe_core.metrics import sanitize_metrics
 from vitpe_core.model import ViT
-from vitpe_core.store import ImageStore, LRUStore, default_upload_dir, png_bytes
+from vitpe_core.store import ImageStore, LRUStore, ModelStore, default_model_dir, default_upload_dir, png_bytes
 from vitpe_core.swin.explore import SwinTrace, trace_image as swin_trace_image
 from vitpe_core.views import position_hooks
 from vitpe_core.viewstate import UPLOAD_PREFIX, is_upload_id
@@ -178,7 +178,7 @@ def load_model(ref: ModelRef) -> Checkpoint:
     the store; raises `CheckpointError` (a ValueError) once the store has evicted it."""
     if ref.is_file:
         return _load_file(ref.key, ref.mtime_ns)
-    ckpt = model_store().get(ref.key)
+    ckpt = stored_model(ref.key)
     if ckpt is None:
         raise ModelEvicted(f"{ref.key[:12]}…")
     return ckpt
@@ -218,12 +218,63 @@ def model_store() -> LRUStore[Checkpoint]:
     return LRUStore(MAX_SERVER_MODELS, budget=membudget.shared())
 
 
+MAX_DISK_MODELS_MB = int(os.environ.get("VITPE_MODEL_STORE_MB", "2048"))   # the model store's cap on disk
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _load_lock(sha: str):
+    import threading
+    return threading.Lock()
+
+
+@st.cache_resource
+def _disk_models(folder: str) -> ModelStore:
+    return ModelStore(folder, max_bytes=MAX_DISK_MODELS_MB * 2**20)
+
+
+def disk_models() -> ModelStore:
+    """The imported models on disk (`$VITPE_MODEL_DIR`, default `models/` in the upload folder),
+    shared with every process that sees the folder."""
+    return _disk_models(str(default_model_dir()))
+
+
+def stored_model(sha: str) -> Checkpoint | None:
+    """The imported model `sha`: from memory, else from disk (then held in memory again), else None."""
+    store = model_store()
+    ckpt = store.get(sha)
+    if ckpt is None:
+        with _load_lock(sha):             # one process loads it once, the other sessions wait for it
+            ckpt = store.get(sha)
+            if ckpt is None:
+                ckpt = disk_models().get(sha)
+                if ckpt is not None:
+                    from vitpe_core.store import model_bytes
+                    store.put(sha, ckpt, model_bytes(ckpt.model))
+    return ckpt
+
+
+def keep_on_disk(sha: str, ckpt: Checkpoint) -> str | None:
+    """Write an imported model to the disk store (in its file's precision); a note if it could not be kept."""
+    import torch
+    dtype = getattr(torch, str(ckpt.metrics.get("source_dtype", "float32")), torch.float32)
+    dtype = dtype if dtype in (torch.float16, torch.bfloat16) else torch.float32
+    try:
+        if disk_models().put(sha, ckpt, dtype):
+            return None
+        return "It is larger than the server's model store on disk: a link to it opens while this server holds it."
+    except OSError as e:
+        logging.getLogger("vitpe_core.store").warning("model store: %s not kept on disk: %s", sha[:12], e)
+        return ("It could not be written to the server's model store on disk: a link to it opens while this server "
+                "holds it in memory.")
+
+
 def uploaded_models() -> dict[str, str]:
     """This session's imported models: name -> sha256 of the uploaded file (only this session
-    sees them; the models themselves live in `model_store`, evicted ones are dropped here)."""
+    sees them; the models themselves live in `model_store` and on disk, `disk_models`; ones gone
+    from both are dropped here)."""
     mine = st.session_state.setdefault("_vitpe_models", {})
     store = model_store()
-    gone = [n for n, sha in mine.items() if sha not in store]
+    gone = [n for n, sha in mine.items() if sha not in store and sha not in disk_models()]
     for n in gone:
         del mine[n]
     if gone:
@@ -242,7 +293,7 @@ def open_shared_model(name: str, sha: str) -> tuple[str | None, list[str]]:
     for n, s in mine.items():
         if s == sha:
             return n, []
-    ckpt = model_store().get(sha)
+    ckpt = stored_model(sha)
     if ckpt is None:
         return None, [f"The imported model of this link ({name[:40]}, {sha[:12]}…) is not on this server any more: "
                       "it was imported on another server, or removed to make room for newer imports. Import the "
@@ -448,21 +499,3 @@ def position_analysis(name: str) -> dict[str, np.ndarray]:
     else computed on the gallery image set (seconds for the shipped models) and cached."""
     return _position(model_ref(name))
 
-
-# ----------------------------------------------------------------------------- other input sizes
-@budgeted("resolution sweeps", max_items=32)
-def _resolution(ref: ModelRef, sizes: tuple[tuple[int, int], ...], _on_size=None) -> list:
-    from vitpe_core import positional, resolution
-    ckpt = load_model(ref)
-    return resolution.sweep(ckpt.model, positional.image_set(ckpt), sizes, on_size=_on_size)
-
-
-def resolution_sweep(name: str, sizes: tuple[tuple[int, int], ...], on_size=None) -> list:
-    """`resolution.sweep`'s rows for checkpoint `name` at `sizes` on the gallery image set, cached in
-    the memory budget like the traces; `on_size(done, total, size)` reports progress while computing."""
-    return _resolution(model_ref(name), tuple(sizes), on_size)
-
-
-def resolution_cached(name: str, sizes: tuple[tuple[int, int], ...]) -> bool:
-    """Whether `resolution_sweep(name, sizes)` would answer from the cache (no sweep to run)."""
-    return _resolution.is_cached(model_ref(name), tuple(sizes))

@@ -22,7 +22,7 @@ from vitpe_core import membudget
 from vitpe_core.checkpoint import Checkpoint, CheckpointError
 from vitpe_core.metrics import sanitize_metrics
 
-from .cache import TIMM_SUFFIXES, _list_in_session, model_store, uploaded_models
+from .cache import TIMM_SUFFIXES, _list_in_session, keep_on_disk, model_store, stored_model, uploaded_models
 
 MAX_CONFIG_BYTES = 2**20          # a config.json is a few kB
 MAX_HUB_MB = 400                  # a hub download held in memory: a ViT-B/16 in float32 (346 MB) fits
@@ -176,7 +176,7 @@ def _into_store(filename: str, digest, parts: list[bytes], build: Callable, lice
         return next(n for n, s in mine.items() if s == sha), ["Already imported in this session."]
     store, notes = model_store(), []
     with _import_lock(sha):
-        ckpt = store.get(sha)
+        ckpt = stored_model(sha)                 # in memory, or stored on disk by an earlier import
         if ckpt is None:
             # room for the model while it is built: the least recently used entries go now, not after
             # the import's peak, and stay out until it is stored. `build` imports with `hold=True`: a
@@ -189,6 +189,9 @@ def _into_store(filename: str, digest, parts: list[bytes], build: Callable, lice
             notes += imp.notes
             evicted = store.put(sha, ckpt, model_bytes(imp.model))
             del imp
+            kept = keep_on_disk(sha, ckpt)      # a link opens it on any process seeing the folder, after a restart
+            if kept:
+                notes.append(kept)
             membudget.release_freed_memory()     # the import's buffers
             if evicted:
                 notes.append(f"The server made room by removing {len(evicted)} model(s) imported earlier "

@@ -50,11 +50,11 @@ def resolution_explorer(page: str, names, ckpts) -> None:
     asked = st.session_state.setdefault(f"{page}_res_asked", set())
     if st.button("Sweep these sizes", key=f"{page}_res_go", type="primary"):
         asked.add((name, sizes))
-    if (name, sizes) not in asked and not cache.resolution_cached(name, sizes):
+    if (name, sizes) not in asked and not resolution_cached(name, sizes):
         st.caption(f"{len(sizes)} sizes, each a traced pass over the gallery images: press **Sweep these sizes**.")
         return
     bar = st.progress(0.0, text="Sweeping input sizes…")
-    rows = cache.resolution_sweep(name, sizes, lambda i, n, s: bar.progress(
+    rows = resolution_sweep(name, sizes, lambda i, n, s: bar.progress(
         i / n, text=f"Sweeping input sizes: {s[0]}×{s[1]} px ({i + 1} of {n})"))
     bar.empty()
     below, above = resolution.lost_at(rows)
@@ -83,3 +83,22 @@ def _verdict(rows, below, above) -> str:
     if not parts:
         return f"On every size swept, its {what} for at least 90 % of the gallery images (or a cosine of 0.9)."
     return f"Its {what} for less than 90 % of the gallery images (or a cosine under 0.9) " + " and ".join(parts) + "."
+
+
+# ----------------------------------------------------------------------------- the sweep, cached
+@cache.budgeted("resolution sweeps", max_items=32)
+def _resolution(ref: cache.ModelRef, sizes: tuple[tuple[int, int], ...], _on_size=None) -> list:
+    from vitpe_core import positional
+    ckpt = cache.load_model(ref)
+    return resolution.sweep(ckpt.model, positional.image_set(ckpt), sizes, on_size=_on_size)
+
+
+def resolution_sweep(name: str, sizes: tuple[tuple[int, int], ...], on_size=None) -> list:
+    """`resolution.sweep`'s rows for checkpoint `name` at `sizes` on the gallery image set, cached in
+    the memory budget like the traces; `on_size(done, total, size)` reports progress while computing."""
+    return _resolution(cache.model_ref(name), tuple(sizes), on_size)
+
+
+def resolution_cached(name: str, sizes: tuple[tuple[int, int], ...]) -> bool:
+    """Whether `resolution_sweep(name, sizes)` would answer from the cache (no sweep to run)."""
+    return _resolution.is_cached(cache.model_ref(name), tuple(sizes))
