@@ -169,6 +169,8 @@ def streamlit_server(checkpoints: str | Path, *, port: int | None = None, log: P
     port = port or free_port()
     log = log or Path(tempfile.mkstemp(prefix="vitpe-streamlit-", suffix=".log")[1])
     env = {**os.environ, "VITPE_CHECKPOINTS": str(checkpoints), "PYTHONUNBUFFERED": "1", **(env or {})}
+    if not env.get("VITPE_UPLOAD_DIR"):   # uploads and imported models of a server started here: not the user's cache
+        env["VITPE_UPLOAD_DIR"] = tempfile.mkdtemp(prefix="vitpe-uploads-")
     cmd = [*prefix, sys.executable, "-m", "streamlit", "run", str(script), "--server.headless", "true",
            "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", *args]
     with open(log, "wb") as out:

@@ -7,7 +7,7 @@ their outputs to tests/data/import_references.safetensors:
 
     python -m venv /tmp/timm-env
     /tmp/timm-env/bin/pip install torch==2.14.1 torchvision==0.29.1 timm==1.0.31 safetensors
-    /tmp/timm-env/bin/python scripts/make_import_references.py [--only timm-families|sizes]
+    /tmp/timm-env/bin/python scripts/make_import_references.py [--only timm-families|sizes|rope]
 
 For every case: the model's state dict in its own key names, a fixed input, the logits (or
 features), every layer's attention weights (timm's non-fused path, read at `attn_drop`),
@@ -34,6 +34,12 @@ exactly) and timm's logits by both of its paths: the model created at that size 
 model module's own `checkpoint_filter_fn`, and the native model built with `dynamic_img_size=True`
 (where the class takes it; timm's `Beit` does not).
 
+RoPE-ViT goes to a fourth file, tests/data/import_references_rope.safetensors (`--only rope` writes it, and
+only that mode; tests/test_import_rope_vit.py): timm's port (`vit_*_patch16_rope_*`: axial and mixed, with and
+without a table, one on a non-square grid) at its own size, a larger square and a rectangle by timm's two paths as
+above, and the original's cases of the first file (the same weights) run by its own forward at those sizes (the
+table resampled bicubically without antialiasing, the rotations recomputed for the grid).
+
 The RoPE-ViT cases are not built with a library (naver-ai/rope-vit is a research repository on
 top of timm, not a package): its attention is written out here from its published model code
 (complex rotations, `freqs (2, depth, heads*d/2)`, `gamma_1/2`), on timm's DeiT-III blocks, as
@@ -48,6 +54,7 @@ from pathlib import Path
 import timm
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from safetensors.torch import save_file
 from timm.layers import resample_abs_pos_embed, set_fused_attn
 from timm.models.vision_transformer import VisionTransformer
@@ -56,6 +63,7 @@ from timm.models.deit import VisionTransformerDistilled
 OUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "import_references.safetensors"
 OUT_FAMILIES = OUT.with_name("import_references_timm_families.safetensors")
 OUT_SIZES = OUT.with_name("import_references_sizes_timm.safetensors")
+OUT_ROPE = OUT.with_name("import_references_rope.safetensors")
 SMALL = dict(embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0, num_classes=7)
 
 TIMM_CASES = {   # name -> (class, kwargs, input (H, W))
@@ -129,46 +137,75 @@ def _rotate(x, cis):
     return torch.view_as_real(xc * cis.view(*shape)).flatten(3)
 
 
-def rope_case(mixed: bool, ape: bool) -> dict[str, torch.Tensor]:
+def _rope_model(mixed: bool, ape: bool) -> tuple[VisionTransformer, torch.Tensor | None]:
+    """timm's DeiT-III blocks with random weights (and RoPE-Mixed's random `freqs`): a RoPE-ViT's parameters."""
     D, depth, heads, p, S, C = 32, 2, 2, 8, 32, 7
-    d, G = D // heads, S // p
+    d = D // heads
     base = VisionTransformer(img_size=S, patch_size=p, embed_dim=D, depth=depth, num_heads=heads, mlp_ratio=2.0,
                              num_classes=C, no_embed_class=True, init_values=0.5).eval()
     _randomise(base)
     g = torch.Generator().manual_seed(2)
     freqs = torch.randn(2, depth, heads * d // 2, generator=g) * 0.5 if mixed else None
-    x = torch.randn(2, 3, S, S, generator=torch.Generator().manual_seed(1))
-    rec = []
-    with torch.no_grad():
-        t = base.patch_embed(x)
-        if ape:
-            t = t + base.pos_embed
-        t = torch.cat((base.cls_token.expand(2, -1, -1), t), 1)
-        if mixed:
-            t_x, t_y = _t_xy(G, G)
-            cis_all = _mixed_cis(freqs, t_x, t_y, heads)
-        for i, blk in enumerate(base.blocks):
-            cis = cis_all[i] if mixed else _axial_cis(d, G, G)
-            y = blk.norm1(t)
-            B, N, _ = y.shape
-            q, k, v = blk.attn.qkv(y).reshape(B, N, 3, heads, d).permute(2, 0, 3, 1, 4)
-            q, k = q.clone(), k.clone()
-            q[:, :, 1:], k[:, :, 1:] = _rotate(q[:, :, 1:], cis), _rotate(k[:, :, 1:], cis)
-            a = ((q * d ** -0.5) @ k.transpose(-2, -1)).softmax(-1)
+    return base, freqs
+
+
+def _rope_forward(base: VisionTransformer, freqs: torch.Tensor | None, x: torch.Tensor, *, mixed: bool, ape: bool,
+                  rec: list | None = None) -> torch.Tensor:
+    """naver-ai/rope-vit's `rope_vit_models.forward_features` and head on `x` of any size, written out: the table
+    (patches only) resampled where the token count differs (`F.interpolate(mode='bicubic', align_corners=False)`,
+    no antialiasing), the rotations recomputed for the input's grid (`init_t_xy(end_x=W // p, end_y=H // p)`)."""
+    D, heads, p = base.embed_dim, base.blocks[0].attn.num_heads, base.patch_embed.patch_size[0]
+    d, G = D // heads, base.patch_embed.grid_size
+    B, _, H, W = x.shape
+    t = base.patch_embed(x) if (H // p, W // p) == tuple(G) else base.patch_embed.proj(x).flatten(2).transpose(1, 2)
+    if ape:
+        pos = base.pos_embed
+        if pos.shape[-2] != t.shape[-2]:
+            pos = pos.view(1, G[1], G[0], D).permute(0, 3, 1, 2)
+            pos = F.interpolate(pos, size=(H // p, W // p), mode="bicubic", align_corners=False)
+            pos = pos.permute(0, 2, 3, 1).flatten(1, 2)
+        t = t + pos
+    t = torch.cat((base.cls_token.expand(B, -1, -1), t), 1)
+    if mixed:
+        t_x, t_y = _t_xy(W // p, H // p)
+        cis_all = _mixed_cis(freqs, t_x, t_y, heads)
+    for i, blk in enumerate(base.blocks):
+        cis = cis_all[i] if mixed else _axial_cis(d, W // p, H // p)
+        y = blk.norm1(t)
+        _, N, _ = y.shape
+        q, k, v = blk.attn.qkv(y).reshape(B, N, 3, heads, d).permute(2, 0, 3, 1, 4)
+        q, k = q.clone(), k.clone()
+        q[:, :, 1:], k[:, :, 1:] = _rotate(q[:, :, 1:], cis), _rotate(k[:, :, 1:], cis)
+        a = ((q * d ** -0.5) @ k.transpose(-2, -1)).softmax(-1)
+        if rec is not None:
             rec.append(a)
-            t = t + blk.ls1(blk.attn.proj((a @ v).transpose(1, 2).reshape(B, N, D)))
-            t = t + blk.ls2(blk.mlp(blk.norm2(t)))
-        logits = base.head(base.norm(t)[:, 0])
-    sd = {}   # RoPE-ViT's (facebookresearch/deit models_v2) key names
+        t = t + blk.ls1(blk.attn.proj((a @ v).transpose(1, 2).reshape(B, N, D)))
+        t = t + blk.ls2(blk.mlp(blk.norm2(t)))
+    return base.head(base.norm(t)[:, 0])
+
+
+def _rope_state_dict(base: VisionTransformer, freqs: torch.Tensor | None, ape: bool) -> dict[str, torch.Tensor]:
+    """RoPE-ViT's (facebookresearch/deit models_v2) key names, with the training grid's `freqs_t_x/y` buffers."""
+    sd = {}
     for k, v in base.state_dict().items():
         k = k.replace(".ls1.gamma", ".gamma_1").replace(".ls2.gamma", ".gamma_2")
         if k == "pos_embed" and not ape:
             continue
         sd[k] = v.contiguous()
-    if mixed:
+    if freqs is not None:
+        G = base.patch_embed.grid_size
         sd["freqs"] = freqs
-        sd["freqs_t_x"], sd["freqs_t_y"] = _t_xy(G, G)
-    out = {f"sd.{k}": v for k, v in sd.items()}
+        sd["freqs_t_x"], sd["freqs_t_y"] = _t_xy(G[1], G[0])
+    return sd
+
+
+def rope_case(mixed: bool, ape: bool) -> dict[str, torch.Tensor]:
+    base, freqs = _rope_model(mixed, ape)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    rec: list = []
+    with torch.no_grad():
+        logits = _rope_forward(base, freqs, x, mixed=mixed, ape=ape, rec=rec)
+    out = {f"sd.{k}": v for k, v in _rope_state_dict(base, freqs, ape).items()}
     out.update({"x": x, "logits": logits, **{f"attn.{i}": a for i, a in enumerate(rec)}})
     return out
 
@@ -320,15 +357,68 @@ def write_sizes() -> None:
     print(f"wrote {OUT_SIZES} ({OUT_SIZES.stat().st_size / 1e3:.0f} kB, {len(meta)} cases)")
 
 
+# ----------------------------------------------------------------------------- RoPE-ViT at its own size and others
+# timm's port of naver-ai/rope-vit (`Eva` with attn_type 'rope', rope_grid_indexing 'xy', no grid offset; axial:
+# RotaryEmbeddingCat, temperature 100; mixed: RotaryEmbeddingMixed's learned `rope.freqs`; `*_ape_*`: a patches-only
+# table, no_embed_class) by both of timm's paths, as SIZE_CASES; one case on a non-square grid. And the original
+# (written out above from its published code) on the same sizes, its table resampled as its forward does.
+ROPE_SIZES = {"native": (32, 32), "sq": (48, 48), "rect": (24, 40)}   # the original's cases: 4x4, 6x6, 3x5 patches
+PORT = dict(patch_size=4, embed_dim=24, depth=2, num_heads=2, mlp_ratio=2.0, num_classes=7)   # head dim 12: d/4 = 3
+PORT_SIZES = {"native": (16, 16), "sq": (24, 24), "rect": (12, 20)}   # 4x4, 6x6, 3x5 patches
+PORT_CASES = {   # name -> (timm architecture, overrides, sizes {tag: (H, W)}, the native size among them)
+    "port_axial": ("vit_base_patch16_rope_224", dict(PORT, img_size=16), PORT_SIZES),
+    "port_axial_ape": ("vit_small_patch16_rope_ape_224", dict(PORT, img_size=16), PORT_SIZES),
+    "port_mixed": ("vit_small_patch16_rope_mixed_224", dict(PORT, img_size=16), PORT_SIZES),
+    "port_mixed_ape_nonsquare": ("vit_base_patch16_rope_mixed_ape_224", dict(PORT, img_size=(12, 20)),
+                                 {"native": (12, 20), "sq": (20, 20), "rect": (16, 12)}),
+}
+
+
+def original_rope_case(mixed: bool, ape: bool, sizes: dict) -> dict[str, torch.Tensor]:
+    """The first file's RoPE-ViT model (same weights), run by its original forward at each size on a float16 input."""
+    base, freqs = _rope_model(mixed, ape)
+    out = {f"sd.{k}": v for k, v in _rope_state_dict(base, freqs, ape).items()}
+    for tag, size in sizes.items():
+        x = torch.randn(1, 3, *size, generator=torch.Generator().manual_seed(1)).half()   # stored exactly
+        with torch.no_grad():
+            out[f"x.{tag}"] = x
+            out[f"original.{tag}"] = _rope_forward(base, freqs, x.float(), mixed=mixed, ape=ape)
+    return out
+
+
+def write_rope() -> None:
+    tensors, meta = {}, {}
+    for name, (arch, kwargs, sizes) in PORT_CASES.items():
+        torch.manual_seed(0)
+        case, info = size_case(arch, kwargs, sizes)
+        tensors.update({f"{name}.{k}": v for k, v in case.items()})
+        meta[name] = {"family": "timm-rope-vit", "architecture": arch, "kwargs": kwargs, **info}
+    for mixed in (False, True):
+        for ape in (False, True):
+            name = f"original_{'mixed' if mixed else 'axial'}{'_ape' if ape else ''}"
+            torch.manual_seed(0)
+            tensors.update({f"{name}.{k}": v for k, v in original_rope_case(mixed, ape, ROPE_SIZES).items()})
+            meta[name] = {"family": "rope-vit", "mixed": mixed, "ape": ape, "heads": 2, "paths": ["original"],
+                          "sizes": {tag: list(size) for tag, size in ROPE_SIZES.items()}}
+    save_file({k: v.contiguous() if v.dtype == torch.float16 else v.contiguous().float() for k, v in tensors.items()},
+              str(OUT_ROPE),
+              metadata={"cases": json.dumps(meta), "timm": timm.__version__, "torch": torch.__version__})
+    print(f"wrote {OUT_ROPE} ({OUT_ROPE.stat().st_size / 1e3:.0f} kB, {len(meta)} cases)")
+
+
 def main() -> None:
     """All three files; `--only timm-families` writes the second one alone (the first one's logits move
-    by an ulp between CPUs, so a rerun elsewhere would rewrite it without need), `--only sizes` the third."""
+    by an ulp between CPUs, so a rerun elsewhere would rewrite it without need), `--only sizes` the third,
+    `--only rope` the RoPE-ViT file (written by that mode alone)."""
     set_fused_attn(False)
     only = sys.argv[2] if sys.argv[1:2] == ["--only"] and len(sys.argv) == 3 else None
-    if sys.argv[1:] and only not in ("timm-families", "sizes"):
-        sys.exit("usage: make_import_references.py [--only timm-families|sizes]")
+    if sys.argv[1:] and only not in ("timm-families", "sizes", "rope"):
+        sys.exit("usage: make_import_references.py [--only timm-families|sizes|rope]")
     if only == "sizes":
         write_sizes()
+        return
+    if only == "rope":
+        write_rope()
         return
     write_families()
     if only == "timm-families":

@@ -206,6 +206,14 @@ def _seed():
 
 
 # ----------------------------------------------------------------------------- app checkpoints
+@pytest.fixture(autouse=True)
+def _own_upload_store(tmp_path_factory, monkeypatch):
+    """Every test's uploads and imported models (`ImageStore`, `ModelStore`) in a folder of its
+    own, never the user's cache folder (a test may set its own)."""
+    monkeypatch.setenv("VITPE_UPLOAD_DIR", str(tmp_path_factory.mktemp("uploads")))
+    monkeypatch.delenv("VITPE_MODEL_DIR", raising=False)
+
+
 @pytest.fixture(scope="session")
 def app_checkpoint_dir(tmp_path_factory) -> Path:
     """A folder of tiny random-weight checkpoints (8x8 grid, D 32, 2 layers, 2 heads), one per

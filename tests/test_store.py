@@ -155,3 +155,20 @@ def test_model_dir_defaults_under_the_upload_folder(monkeypatch, tmp_path):
     assert default_model_dir() == tmp_path / "up" / "models"
     monkeypatch.setenv("VITPE_MODEL_DIR", str(tmp_path / "models"))
     assert default_model_dir() == tmp_path / "models"
+
+
+def test_a_half_precision_import_comes_back_held_in_its_precision(tmp_path):
+    """As imported (`hold=True`): a float16 file's layer weights are held in float16 and computed
+    in float32, so the model from disk gives the same outputs with half the memory."""
+    from vitpe_core.held_precision import held_dtype
+    from vitpe_core.store import ModelStore
+    ck = _ckpt()
+    with torch.no_grad():
+        for p in ck.model.parameters():
+            p.copy_(p.half().float())                              # the values a float16 file holds
+    ck.metrics["source_dtype"] = "float16"
+    sha = _sha("half")
+    ModelStore(tmp_path).put(sha, ck, torch.float16)
+    back = ModelStore(tmp_path).get(sha)
+    x = torch.randn(2, 3, 16, 16)
+    assert held_dtype(back.model) == torch.float16 and torch.equal(back.model(x), ck.model(x))

@@ -228,8 +228,9 @@ class ModelStore:
         return True
 
     def get(self, digest: str):
-        """The stored model (a `Checkpoint` named as it was imported), or None if unknown, evicted,
-        malformed or unreadable (a damaged file is removed)."""
+        """The stored model (a `Checkpoint` named as it was imported; a half-precision file's layer
+        weights held in its precision, as the import held them: `held_precision`), or None if
+        unknown, evicted, malformed or unreadable (a damaged file is removed)."""
         from .checkpoint import CheckpointError, load_checkpoint
         try:
             path = self._path(digest)
@@ -245,6 +246,10 @@ class ModelStore:
             return None
         path.touch()
         ckpt.name = str(ckpt.metrics.get("upload_name") or digest[:12])
+        held = getattr(torch, str(ckpt.metrics.get("source_dtype", "")), None)
+        if held in (torch.float16, torch.bfloat16):        # as imported: its layers held in the file's precision
+            from .held_precision import hold_weights
+            hold_weights(ckpt.model, held)
         return ckpt
 
     def size(self) -> tuple[int, int]:

@@ -8,7 +8,9 @@ Rotation pairs are adjacent channels `(2k, 2k+1)` as in RoPE-ViT's complex view.
 * mixed: pair `k` rotates by `c*f^x_k + r*f^y_k`, learned per layer and head, initialised as
   RoPE-ViT's `init_random_2d_freqs` (θ = 10, random orientation per head).
 Angles are float32; prefix tokens are not rotated; integer positions extrapolate to any grid
-(`rope_axial`'s option `ref_grid` instead maps every grid onto a reference grid, as EVA-02 does).
+(`rope_axial`'s option `ref_grid` instead maps every grid onto a reference grid, as EVA-02 does;
+its option `reciprocal` computes the frequencies as `1 / θ^(k/(d/4))`, RoPE-ViT's and timm's float32
+rounding, for imported models: the same frequencies up to an ulp, the same angles bit for bit).
 Checked: q·k after rotation depends only on the offset; rotation preserves norms (tests).
 """
 from __future__ import annotations
@@ -32,11 +34,16 @@ class RoPEAxial(PositionEncoding):
     hooks = ("rotation",)
 
     def __init__(self, ctx: EncodingContext, *, theta: float = 100.0,
-                 ref_grid: tuple[int, int] | list[int] | None = None) -> None:
+                 ref_grid: tuple[int, int] | list[int] | None = None, reciprocal: bool = False) -> None:
         super().__init__(ctx)
         _check_head_dim(ctx.head_dim)
         d = ctx.head_dim
-        freqs = theta ** (-torch.arange(d // 4, dtype=torch.float32) / (d // 4))   # (d/4,)
+        if not isinstance(reciprocal, bool):
+            raise ValueError(f"reciprocal must be true or false, got {reciprocal!r}")
+        if reciprocal:   # RoPE-ViT's and timm's float32 rounding: 1 / θ^(k/(d/4)) (θ^(−k/(d/4)) differs by an ulp)
+            freqs = 1.0 / theta ** (torch.arange(d // 4, dtype=torch.float32) / (d // 4))   # (d/4,)
+        else:
+            freqs = theta ** (-torch.arange(d // 4, dtype=torch.float32) / (d // 4))   # (d/4,)
         self.register_buffer("freqs", freqs, persistent=False)
         # EVA-02 (timm's RotaryEmbeddingCat with ref_feat_shape): positions r·R/H, c·C/W on a reference grid
         self.ref_grid = None if ref_grid is None else (int(ref_grid[0]), int(ref_grid[1]))

@@ -22,7 +22,8 @@ file, with `family="auto"`: detect.py); one module each, every one a `convert(sd
   small, RoPE on a reference grid), `timm-clip` / `timm-siglip` (timm_clip.py: timm's
   `VisionTransformer` with `norm_pre` / `attn_pool` / gated MLPs, through the `timm` path),
   `timm-swin` / `timm-swinv2` (timm_swin.py), `timm-dinov3` (timm_dinov3.py: timm's `Eva`
-  DINOv3 models, `rope_dinov3`); timm's hub `config.json` (timm_hub.py)
+  DINOv3 models, `rope_dinov3`), `timm-rope-vit` (timm_rope.py: timm's `Eva` port of RoPE-ViT,
+  `vit_*_patch16_rope_*`, `rope_axial` / `rope_mixed`); timm's hub `config.json` (timm_hub.py)
   gives what their keys do not say (the activation, Swin-V2's window, EVA-02's reference grid).
 
 The Hugging Face families are read in the `save_pretrained` layout (`model.safetensors` with

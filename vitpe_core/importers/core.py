@@ -31,7 +31,8 @@ OPTIONS = {
                "the keys); not for a {family} file"),
     "act": (("timm", "timm-clip", "timm-siglip"), "--act is for timm-layout ViTs (CLIP- and SigLIP-style, gated MLPs), "
             "whose keys do not record it; a {family} model's activation is its config's or its family's"),
-    "pool": (("timm", "timm-clip", "timm-siglip", "hf", "rope-vit", "timm-beit", "timm-eva02", "timm-dinov3"),
+    "pool": (("timm", "timm-clip", "timm-siglip", "hf", "rope-vit", "timm-beit", "timm-eva02", "timm-dinov3",
+              "timm-rope-vit"),
              "--pool is for bare timm-layout files; a {family} model's read-out is its config's and its keys' "
              "(docs/importing.md)"),
     "heads": (tuple(f for f in CONVERTERS if f not in SWIN_FAMILIES),

@@ -9,9 +9,10 @@ import torch
 from ..checkpoint import CheckpointError
 from .keymap import LAYER_SCALE_GAMMA
 from .timm_dinov3 import is_dinov3
+from .timm_rope import FREQS, is_port
 
 FAMILIES = ("timm", "hf", "rope-vit", "beit", "data2vec-vision", "dinov2", "dinov3", "clip", "siglip", "timm-beit",
-            "timm-eva02", "timm-dinov3", "swin")   # what a caller may name; `narrow` gives the variant imported
+            "timm-eva02", "timm-dinov3", "timm-rope-vit", "swin")   # what a caller may name; `narrow` gives the variant
 HF_FAMILIES = ("beit", "data2vec-vision", "dinov2", "dinov3", "clip", "siglip")   # importers/<family>.py
 MODEL_TYPES = {"vit": "hf", "beit": "beit", "data2vec-vision": "data2vec-vision", "dinov2": "dinov2",
                "dinov2_with_registers": "dinov2", "dinov3_vit": "dinov3", "clip": "clip",
@@ -43,6 +44,8 @@ def detect_family(sd: Mapping[str, torch.Tensor], config: Mapping[str, Any] | No
     keys = list(sd)
     if is_swin(config if config and "model_type" in config else keys):
         return "swin"   # first: a Swin's keys hold `relative_position_bias_table` too, which reads as BEiT's
+    if is_rope_vit_port(sd, config):
+        return "timm-rope-vit"   # timm's Eva: the original RoPE-ViT's names, its axial rotation not in the keys
     if is_dinov3(config) and any(re.match(r"blocks\.\d+\.attn\.qkv\.weight$", k) for k in keys):
         return "timm-dinov3"   # timm's Eva: timm ViT's or BEiT's names, a rotary embedding the keys do not show
     if eva_with_registers(sd):
@@ -68,6 +71,14 @@ def detect_family(sd: Mapping[str, torch.Tensor], config: Mapping[str, Any] | No
     if family == "timm-beit" and str((config or {}).get("architecture", "")).startswith("eva02_"):
         return "timm-eva02"   # timm's Eva: BEiT's query / value biases, a rotary embedding the keys do not show
     return family
+
+
+def is_rope_vit_port(sd: Mapping[str, torch.Tensor], config: Mapping[str, Any] | None) -> bool:
+    """timm's port of naver-ai/rope-vit: timm's config.json names a `vit_*_patch16_rope*_224` architecture (the
+    axial port's keys are the original RoPE-Axial's), or the keys hold the mixed port's `rope.freqs` (timm's
+    `RotaryEmbeddingMixed`, which only the port builds; a timm-ViT path would leave it out as foreign)."""
+    eva = any(re.match(r"blocks\.\d+\.attn\.qkv\.weight$", k) for k in sd)
+    return eva and (is_port(config) or FREQS in sd)
 
 
 def eva_with_registers(sd: Mapping[str, torch.Tensor]) -> bool:

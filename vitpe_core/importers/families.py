@@ -6,7 +6,7 @@ from typing import Callable, Mapping
 
 from torch import Tensor
 
-from . import beit, clip, dinov2, dinov3, hf_vit, swin, timm, timm_beit, timm_dinov3, timm_eva, timm_swin
+from . import beit, clip, dinov2, dinov3, hf_vit, swin, timm, timm_beit, timm_dinov3, timm_eva, timm_rope, timm_swin
 from .context import Context, Converted
 
 SWIN_FAMILIES = ("hf-swin", "hf-swinv2", "timm-swin", "timm-swinv2")
@@ -16,6 +16,7 @@ CONVERTERS: dict[str, Callable[[Mapping[str, Tensor], Context], Converted]] = {
     "beit": beit.convert, "data2vec-vision": beit.convert, "dinov2": dinov2.convert, "dinov3": dinov3.convert,
     "clip": clip.convert, "siglip": clip.convert,
     "timm-beit": timm_beit.convert, "timm-eva02": timm_eva.convert, "timm-dinov3": timm_dinov3.convert,
+    "timm-rope-vit": timm_rope.convert,
     "hf-swin": swin.convert, "hf-swinv2": swin.convert,
     "timm-swin": timm_swin.convert, "timm-swinv2": timm_swin.convert,
 }

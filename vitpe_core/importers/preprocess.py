@@ -29,6 +29,7 @@ DEFAULT_PREPROCESS = {   # family -> normalisation and centre-crop fraction (res
     "timm-beit": {**INCEPTION, "crop_pct": 0.9, "interpolation": "bicubic"},
     "timm-eva02": {**CLIP, "crop_pct": 0.9, "interpolation": "bicubic"},
     "timm-dinov3": {**IMAGENET, "crop_pct": 1.0, "interpolation": "bicubic"},
+    "timm-rope-vit": {**IMAGENET, "crop_pct": 0.9, "interpolation": "bicubic"},   # the port's pretrained_cfg
     "timm-clip": {**CLIP, "crop_pct": 1.0, "interpolation": "bicubic"},
     "timm-siglip": {**INCEPTION, "crop_pct": 1.0, "interpolation": "bicubic"},
     "timm-swin": {**IMAGENET, "crop_pct": 0.9, "interpolation": "bicubic"},

@@ -15,7 +15,8 @@ from ..checkpoint import CheckpointError
 from . import timm_hub
 
 TIMM_VIT = frozenset({"timm", "hf", "rope-vit", "timm-clip", "timm-siglip"})   # timm's VisionTransformer (timm.py)
-TIMM_EVA = frozenset({"timm-beit", "timm-eva02", "timm-dinov3"})               # timm's Beit and Eva classes
+TIMM_EVA = frozenset({"timm-beit", "timm-eva02", "timm-dinov3", "timm-rope-vit"})   # timm's Beit and Eva classes
+TIMM_ROPE = frozenset({"timm-rope-vit"})                                            # timm's RoPE-ViT port (Eva)
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,17 @@ RULES = (
         "attn_type": "eva", "use_post_norm": False, "use_abs_pos_emb": False, "use_pre_transformer_norm": False,
         "qk_norm": False, "scale_attn_inner": False, "scale_mlp": False, "no_embed_class": False,
         "class_token": True}.items()),
+    Rule("a register token (the `vit_*_rope_reg*` models' layout, another rotary embedding)", TIMM_ROPE,
+         keys=r"^reg_token$"),
+    Rule("a norm before the blocks (use_pre_transformer_norm)", TIMM_ROPE, keys=r"^norm_pre\."),
+    Rule("attention pooling (global_pool='map')", TIMM_ROPE, keys=r"^attn_pool\."),
+    Rule("a gate on the attention output", TIMM_ROPE, keys=r"^blocks\.\d+\.attn\.gate\."),
+    *(Rule("a setting of timm's RoPE-ViT port", TIMM_ROPE, arg=name, value=value) for name, value in {
+        "rope_grid_offset": 0, "rope_grid_indexing": "xy", "rope_rotate_half": False, "ref_feat_shape": None,
+        "rope_mrope_section": None, "attn_type": "rope", "use_rot_pos_emb": True, "use_post_norm": False,
+        "use_pre_transformer_norm": False, "qk_norm": False, "scale_attn_inner": False, "scale_mlp": False,
+        "swiglu_mlp": False, "num_reg_tokens": 0, "num_kv_heads": None, "attn_only_layer_scale": False,
+        "dynamic_img_pad": False, "class_token": True}.items()),
 )
 
 

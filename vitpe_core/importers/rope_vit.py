@@ -1,5 +1,11 @@
 """naver-ai/rope-vit (and facebookresearch/deit `models_v2`) keys -> timm's keys: `gamma_N` to
-LayerScale, RoPE-Mixed's learned `freqs` to vitpe's `rope_freqs`."""
+LayerScale, RoPE-Mixed's learned `freqs` to vitpe's `rope_freqs`.
+
+At another input size RoPE-ViT recomputes its rotations for the grid (integer positions: vitpe's
+`rope_axial` / `rope_mixed` do the same) and resamples its patches-only table with
+`F.interpolate(mode='bicubic', align_corners=False)`, without antialiasing: timm.py gives the
+`rope-vit` family that rule (`APE_RULES`: at import for `img_size=`, and as the `ape` options the
+model keeps for an input of another size)."""
 from __future__ import annotations
 
 import re
@@ -12,7 +18,7 @@ GAMMA = re.compile(r"(blocks\.\d+)\.gamma_([12])$")   # `models_v2`'s LayerScale
 TRAINING_GRID = ("freqs_t_x", "freqs_t_y")            # the training grid's integer positions: recomputed per grid
 
 
-def from_rope_vit(sd: dict[str, torch.Tensor], notes: list[str]) -> dict[str, torch.Tensor]:
+def from_rope_vit(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """facebookresearch/deit `models_v2` names (DeiT-III, and naver-ai/rope-vit built on it) ->
     timm names; RoPE-Mixed's `freqs` stay for `rope_freqs` once the heads are known."""
     out = {}
@@ -24,9 +30,6 @@ def from_rope_vit(sd: dict[str, torch.Tensor], notes: list[str]) -> dict[str, to
     freqs = out.get("freqs")
     if freqs is not None and (freqs.ndim != 3 or freqs.shape[0] != 2):
         raise CheckpointError(f"RoPE-Mixed `freqs` must be (2, depth, heads*d/2), got {tuple(freqs.shape)}")
-    if "pos_embed" in out:
-        notes.append("RoPE-ViT resamples its table without antialiasing; vitpe resamples as timm does "
-                     "(antialiased bicubic): identical at the training size, slightly smoother when shrunk.")
     return out
 
 

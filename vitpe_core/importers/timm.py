@@ -24,6 +24,9 @@ from .refuse import refuse
 from .rope_vit import from_rope_vit, rope_freqs
 
 MAX_IMG_SIDE, MAX_PATCHES = 2048, 4096   # a typed image size must not make the server allocate gigabytes
+# family -> the `ape` options of its table's rule at another size, where it is not timm's (bicubic, antialiased: the
+# encoding's default): naver-ai/rope-vit's forward resamples with `F.interpolate(mode='bicubic', align_corners=False)`
+APE_RULES = {"rope-vit": {"ape_interpolation": "bicubic", "ape_antialias": False}}
 
 
 class GridUnknownError(CheckpointError):
@@ -43,7 +46,7 @@ def convert(sd: Mapping[str, torch.Tensor], ctx: Context) -> Converted:
     notes: list[str] = []
     deit3_names = any(LAYER_SCALE_GAMMA.match(k) for k in sd)   # facebookresearch/deit's, naver-ai/rope-vit's
     if deit3_names:
-        sd = from_rope_vit(sd, notes)
+        sd = from_rope_vit(sd)
     refuse(sd, ctx.family)
     sd = drop_foreign(sd, notes)
     extra: dict = {}
@@ -123,7 +126,7 @@ def timm_config(sd: dict[str, torch.Tensor], family: str, *, img_size, heads, po
     reg = sd["reg_token"].shape[1] if "reg_token" in sd else 0
     sd, grid, no_embed_class = _table(sd, family, int(class_token) + int(dist_token) + reg, patch, img_size, notes,
                                       patches_only=patches_only or "blocks.0.ls1.gamma" in sd,
-                                      trained_size=trained_size)
+                                      trained_size=trained_size, models_v2=patches_only)
     fc_norm = "fc_norm.weight" in sd
     pool = _pool(pool or given_pool, class_token, fc_norm, notes)
     heads = heads or max(1, dim // 64)
@@ -135,6 +138,7 @@ def timm_config(sd: dict[str, torch.Tensor], family: str, *, img_size, heads, po
                     mlp_dim=sd["blocks.0.mlp.fc2.weight"].shape[1], qkv_bias="blocks.0.attn.qkv.bias" in sd,
                     norm_eps=eps or given_eps or (1e-12 if family == "hf" else 1e-6),
                     encoding=_encoding(family, sd, "pos_embed" in sd),
+                    encoding_options=_encoding_options(family, sd, "pos_embed" in sd),
                     class_token=class_token, dist_token=dist_token, reg_tokens=reg, no_embed_class=no_embed_class,
                     layer_scale="blocks.0.ls1.gamma" in sd, pool=pool, fc_norm=fc_norm, **extra)
     return cfg, sd
@@ -153,24 +157,40 @@ def _patch_embedding(sd: Mapping[str, torch.Tensor]) -> torch.Tensor:
 
 
 def _table(sd: dict[str, torch.Tensor], family: str, prefix: int, patch: int, img_size, notes: list[str], *,
-           patches_only: bool, trained_size: tuple[int, int] | None = None
+           patches_only: bool, trained_size: tuple[int, int] | None = None, models_v2: bool = False
            ) -> tuple[dict[str, torch.Tensor], tuple[int, int], bool]:
     """(`sd` with its table resampled to `img_size`'s grid, that grid, whether the table covers the
-    patches only) of a model with `prefix` tokens; the grid is the table's without `img_size`."""
+    patches only) of a model with `prefix` tokens; the grid is the table's without `img_size`.
+    `models_v2`: facebookresearch/deit's `models_v2` names (DeiT-III, RoPE-ViT), whose table never
+    has prefix rows (it is added to the patches before the CLS token joins them)."""
     pos = sd.get("pos_embed")
     if pos is None and not ("freqs" in sd or family == "rope-vit"):
         notes.append("No position table and no rotary frequencies: imported as `none` (no position encoding).")
     check_img_size(img_size, patch)
-    trained, no_embed_class = _grid(pos, prefix, patch, img_size, patches_only=patches_only, trained_size=trained_size)
+    trained, no_embed_class = _grid(pos, prefix, patch, img_size, patches_only=patches_only, trained_size=trained_size,
+                                    models_v2=models_v2)
     grid = trained if img_size is None else (img_size[0] // patch, img_size[1] // patch)
     if grid is None:
         raise CheckpointError("no position table to read the grid from: pass --img-size H[xW]")
     if trained is not None and trained != grid:   # as timm's checkpoint_filter_fn does at a new img_size
         rows = 0 if no_embed_class else prefix
-        sd = {**sd, "pos_embed": resample_abs_pos_embed(pos.float(), grid, trained, rows)}
-        notes.append(f"The table was trained on a {trained[0]}x{trained[1]} grid; resampled to "
-                     f"{grid[0]}x{grid[1]} (bicubic, prefix rows kept apart, as timm does).")
+        rule = APE_RULES.get(family)
+        mode, antialias = (rule["ape_interpolation"], rule["ape_antialias"]) if rule else ("bicubic", True)
+        sd = {**sd, "pos_embed": resample_abs_pos_embed(pos.float(), grid, trained, rows, mode=mode,
+                                                        antialias=antialias)}
+        notes.append(_resampled_note(family, trained, grid, patch))
     return sd, grid, no_embed_class
+
+
+def _resampled_note(family: str, trained: tuple[int, int], grid: tuple[int, int], patch: int) -> str:
+    if family != "rope-vit":
+        return (f"The table was trained on a {trained[0]}x{trained[1]} grid; resampled to "
+                f"{grid[0]}x{grid[1]} (bicubic, prefix rows kept apart, as timm does).")
+    return (f"The table was trained on a {trained[0]}x{trained[1]} grid; resampled to {grid[0]}x{grid[1]} (bicubic, "
+            "not antialiased, as RoPE-ViT's forward does). At an input size other than "
+            f"{grid[0] * patch}x{grid[1] * patch} px this model resamples the resampled table where RoPE-ViT resamples "
+            f"the trained one (not the same numbers): import at {trained[0] * patch}x{trained[1] * patch} to run at "
+            "every size as the original does.")
 
 
 def _pool(pool: str | None, class_token: bool, fc_norm: bool, notes: list[str]) -> str:
@@ -184,17 +204,19 @@ def _pool(pool: str | None, class_token: bool, fc_norm: bool, notes: list[str]) 
 
 
 def _grid(pos: torch.Tensor | None, prefix: int, patch: int, img_size, patches_only: bool,
-          trained_size: tuple[int, int] | None = None) -> tuple[tuple[int, int] | None, bool]:
+          trained_size: tuple[int, int] | None = None, models_v2: bool = False
+          ) -> tuple[tuple[int, int] | None, bool]:
     """(grid the table was trained on, whether it covers the patches only). A table of
-    `prefix + N` or `N` rows; N equal to `img_size`'s grid (non-square tables), else square, else
-    equal to `trained_size`'s grid (a non-square table imported at another size)."""
+    `prefix + N` or `N` rows (`models_v2`: `N` only); N equal to `img_size`'s grid (non-square
+    tables), else square, else equal to `trained_size`'s grid (a non-square table imported at
+    another size)."""
     if pos is None:
         return None, False
     if pos.ndim != 3 or pos.shape[0] != 1:
         raise CheckpointError(f"pos_embed must be (1, rows, D), got {tuple(pos.shape)}")
     rows = pos.shape[1]
     if img_size is not None:
-        fits = _fits(rows, prefix, (img_size[0] // patch, img_size[1] // patch))
+        fits = _fits(rows, prefix, (img_size[0] // patch, img_size[1] // patch), models_v2)
         if fits:
             return fits
     # timm's register models, DeiT-III (LayerScale) and RoPE-ViT (`models_v2` names) keep their
@@ -205,16 +227,18 @@ def _grid(pos: torch.Tensor | None, prefix: int, patch: int, img_size, patches_o
         side = _square(rows - prefix_rows) if rows > prefix_rows else None
         if side:
             return (side, side), prefix_rows == 0 and prefix > 0
-    fits = _fits(rows, prefix, (trained_size[0] // patch, trained_size[1] // patch)) if trained_size else None
+    trained_grid = (trained_size[0] // patch, trained_size[1] // patch) if trained_size else None
+    fits = _fits(rows, prefix, trained_grid, models_v2) if trained_grid else None
     if fits:
         return fits
     raise GridUnknownError(f"pos_embed has {rows} rows with {prefix} prefix token(s): not a square grid of patches")
 
 
-def _fits(rows: int, prefix: int, grid: tuple[int, int]) -> tuple[tuple[int, int], bool] | None:
+def _fits(rows: int, prefix: int, grid: tuple[int, int], patches_only: bool = False
+          ) -> tuple[tuple[int, int], bool] | None:
     """(`grid`, whether the table covers the patches only) where `rows` are `grid`'s patches with the
-    `prefix` rows or without; None where neither."""
-    for prefix_rows in dict.fromkeys((prefix, 0)):
+    `prefix` rows or without (`patches_only`: without only); None where neither."""
+    for prefix_rows in (0,) if patches_only else dict.fromkeys((prefix, 0)):
         if rows - prefix_rows == grid[0] * grid[1]:
             return grid, prefix_rows == 0 and prefix > 0
     return None
@@ -225,6 +249,15 @@ def _encoding(family: str, sd: Mapping[str, torch.Tensor], has_table: bool) -> s
         rope = "rope_mixed" if "freqs" in sd else "rope_axial"
         return rope + ("+ape" if has_table else "")
     return "ape" if has_table else "none"
+
+
+def _encoding_options(family: str, sd: Mapping[str, torch.Tensor], has_table: bool) -> dict:
+    """The table's rule at another size where the family's is not timm's (`APE_RULES`); RoPE-Axial's frequencies
+    rounded as RoPE-ViT's `compute_axial_cis` rounds them (`1 / 100^(4k/d)`: rope_axial's `reciprocal`)."""
+    options = dict(APE_RULES.get(family, {})) if has_table else {}
+    if family == "rope-vit" and "freqs" not in sd:
+        options["reciprocal"] = True
+    return options
 
 
 def check_img_size(img_size: tuple[int, int] | None, patch: int) -> None:

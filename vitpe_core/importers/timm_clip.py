@@ -37,7 +37,8 @@ def vit_layers(sd: dict[str, torch.Tensor], config: Mapping[str, Any] | None, *,
     if re.search(EVA_ARCHS, arch):
         raise CheckpointError(f"timm's config.json names architecture {arch!r}: timm's Eva class, whose rotary "
                               "embedding (or post-norm) is not in the keys of this timm-ViT-named file; refused "
-                              "(EVA-02 tiny / small are imported from their own layout)")
+                              "(EVA-02 tiny / small, timm's DINOv3 and its RoPE-ViT port `vit_*_patch16_rope_*` are "
+                              "imported as their own families, detected from the config.json)")
     norm_pre = "norm_pre.weight" in sd
     attn_pool = sorted(k for k in sd if k.startswith("attn_pool."))
     gated = sorted(k for k in sd if re.match(r"blocks\.\d+\.mlp\.fc1_[gx]\.", k))
