@@ -132,11 +132,12 @@ def pytest_xdist_auto_num_workers(config) -> int:
 # the workers' last minutes instead of one long module running alone at the end. The cold-start
 # module leads (on a fresh machine its server compiles the kernel), then compiled training (the
 # suite's one inductor compile, 1-2 min in a cold cache on 2 busy cores).
-FIRST_MODULES = ("test_browser_coldstart.py", "test_train.py", "test_browser_share.py", "test_browser.py",
+FIRST_MODULES = ("test_browser_coldstart.py", "test_train.py", "test_replicas.py", "test_browser_share.py",
+                 "test_browser.py",
                  "test_browser_ux.py", "test_browser_touch.py", "test_memory_walk.py", "test_browser_families.py",
                  "test_bench.py", "test_browser_stress.py", "test_shipped_checkpoints.py", "test_app.py",
                  "test_cope_sape2.py", "test_browser_definitions.py", "test_app_fuzz.py", "test_browser_views.py",
-                 "test_load.py")
+                 "test_load.py", "test_app_families.py", "test_resolution.py", "test_app_import_form.py")
 
 
 def _module_rank(item) -> int:

@@ -185,3 +185,36 @@ def test_the_swin_layer_slider_reaches_the_last_block_of_the_last_stage(swin_dir
     assert any("Swin block 3 (stage 1, block 1), shifted by 1" in c.value for c in at.caption)
     _, rows = swin_rows(swin_dir / "swinv2.safetensors", (9, 0), 3)
     np.testing.assert_allclose(heatmap_z(chart_spec(at, "bias_swin_bias")), rows.shown("bias"), rtol=1e-5, atol=1e-6)
+
+
+def _sweep_on_compare(folder, monkeypatch, name: str) -> list[dict]:
+    """The compare page's resolution explorer on `name` at its smallest and largest sizes and the native one:
+    the table's rows (AppTest, as a visitor presses "Sweep these sizes")."""
+    monkeypatch.setenv("VITPE_CHECKPOINTS", str(folder))
+    at = ok(run({"page": "compare", "ckpt": name}))
+    at = ok(at.selectbox(key="compare_res_model").select(name).run())
+    sizes = at.multiselect(key=f"compare_res_sizes_{name}")
+    at = ok(sizes.set_value([sizes.value[0], sizes.value[-1]]).run())       # 0.5x and 2x (never the native)
+    at = ok(at.button(key="compare_res_go").click().run())
+    assert not at.error, [e.value for e in at.error]
+    assert "compare_res_chart" in {c.key for c in at.get("plotly_chart")}
+    table = next(d.value for d in at.dataframe if "feature_cosine" in d.value.columns)
+    return table.reset_index().to_dict("records")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["beit", "dinov2_reg", "dinov3"])
+def test_the_resolution_explorer_sweeps_an_imported_beit_table_vit_and_rope_model(family_dir, monkeypatch, name):
+    """Issue 46: the explorer renders for an imported BEiT (relative bias), a table ViT (DINOv2 with
+    registers) and a RoPE model (DINOv3): two sizes and the native one, the native row agreeing
+    with itself (or, headless, a feature cosine of 1)."""
+    rows = _sweep_on_compare(family_dir, monkeypatch, name)
+    native = [r for r in rows if r["native"] == "True"]
+    assert len(rows) == 3 and len(native) == 1
+    assert native[0]["feature_cosine"] == "1.0" and native[0]["agreement"] == ("—" if name == "dinov3" else "1.0")
+
+
+@pytest.mark.slow
+def test_the_resolution_explorer_sweeps_an_imported_swin_v2(swin_dir, monkeypatch):
+    rows = _sweep_on_compare(swin_dir, monkeypatch, "swinv2")
+    assert len(rows) == 3 and all(r["structure"] == "—" and r["distance"] == "[]" for r in rows)

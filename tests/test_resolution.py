@@ -39,7 +39,7 @@ def test_sizes_are_checked():
 @pytest.mark.parametrize("encoding", ["ape", "rpb", "rope_axial", "none"])
 def test_a_sweep_equals_the_library_calls_it_is_built_from(encoding):
     model = _model(encoding)
-    images = torch.randn(6, 3, 32, 32)
+    images = torch.randn(3, 3, 32, 32)
     rows = resolution.sweep(model, images, [(16, 16), (48, 48), (32, 48)])
     assert [r.size for r in rows] == [(16, 16), (32, 32), (32, 48), (48, 48)]
     native = next(r for r in rows if r.native)
@@ -162,3 +162,26 @@ def test_the_report_cli_adds_the_sweep_and_refuses_bad_sizes(app_checkpoint_dir,
     assert "--sizes 16,32x48" in html                                                  # the command that made it
     assert main(["report", ckpt, "--out", str(tmp_path / "bad.html"), "--sizes", "18"]) == 2   # not whole patches
     assert "multiple of the patch size" in capsys.readouterr().err and not (tmp_path / "bad.html").exists()
+
+
+def test_a_sweep_resamples_the_tables_by_the_library_asked_for_and_leaves_the_model_alone():
+    from vitpe_core.encodings.absolute import resample_abs_pos_embed
+    model = _model("ape")
+    assert resolution.rules_for(model) == ["model", "timm", "transformers"]
+    assert resolution.rules_for(_model("rope_axial")) == ["model"]
+    hf = resolution.with_rule(model, "transformers")
+    pos = model.pos_enc.pos_embed
+    want = resample_abs_pos_embed(pos, (6, 6), (4, 4), 1, antialias=False)[0]
+    assert torch.equal(hf.pos_enc.table((6, 6)), want)
+    assert torch.equal(model.pos_enc.table((6, 6)), resample_abs_pos_embed(pos, (6, 6), (4, 4), 1)[0])  # unchanged
+    assert hf.blocks is model.blocks and hf.pos_enc is not model.pos_enc           # only the encoding is copied
+    assert resolution.with_rule(model, "model") is model
+    images = torch.randn(3, 3, 32, 32)
+    own, other = (resolution.sweep(model, images, [(48, 48)], rule=r) for r in ("model", "transformers"))
+    assert own[0] == other[0]                                                       # the native size: no resampling
+    assert own[1].feature_cosine != other[1].feature_cosine
+    rpb = _model("rpb_cls")
+    assert resolution.with_rule(rpb, "timm").pos_enc.table_resize == "geometric" and rpb.pos_enc.table_resize == \
+        "bilinear"
+    with pytest.raises(ValueError, match="unknown rule"):
+        resolution.with_rule(model, "keras")

@@ -259,11 +259,13 @@ def query_kernels(m: Model, patch: tuple[int, int] | None = None, head: int | No
                                            f"{views.head_text(head)}")
 
 
-def resolution(m: Model, sizes: Sequence[tuple[int, int]] | None = None, *, progress: bool = True):
+def resolution(m: Model, sizes: Sequence[tuple[int, int]] | None = None, *, rule: str = "model",
+               progress: bool = True):
     """The resolution sweep (`resolution.sweep`) on the gallery images: at each input size (default
     `resolution.default_sizes`: 0.5x-2x in whole patches and one rectangular) the top-1 agreement
     and feature cosine to the native size, the resampled table's 2D structure, the position kernel's
-    relative score; a figure, its rows under `fig.layout.meta["rows"]` (`resolution.rows_json`)."""
+    relative score; a figure, its rows under `fig.layout.meta["rows"]` (`resolution.rows_json`).
+    `rule`: whose resampling of its tables ("timm", "transformers"; default the model's own)."""
     from tqdm.auto import tqdm
 
     from . import resolution as res
@@ -271,7 +273,8 @@ def resolution(m: Model, sizes: Sequence[tuple[int, int]] | None = None, *, prog
     sizes = res.default_sizes(cfg.img_size, cfg.patch_size) if sizes is None else sizes
     bar = tqdm(total=len(res.check_sizes([*sizes, tuple(cfg.img_size)], cfg.patch_size)), disable=not progress,
                desc=f"{m.name}: input sizes")
-    rows = res.sweep(m.ckpt.model, positional.image_set(m.ckpt), sizes, on_size=lambda i, n, s: bar.update(i - bar.n))
+    rows = res.sweep(m.ckpt.model, positional.image_set(m.ckpt), sizes, on_size=lambda i, n, s: bar.update(i - bar.n),
+                     rule=rule)
     bar.update(bar.total - bar.n)
     bar.close()
     fig = figures.resolution_fig(rows, title=f"{m.name} at other input sizes")

@@ -14,12 +14,18 @@ model's own run-time resampling of its position parameters (the encoding's `tabl
   without a classification head);
 * `feature_cosine`: the mean cosine of the pooled features to the native size's.
 
-`sweep(model, images, sizes)` returns one `SizeRow` per size; `default_sizes` picks 0.5x-2x the
-native size in whole patches, plus one rectangular size. The app's resolution page, the notebook
+`sweep(model, images, sizes, rule=...)` returns one `SizeRow` per size; `default_sizes` picks
+0.5x-2x the native size in whole patches, plus one rectangular size. Where libraries resample a
+table differently at another size, `rule` runs the model by one library's rule instead of its
+own (`RULES`: "timm" resamples a learned table bicubic and antialiased and BEiT's relative tables by
+BEiT's geometric rule, as its own code does; "transformers" bicubic without antialiasing, which is
+RoPE-ViT's original rule too, and BEiT's tables bilinearly); `rules_for(model)` names the ones that
+change something for a model. The app's resolution page, the notebook
 API (`explore.resolution`) and the figure (`figures.resolution_figure`) read these rows.
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -36,6 +42,8 @@ from .stress import Transform, transform_input
 from .swin.model import SwinTransformer
 
 MAX_SIDE_PATCHES = 64          # a sweep's largest grid side (attention maps grow with the 4th power of it)
+# name -> (learned table: interpolation, antialias; BEiT's relative tables: resize); "model": its own
+RULES = {"model": None, "timm": (("bicubic", True), "geometric"), "transformers": (("bicubic", False), "bilinear")}
 
 
 @dataclass(frozen=True)
@@ -96,6 +104,42 @@ def _outputs(model: ViT | SwinTransformer, x: Tensor) -> tuple[Tensor, Tensor]:
     return logits, feat
 
 
+def _resampled(model):
+    """(learned tables, BEiT-style relative tables) of `model`'s encoding: the modules a rule sets."""
+    from .encodings.absolute import LearnedAbsolute
+    from .encodings.rpb import RelativePositionBiasCLS
+    mods = list(model.pos_enc.modules()) if isinstance(model, ViT) else []
+    return ([m for m in mods if isinstance(m, LearnedAbsolute)],
+            [m for m in mods if isinstance(m, RelativePositionBiasCLS)])
+
+
+def rules_for(model) -> list[str]:
+    """The rule names that change what `model` computes at another size: "model" and, where it has a
+    learned table or BEiT's relative tables, "timm" and "transformers"."""
+    tables, rel = _resampled(model)
+    return ["model", "timm", "transformers"] if tables or rel else ["model"]
+
+
+def with_rule(model, rule: str):
+    """`model` resampling its tables at other sizes by `rule` (`RULES`): a copy whose encoding is its
+    own (the weights of every other layer shared; the caller's model never changes), or `model`
+    itself for "model"."""
+    if rule not in RULES:
+        raise ValueError(f"unknown rule {rule!r}; valid: {', '.join(RULES)}")
+    if RULES[rule] is None:
+        return model
+    (mode, antialias), table_resize = RULES[rule]
+    other = copy.copy(model)
+    other._modules = dict(model._modules)
+    other._modules["pos_enc"] = copy.deepcopy(model.pos_enc)
+    tables, rel = _resampled(other)
+    for m in tables:
+        m.interpolation, m.antialias = mode, antialias
+    for m in rel:
+        m.table_resize = table_resize
+    return other
+
+
 def _chunk(model: ViT, grid: Grid, budget: int = 24 * 2**20) -> int:
     """Images per traced pass: one pass's attention maps within `budget` bytes."""
     T = model.num_prefix + grid[0] * grid[1]
@@ -132,9 +176,11 @@ def measure(model: ViT | SwinTransformer, images: Tensor, size: tuple[int, int])
 
 
 def sweep(model: ViT | SwinTransformer, images: Tensor, sizes: Sequence[tuple[int, int]], *,
-          on_size: Callable[[int, int, tuple[int, int]], None] | None = None) -> list[SizeRow]:
+          on_size: Callable[[int, int, tuple[int, int]], None] | None = None, rule: str = "model") -> list[SizeRow]:
     """One `SizeRow` per size of `sizes` (the native size is measured too, as the reference);
-    `on_size(done, total, size)` is called before each size (a progress bar)."""
+    `on_size(done, total, size)` is called before each size (a progress bar); `rule`: whose
+    resampling of the tables (`RULES`; default the model's own)."""
+    model = with_rule(model, rule)
     native = tuple(model.cfg.img_size)
     sizes = check_sizes([*sizes, native], model.cfg.patch_size)
     order = [native] + [s for s in sizes if s != native]

@@ -19,6 +19,13 @@ EXPLAIN = ("What another input size does to the model, with its own run-time res
            "rectangular one is a hollow marker.")
 
 
+RULE_LABELS = {"model": "as its own library", "timm": "as timm", "transformers": "as transformers"}
+RULE_HELP = ("At another size a learned table is resampled: timm bicubic and antialiased, transformers (and "
+             "RoPE-ViT's original code) bicubic without antialiasing; BEiT's relative tables by BEiT's geometric "
+             "rule in timm (and BEiT's own code), bilinearly in transformers. The model's own library is what it "
+             "was imported from (a shipped model: timm's).")
+
+
 def resolution_table(page: str, names, ckpts) -> None:
     rows = views.resolution_rows({n: ckpts[n].metrics for n in names})
     st.markdown("**Top-1 % at other input resolutions**")
@@ -47,19 +54,25 @@ def resolution_explorer(page: str, names, ckpts) -> None:
     picked = cols[1].multiselect("Input sizes (px)", list(options), default=list(options),
                                  key=f"{page}_res_sizes_{name}")
     sizes = tuple(options[p] for p in picked)
+    rules = resolution.rules_for(ckpts[name].model)
+    rule = "model"
+    if len(rules) > 1:   # libraries resample its table differently at another size: each by name
+        rule = st.radio("Its tables at other sizes, resampled", rules, key=f"{page}_res_rule_{name}", horizontal=True,
+                        format_func=RULE_LABELS.get, help=RULE_HELP)
     asked = st.session_state.setdefault(f"{page}_res_asked", set())
     if st.button("Sweep these sizes", key=f"{page}_res_go", type="primary"):
-        asked.add((name, sizes))
-    if (name, sizes) not in asked and not resolution_cached(name, sizes):
+        asked.add((name, sizes, rule))
+    if (name, sizes, rule) not in asked and not resolution_cached(name, sizes, rule):
         st.caption(f"{len(sizes)} sizes, each a traced pass over the gallery images: press **Sweep these sizes**.")
         return
     bar = st.progress(0.0, text="Sweeping input sizes…")
     rows = resolution_sweep(name, sizes, lambda i, n, s: bar.progress(
-        i / n, text=f"Sweeping input sizes: {s[0]}×{s[1]} px ({i + 1} of {n})"))
+        i / n, text=f"Sweeping input sizes: {s[0]}×{s[1]} px ({i + 1} of {n})"), rule)
     bar.empty()
     below, above = resolution.lost_at(rows)
     st.markdown(_verdict(rows, below, above))
-    chart(figures.resolution_fig(rows, title=f"{name} at other input sizes"), f"{name}_resolution",
+    how = "" if rule == "model" else f", tables resampled {RULE_LABELS[rule]}"
+    chart(figures.resolution_fig(rows, title=f"{name} at other input sizes{how}"), f"{name}_resolution",
           key=f"{page}_res_chart")
     if rows[0].distance:
         chart(figures.distance_by_size_fig(rows, title=f"{name}: attention distance by depth, per input size"),
@@ -68,7 +81,8 @@ def resolution_explorer(page: str, names, ckpts) -> None:
     table["size"] = [r.label for r in rows]
     table["grid"] = [f"{r.grid[0]}×{r.grid[1]}" for r in rows]
     table = table.set_index("size")
-    st.dataframe(table.astype(str), key=f"{page}_res_table", placeholder="—")
+    shown = table.astype(object).where(table.notna(), "—").astype(str)     # not measured (no table, no head): —
+    st.dataframe(shown, key=f"{page}_res_table", placeholder="—")
     st.download_button("Sweep (CSV)", data=table.to_csv().encode(), file_name=f"{name}_resolution.csv",
                        mime="text/csv", key=f"{page}_res_csv", on_click="ignore")
 
@@ -87,18 +101,19 @@ def _verdict(rows, below, above) -> str:
 
 # ----------------------------------------------------------------------------- the sweep, cached
 @cache.budgeted("resolution sweeps", max_items=32)
-def _resolution(ref: cache.ModelRef, sizes: tuple[tuple[int, int], ...], _on_size=None) -> list:
+def _resolution(ref: cache.ModelRef, sizes: tuple[tuple[int, int], ...], rule: str, _on_size=None) -> list:
     from vitpe_core import positional
     ckpt = cache.load_model(ref)
-    return resolution.sweep(ckpt.model, positional.image_set(ckpt), sizes, on_size=_on_size)
+    return resolution.sweep(ckpt.model, positional.image_set(ckpt), sizes, on_size=_on_size, rule=rule)
 
 
-def resolution_sweep(name: str, sizes: tuple[tuple[int, int], ...], on_size=None) -> list:
-    """`resolution.sweep`'s rows for checkpoint `name` at `sizes` on the gallery image set, cached in
-    the memory budget like the traces; `on_size(done, total, size)` reports progress while computing."""
-    return _resolution(cache.model_ref(name), tuple(sizes), on_size)
+def resolution_sweep(name: str, sizes: tuple[tuple[int, int], ...], on_size=None, rule: str = "model") -> list:
+    """`resolution.sweep`'s rows for checkpoint `name` at `sizes` on the gallery image set (tables
+    resampled by `rule`), cached in the memory budget like the traces; `on_size(done, total, size)`
+    reports progress while computing."""
+    return _resolution(cache.model_ref(name), tuple(sizes), rule, on_size)
 
 
-def resolution_cached(name: str, sizes: tuple[tuple[int, int], ...]) -> bool:
-    """Whether `resolution_sweep(name, sizes)` would answer from the cache (no sweep to run)."""
-    return _resolution.is_cached(cache.model_ref(name), tuple(sizes))
+def resolution_cached(name: str, sizes: tuple[tuple[int, int], ...], rule: str = "model") -> bool:
+    """Whether `resolution_sweep(name, sizes, rule=rule)` would answer from the cache (no sweep to run)."""
+    return _resolution.is_cached(cache.model_ref(name), tuple(sizes), rule)
