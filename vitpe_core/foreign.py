@@ -22,8 +22,11 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from .checkpoint import SUFFIX, CheckpointError
-from .held_precision import held_names
+from .checkpoint import SUFFIX, CheckpointError, load_weights
+from .held_precision import HALF, held_names, hold_weights
+from .model import empty_model
+from .swin.config import SwinConfig
+from .swin.model import SwinTransformer
 
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 NPZ_MAX_EXPANSION = 20   # a compressed .npz may hold up to this many times its size (weights compress ~1.1x)
@@ -163,6 +166,30 @@ def upcast(weights: Mapping[str, torch.Tensor], spent: Mapping[str, torch.Tensor
         if not pending[mem]:
             _empty(holders.pop(mem, []), kept)
     return out
+
+
+def assigned_model(config, weights: Mapping[str, torch.Tensor], name: str, *,
+                   spent: Mapping[str, torch.Tensor] | None = None, held: torch.dtype | None = None,
+                   rename=None):
+    """The model of `config` (a `ViTConfig` or `SwinConfig`) built on the meta device and filled
+    with `weights` by assignment (strictly; never held twice: the weights are upcast to float32 one
+    at a time, `spent`'s tensors emptied as they go, `upcast`), its layer weights held in `held`
+    (float16 / bfloat16: `held_precision`) where given; `rename(model, weights)`: the weights' names
+    as the built model has them. What the importers and the model store (`store.ModelStore`)
+    build a model with."""
+    if held is not None and held not in HALF:
+        raise ValueError(f"held must be float16 or bfloat16, got {held}")
+    if isinstance(config, SwinConfig):
+        with torch.device("meta"):                        # no buffers: every tensor comes from the file
+            model = SwinTransformer(config, init_weights=False)
+    else:
+        model = empty_model(config)
+    if rename is not None:
+        weights = rename(model, dict(weights))
+    load_weights(model, upcast(weights, spent, held_keep(model, held)), name, assign=True)
+    if held is not None:
+        hold_weights(model, held)
+    return model.eval()
 
 
 def held_keep(model: torch.nn.Module, dtype: torch.dtype | None) -> tuple[set[str], torch.dtype] | None:

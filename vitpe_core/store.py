@@ -231,7 +231,7 @@ class ModelStore:
         """The stored model (a `Checkpoint` named as it was imported; a half-precision file's layer
         weights held in its precision, as the import held them: `held_precision`), or None if
         unknown, evicted, malformed or unreadable (a damaged file is removed)."""
-        from .checkpoint import CheckpointError, load_checkpoint
+        from .checkpoint import CheckpointError
         try:
             path = self._path(digest)
         except ValueError:
@@ -239,17 +239,13 @@ class ModelStore:
         if not path.is_file():
             return None
         try:
-            ckpt = load_checkpoint(path)
-        except (CheckpointError, OSError) as e:
+            ckpt = _load_held(path)
+        except (CheckpointError, OSError, ValueError) as e:
             log.warning("model store: %s cannot be read (%s); removed", digest[:12], e)
             self._remove(path)
             return None
         path.touch()
         ckpt.name = str(ckpt.metrics.get("upload_name") or digest[:12])
-        held = getattr(torch, str(ckpt.metrics.get("source_dtype", "")), None)
-        if held in (torch.float16, torch.bfloat16):        # as imported: its layers held in the file's precision
-            from .held_precision import hold_weights
-            hold_weights(ckpt.model, held)
         return ckpt
 
     def size(self) -> tuple[int, int]:
@@ -284,6 +280,27 @@ class ModelStore:
                 self._remove(f)
                 log.info("model store: evicted %s (%d bytes, least recently used; cap %d bytes)", f.stem[:12], size,
                          self.max_bytes)
+
+
+def _load_held(path: Path):
+    """A stored import, built as the import built it (`foreign.assigned_model`: on the meta device,
+    filled by assignment, a half-precision file's layer weights held in its precision): the file's
+    tensors and the model never twice in memory (a ViT-B/16 in float16: 173 MB read, not 830 MB)."""
+    import json
+
+    from .checkpoint import HISTORY, Checkpoint, CheckpointError, read_checkpoint_file, read_config
+    from .foreign import assigned_model
+    meta, tensors = read_checkpoint_file(path)
+    config = read_config(path)
+    try:
+        metrics = json.loads(meta.get("metrics") or "{}")
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path.name}: its metrics are not JSON ({e})") from None
+    held = getattr(torch, str(metrics.get("source_dtype", "")), None)
+    held = held if held in (torch.float16, torch.bfloat16) else None
+    weights = {k: v for k, v in tensors.items() if not k.startswith(HISTORY)}
+    model = assigned_model(config, weights, path.name, spent=tensors, held=held)
+    return Checkpoint(model, config, metrics, {}, path.stem)
 
 
 def png_bytes(img) -> bytes:

@@ -12,10 +12,10 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from ..checkpoint import CheckpointError, clean_state_dict, load_weights
-from ..foreign import held_keep, own_memory, source_dtype, upcast
-from ..held_precision import HALF, hold_weights
-from ..model import ViT, empty_model
+from ..checkpoint import CheckpointError, clean_state_dict
+from ..foreign import assigned_model, own_memory, source_dtype
+from ..held_precision import HALF
+from ..model import ViT
 from ..swin.config import SwinConfig
 from ..swin.model import SwinTransformer
 from . import timm_hub
@@ -122,17 +122,8 @@ def _finish(sd: Mapping[str, torch.Tensor], weights: dict[str, torch.Tensor], co
     (`hold`); then the eval transform and the class names."""
     dtype = source_dtype(sd)
     held = dtype if hold and dtype in HALF else None      # the precision its layer weights are held in
-    if isinstance(config, SwinConfig):
-        with torch.device("meta"):                        # no buffers: every tensor comes from the file
-            model = SwinTransformer(config, init_weights=False)
-    else:
-        model = empty_model(config)
-    weights = upcast(weights, sd if given is None else None, held_keep(model, held))
-    if isinstance(model, ViT):
-        weights = _encoding_names(model, weights)
-    load_weights(model, weights, f"{ctx.family} state dict", assign=True)
-    if held:
-        hold_weights(model, held)
+    model = assigned_model(config, weights, f"{ctx.family} state dict", spent=sd if given is None else None,
+                           held=held, rename=None if isinstance(config, SwinConfig) else _encoding_names)
     if given is not None:   # a caller's state dict: the model gets memory of its own, the caller's tensors stay theirs
         own_memory(model, given)
     n = model.cfg.num_classes
