@@ -207,6 +207,13 @@ class ModelStore:
         except ValueError:
             return False
 
+    def file_bytes(self, digest: str) -> int:
+        """The stored file's size (0: not stored): what loading it reads."""
+        try:
+            return self._path(digest).stat().st_size
+        except (ValueError, OSError):
+            return 0
+
     def put(self, digest: str, ckpt, dtype: torch.dtype) -> bool:
         """Keep `ckpt` (a `checkpoint.Checkpoint`, its name in its metrics as `upload_name`) under
         `digest`, its weights in `dtype` (the file's own precision: exact); False when it is larger

@@ -245,8 +245,12 @@ def stored_model(sha: str) -> Checkpoint | None:
     if ckpt is None:
         with _load_lock(sha):             # one process loads it once, the other sessions wait for it
             ckpt = store.get(sha)
-            if ckpt is None:
-                ckpt = disk_models().get(sha)
+            if ckpt is None and sha in disk_models():
+                # room first, as for an import: the file's tensors and the model built from them (about
+                # twice the file at most) come out of the budget, not on top of it
+                room = min(2 * disk_models().file_bytes(sha), store.max_bytes)
+                with store.budget.reserve(room, f"loading imported model {sha[:12]} from disk"):
+                    ckpt = disk_models().get(sha)
                 if ckpt is not None:
                     from vitpe_core.store import model_bytes
                     store.put(sha, ckpt, model_bytes(ckpt.model))
