@@ -245,7 +245,8 @@ def run(args: argparse.Namespace) -> dict:
     big = None
     if args.big_imports:
         from benchmarks.load_big import build_plan
-        big = build_plan(args.sessions, args.big_imports, args.big_shape, work / "big", stagger=10.0)
+        big = build_plan(args.sessions, args.big_imports, args.big_shape, work / "big", stagger=10.0,
+                         extra_s=args.big_extra_s)
     specs = _specs(folder, args.sessions)
     report: dict = {"replicas": args.replicas, "sessions": args.sessions, "seconds": args.seconds,
                     "big_imports": args.big_imports, "cpu_model": cpu_model(), "cpus": os.cpu_count(),
@@ -294,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--click-phase", type=float, default=15.0)
     ap.add_argument("--big-imports", type=int, default=5, help="sessions importing a ViT-B/16-shaped model")
     ap.add_argument("--big-shape", default="b16")
+    ap.add_argument("--big-extra-s", type=float, default=480.0, help="how long the window may stay open beyond "
+                    "--seconds until every big session had its turn (imports take turns; two replicas on two "
+                    "cores import slower than one process)")
     ap.add_argument("--peak-mb", type=float, default=1024.0, help="each replica's peak resident memory that passes")
     ap.add_argument("--no-single", dest="single", action="store_false", help="skip the one-replica comparison")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (logs, nginx's access log)")

@@ -251,6 +251,7 @@ def stored_model(sha: str) -> Checkpoint | None:
                 room = min(2 * disk_models().file_bytes(sha), store.max_bytes)
                 with store.budget.reserve(room, f"loading imported model {sha[:12]} from disk"):
                     ckpt = disk_models().get(sha)
+                membudget.release_freed_memory()         # the file's tensors, spent as the model was built
                 if ckpt is not None:
                     from vitpe_core.store import model_bytes
                     store.put(sha, ckpt, model_bytes(ckpt.model))
