@@ -37,7 +37,7 @@ def _ref(name: str):
 
 def _cases():
     """(pool name, the cached function, a thunk that calls it with real arguments); CASES names them."""
-    from pages.common import cache, film, picker, stress_panel, uploads
+    from pages.common import cache, film, picker, stress_panel, upload_store, uploads
     from vitpe_core import stress, views
     key = gallery_ids()[0]
     img = Image.effect_noise((64, 48), 50).convert("RGB")
@@ -45,8 +45,8 @@ def _cases():
     img.save(png, "PNG")
 
     def stored():
-        image_id = cache.store_upload(img)
-        return cache._stored_image(image_id, str(cache.image_store().folder))
+        image_id = upload_store.store_upload(img)
+        return upload_store._stored_image(image_id, str(upload_store.image_store().folder))
 
     def transformed():
         tf = stress.Transform((32, 32), (0, 4), "zero")
@@ -57,7 +57,7 @@ def _cases():
     return [
         ("checkpoints", cache._load_file, lambda: cache.get_checkpoint("ape")),
         ("configs", cache._config_file, lambda: cache.checkpoint_config("rpb")),
-        ("uploaded images", cache._stored_image, stored),
+        ("uploaded images", upload_store._stored_image, stored),
         ("traces", cache._trace, lambda: cache.trace("ape", key)),
         ("positional views", cache._positional, lambda: cache.positional("rpb", key, (1, 2))),
         ("attention stats", cache._stats, lambda: cache.attention_stats("ape", key)),

@@ -18,7 +18,7 @@ from PIL import Image
 from vitpe_core.swin.explore import is_swin_model
 from vitpe_core.viewstate import is_upload_id
 
-from . import cache
+from . import cache, upload_store
 
 BUILT = "_vitpe_report"    # session_state: {"id": (model ref, the page's image), "data": bytes, "file_name": str}
 BUILD_LABEL = "Download this model's report (HTML)"
@@ -37,7 +37,7 @@ def report_images(current: tuple[Image.Image, str, str] | None = None) -> list:
 
     if current is None:
         image_id = st.session_state.get("image", "")
-        upload = cache.stored_image(image_id) if is_upload_id(image_id) else None
+        upload = upload_store.stored_image(image_id) if is_upload_id(image_id) else None
         current = None if upload is None else (upload, image_id, "your upload")
     first = [] if current is None else [ReportImage(current[2], current[1], current[0])]
     rest = [im for im in default_images(DEFAULT_IMAGES + 1) if not first or im.key != first[0].key]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from . import cache
+from . import cache, upload_store
 
 
 def live_sessions() -> int | None:
@@ -24,7 +24,7 @@ def live_sessions() -> int | None:
 
 def render() -> None:
     with st.sidebar.expander("Server status", expanded=False):
-        store = cache.image_store()
+        store = upload_store.image_store()
         files, used = store.size()
         st.caption(f"Uploaded images: {files} file(s), {used / 2**20:.1f} of {store.max_bytes / 2**20:.0f} MiB "
                    f"(least recently used out) in `{store.folder}`.")

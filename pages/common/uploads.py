@@ -2,7 +2,7 @@
 to a checkpoint's input.
 
 An accepted image upload (decoded, at most `MAX_UPLOAD_SIDE` px a side) is put, as PNG, in the
-server's upload store (`cache.image_store`) and becomes the view's image `upload:<sha256>`: it
+server's upload store (`upload_store.image_store`) and becomes the view's image `upload:<sha256>`: it
 follows the visitor from page to page until another is uploaded, a sample image is chosen or it
 is cleared, and a share link carrying it opens the same image for anyone on this server (an
 evicted one falls back to the first sample image with a warning, see `viewsync.current_view`).
@@ -24,7 +24,7 @@ from vitpe_core.images import ALLOWED_FORMATS, ImageError, load_image_info
 from vitpe_core.inputs import preprocess_of
 from vitpe_core.viewstate import is_upload_id
 
-from . import cache
+from . import cache, upload_store
 from .messages import escape_md
 from .viewsync import short_id
 from .widgets import bound
@@ -106,7 +106,7 @@ def _upload_changed(key: str) -> None:
         ss.pop(UPLOAD, None)
         return
     try:
-        image_id = cache.store_upload(img)
+        image_id = upload_store.store_upload(img)
     except OSError as e:
         log.warning("upload store not writable: %s", e)
         ss[UPLOAD_ERROR] = (key, f"{up.name} could not be kept on the server ({type(e).__name__}); try again later.")
@@ -123,7 +123,7 @@ def image_source(prefix: str) -> tuple[Image.Image, str, str, bool]:
     ids = gallery_ids()
     current = ss.get("image", "")
     held = ss.get(UPLOAD) if (ss.get(UPLOAD) or {}).get("id") == current else None
-    img = cache.stored_image(current) if is_upload_id(current) else None
+    img = upload_store.stored_image(current) if is_upload_id(current) else None
     if img is None and is_upload_id(current):          # evicted since the view was checked
         clear_upload()
         current, held = ss.get("image", ""), None

@@ -18,7 +18,7 @@ The view (`viewstate.ViewState`) lives in `st.session_state` under the plain key
   page switches.
 
 A link's uploaded image (`image=upload:<sha256>`) opens from the server's upload store
-(`cache.stored_image`); an evicted one falls back to the first sample image with a warning.
+(`upload_store.stored_image`); an evicted one falls back to the first sample image with a warning.
 A link's imported model (`model=<sha256>`) is listed in the session by `open_link_model`.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ from vitpe_core.gallery import gallery_ids
 from vitpe_core.viewstate import (FINAL_EPOCH, KEYS, MEAN_HEAD, NATIVE_SIZE, PAGES, STRESS_KEYS, UPLOAD_PREFIX,
                                   StressLimits, ViewState, is_model_id, is_upload_id, parse_view, to_query)
 
-from . import cache
+from . import cache, upload_store
 from .messages import show_notes
 
 VIEW_KEYS = ("ckpt", "image", "patch", "layer", "head", "epoch", *STRESS_KEYS, "show")
@@ -156,7 +156,7 @@ def current_view(page: str, checkpoints: Sequence[str], *,
                              epochs=epochs, stress=stress_for(first.ckpt))
     if not from_url:   # another checkpoint, another grid, depth, heads, shifts and sizes: the session's values
         notes = [n for n in notes if not n.startswith(tuple(f"Ignored {k}=" for k in PER_MODEL_KEYS))]
-    if is_upload_id(view.image) and cache.stored_image(view.image) is None:
+    if is_upload_id(view.image) and upload_store.stored_image(view.image) is None:
         notes.append(f"The uploaded image of this link ({short_id(view.image)}…) is not on this server: it was "
                      "never uploaded here, or removed to make room for newer uploads. Showing the sample image "
                      "instead; upload the photo again to share it.")
