@@ -25,7 +25,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
 from vitpe_core.__main__ import main
@@ -41,16 +40,7 @@ if not REFS.exists():
 
 REL = 1e-5
 
-
-def _refs(path: Path) -> tuple[dict, dict[str, dict[str, torch.Tensor]]]:
-    with safe_open(str(path), framework="pt") as f:
-        meta = json.loads(f.metadata()["cases"])
-        cases: dict[str, dict[str, torch.Tensor]] = {}
-        for key in f.keys():
-            case, rest = key.split(".", 1)
-            cases.setdefault(case, {})[rest] = f.get_tensor(key)
-    return meta, cases
-
+from test_importers import _refs, case_folder, case_state_dict   # noqa: E402  (after the skip)
 
 META, CASES = _refs(REFS)
 PORT = [c for c in META if META[c]["family"] == "timm-rope-vit"]
@@ -63,19 +53,11 @@ ENCODINGS = {"port_axial": "rope_axial", "port_axial_ape": "rope_axial+ape", "po
 
 
 def _sd(case: str) -> dict[str, torch.Tensor]:
-    return {k[3:]: v.clone() for k, v in CASES[case].items() if k.startswith("sd.")}
+    return case_state_dict(CASES, case)
 
 
 def _folder(case: str, tmp_path: Path, config: dict | None = None, sd: dict | None = None) -> Path:
-    """`model.safetensors` + timm's `config.json` (none where `config={}`) of a port case, in its own folder."""
-    folder = tmp_path / case
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file(_sd(case) if sd is None else sd, str(folder / "model.safetensors"))
-    config = META[case]["config"] if config is None else config
-    (folder / "config.json").unlink(missing_ok=True)
-    if config:
-        (folder / "config.json").write_text(json.dumps(config))
-    return folder / "model.safetensors"
+    return case_folder(META, CASES, case, tmp_path, config, sd)
 
 
 def _size(case: str, tag: str) -> tuple[int, int]:

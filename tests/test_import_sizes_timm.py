@@ -19,13 +19,11 @@ computes otherwise (a shifted stage with per-axis windows; a Swin table timm wou
 """
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from vitpe_core.checkpoint import CheckpointError, load_checkpoint
 from vitpe_core.encodings import EncodingContext, build_encoding
@@ -37,7 +35,7 @@ if not REFS.exists():
     pytest.skip(f"{REFS.name} is missing: run scripts/make_import_references.py --only sizes in a side environment "
                 "with timm 1.0.31", allow_module_level=True)
 
-from test_importers import _refs                      # noqa: E402  (after the skip: these read the reference files)
+from test_importers import _refs, case_folder, case_state_dict   # noqa: E402  (after the skip: these read the reference files)
 from test_importers_timm_families import _close       # noqa: E402
 
 META, CASES = _refs(REFS)
@@ -52,19 +50,11 @@ REFUSED = {
 
 
 def _sd(case: str) -> dict[str, torch.Tensor]:
-    return {k[3:]: v.clone() for k, v in CASES[case].items() if k.startswith("sd.")}
+    return case_state_dict(CASES, case)
 
 
 def _folder(case: str, tmp_path: Path, config: dict | None = None) -> Path:
-    """`model.safetensors` + timm's `config.json` (none where `config={}`) of a case, in its own folder."""
-    folder = tmp_path / case
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file(_sd(case), str(folder / "model.safetensors"))
-    config = META[case]["config"] if config is None else config
-    (folder / "config.json").unlink(missing_ok=True)
-    if config:
-        (folder / "config.json").write_text(json.dumps(config))
-    return folder / "model.safetensors"
+    return case_folder(META, CASES, case, tmp_path, config)
 
 
 def _x(case: str, tag: str) -> torch.Tensor:

@@ -23,6 +23,25 @@ from vitpe_core.importers import GridUnknownError, detect_family, import_checkpo
 REFS = Path(__file__).parent / "data" / "import_references.safetensors"
 
 
+def case_state_dict(cases: dict[str, dict[str, torch.Tensor]], case: str) -> dict[str, torch.Tensor]:
+    """A reference case's state dict in its own key names (a copy: an import may spend it)."""
+    return {k[3:]: v.clone() for k, v in cases[case].items() if k.startswith("sd.")}
+
+
+def case_folder(meta: dict, cases: dict[str, dict[str, torch.Tensor]], case: str, tmp_path: Path,
+                config: dict | None = None, sd: dict | None = None) -> Path:
+    """`model.safetensors` (the case's state dict, or `sd`) and timm's `config.json` (the case's,
+    `config`, or none where `config={}`) of a reference case, in a folder of its own; the weights' path."""
+    folder = tmp_path / case
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(case_state_dict(cases, case) if sd is None else sd, str(folder / "model.safetensors"))
+    config = meta[case]["config"] if config is None else config
+    (folder / "config.json").unlink(missing_ok=True)
+    if config:
+        (folder / "config.json").write_text(json.dumps(config))
+    return folder / "model.safetensors"
+
+
 def _refs(path: Path = REFS) -> tuple[dict, dict[str, dict[str, torch.Tensor]]]:
     """A reference file of scripts/make_import_references.py: (its cases' metadata, case -> tensors)."""
     with safe_open(str(path), framework="pt") as f:

@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
-from test_importers import _refs
+from test_importers import _refs, case_folder, case_state_dict
 from vitpe_core.__main__ import main
 from vitpe_core.checkpoint import CheckpointError, load_checkpoint
 from vitpe_core.importers import detect_family, import_file, import_state_dict
@@ -36,18 +35,11 @@ REL = 1e-5
 
 
 def _sd(case: str) -> dict[str, torch.Tensor]:
-    return {k[3:]: v.clone() for k, v in CASES[case].items() if k.startswith("sd.")}
+    return case_state_dict(CASES, case)
 
 
 def _folder(case: str, tmp_path: Path, config: dict | None = None, sd: dict | None = None) -> Path:
-    """`model.safetensors` (+ timm's `config.json` unless `config={}`) of a case, in its own folder."""
-    folder = tmp_path / case
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file(_sd(case) if sd is None else sd, str(folder / "model.safetensors"))
-    config = META[case]["config"] if config is None else config
-    if config:
-        (folder / "config.json").write_text(json.dumps(config))
-    return folder / "model.safetensors"
+    return case_folder(META, CASES, case, tmp_path, config, sd)
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, rel: float = REL) -> float:
