@@ -99,21 +99,75 @@ def default_upload_dir() -> Path:
     return Path(cache) / "vitpe" / "uploads"
 
 
-class ImageStore:
-    """Accepted uploads, normalised to PNG, on disk under their SHA-256, so that a link carrying
-    `image=upload:<hash>` opens the same image for anyone on this server, after restarts too.
-    Bounded: past `max_bytes` the least recently used files go (reading one refreshes it).
-    Only a validated 64-hex-digit hash ever reaches the filesystem."""
+class _HashedFiles:
+    """Files named by a content hash in one folder, bounded by bytes (least recently used out: a
+    read touches a file), shared by every process that sees the folder. Only a validated
+    64-hex-digit hash ever reaches the filesystem. `suffix`: the files' (`sidecars`: files beside
+    each, removed with it); `what`: the store's name in the log; `id_name`: what an id is, in errors."""
 
-    def __init__(self, folder: str | Path | None = None, max_bytes: int = 500 * 2**20) -> None:
-        self.folder = Path(folder) if folder is not None else default_upload_dir()
+    suffix, sidecars, what, id_name = "", (), "store", "an id"
+
+    def __init__(self, folder: Path, max_bytes: int) -> None:
+        self.folder = Path(folder)
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
 
     def _path(self, digest: str) -> Path:
         if not isinstance(digest, str) or not HASH_RE.fullmatch(digest):
-            raise ValueError("not an upload id: expected 64 hexadecimal digits")
-        return self.folder / f"{digest}.png"
+            raise ValueError(f"not {self.id_name}: expected 64 hexadecimal digits")
+        return self.folder / f"{digest}{self.suffix}"
+
+    def __contains__(self, digest: str) -> bool:
+        try:
+            return self._path(digest).is_file()
+        except ValueError:
+            return False
+
+    def _files(self) -> list[tuple[int, int, Path]]:
+        """(last use, bytes, path) of every stored file (one removed meanwhile by another process left out)."""
+        out = []
+        for f in (self.folder.glob(f"*{self.suffix}") if self.folder.is_dir() else []):
+            if HASH_RE.fullmatch(f.stem):
+                try:
+                    st = f.stat()
+                except OSError:
+                    continue
+                out.append((st.st_mtime_ns, st.st_size, f))
+        return out
+
+    def size(self) -> tuple[int, int]:
+        """(files, bytes) in the store."""
+        files = self._files()
+        return len(files), sum(size for _, size, _ in files)
+
+    def _remove(self, path: Path) -> None:
+        for f in (path, *(path.with_suffix(s) for s in self.sidecars)):
+            f.unlink(missing_ok=True)
+
+    def _evict(self, keep: Path) -> None:
+        """The least recently used files out until the store is within `max_bytes` (`keep` stays)."""
+        files = sorted(self._files())
+        total = sum(size for _, size, _ in files)
+        for _, size, f in files:
+            if total <= self.max_bytes:
+                break
+            if f != keep:
+                total -= size
+                self._remove(f)
+                log.info("%s: evicted %s (%d bytes, least recently used; cap %d bytes)", self.what, f.stem[:12], size,
+                         self.max_bytes)
+
+
+class ImageStore(_HashedFiles):
+    """Accepted uploads, normalised to PNG, on disk under their SHA-256, so that a link carrying
+    `image=upload:<hash>` opens the same image for anyone on this server, after restarts too.
+    Bounded: past `max_bytes` the least recently used files go (reading one refreshes it).
+    Only a validated 64-hex-digit hash ever reaches the filesystem."""
+
+    suffix, what, id_name = ".png", "upload store", "an upload id"
+
+    def __init__(self, folder: str | Path | None = None, max_bytes: int = 500 * 2**20) -> None:
+        super().__init__(Path(folder) if folder is not None else default_upload_dir(), max_bytes)
 
     def put(self, png: bytes) -> str:
         """Store PNG bytes; returns their SHA-256 (the upload id). Evicts old files past the cap."""
@@ -121,10 +175,9 @@ class ImageStore:
         path = self._path(digest)
         with self._lock:
             self.folder.mkdir(parents=True, exist_ok=True)
-            if not path.exists():
-                tmp = path.with_suffix(".tmp")
-                tmp.write_bytes(png)
-                os.replace(tmp, path)
+            if not path.exists():   # a temporary of its own, renamed: processes sharing the folder never tear it
+                from .checkpoint import atomic_write_bytes
+                atomic_write_bytes(path, png)
                 log.info("upload store: stored %s (%d bytes) in %s", digest[:12], len(png), self.folder)
             else:
                 path.touch()
@@ -145,29 +198,6 @@ class ImageStore:
             path.touch()
         return data
 
-    def size(self) -> tuple[int, int]:
-        """(files, bytes) in the store."""
-        sizes = []
-        for f in (self.folder.glob("*.png") if self.folder.is_dir() else []):
-            try:
-                sizes.append(f.stat().st_size)
-            except OSError:          # evicted while we looked
-                pass
-        return len(sizes), sum(sizes)
-
-    def _evict(self, keep: Path) -> None:
-        files = sorted(self.folder.glob("*.png"), key=lambda f: f.stat().st_mtime_ns)
-        total = sum(f.stat().st_size for f in files)
-        for f in files:
-            if total <= self.max_bytes:
-                break
-            if f != keep:
-                size = f.stat().st_size
-                total -= size
-                f.unlink(missing_ok=True)
-                log.info("upload store: evicted %s (%d bytes, least recently used; cap %d bytes)",
-                         f.stem[:12], size, self.max_bytes)
-
 
 # ----------------------------------------------------------------------------- imported models on disk
 MODEL_DIR_VAR = "VITPE_MODEL_DIR"
@@ -179,7 +209,7 @@ def default_model_dir() -> Path:
     return Path(value).expanduser() if value else default_upload_dir() / "models"
 
 
-class ModelStore:
+class ModelStore(_HashedFiles):
     """Imported models on disk as vitpe checkpoints (`<sha256>.safetensors` and its JSON sidecar),
     keyed by the content hash of what was uploaded, so that a link carrying `model=<sha256>` opens
     the model on any process that sees the folder, after an eviction from memory or a restart.
@@ -191,21 +221,10 @@ class ModelStore:
     (`load_checkpoint`). Bounded: past `max_bytes` the least recently used models go (a read
     refreshes one); a model larger than the cap is not kept (`put` says so)."""
 
+    suffix, sidecars, what, id_name = ".safetensors", (".json",), "model store", "a model id"
+
     def __init__(self, folder: str | Path | None = None, max_bytes: int = 2 * 2**30) -> None:
-        self.folder = Path(folder) if folder is not None else default_model_dir()
-        self.max_bytes = max_bytes
-        self._lock = threading.Lock()
-
-    def _path(self, digest: str) -> Path:
-        if not isinstance(digest, str) or not HASH_RE.fullmatch(digest):
-            raise ValueError("not a model id: expected 64 hexadecimal digits")
-        return self.folder / f"{digest}.safetensors"
-
-    def __contains__(self, digest: str) -> bool:
-        try:
-            return self._path(digest).is_file()
-        except ValueError:
-            return False
+        super().__init__(Path(folder) if folder is not None else default_model_dir(), max_bytes)
 
     def file_bytes(self, digest: str) -> int:
         """The stored file's size (0: not stored): what loading it reads."""
@@ -254,39 +273,6 @@ class ModelStore:
         path.touch()
         ckpt.name = str(ckpt.metrics.get("upload_name") or digest[:12])
         return ckpt
-
-    def size(self) -> tuple[int, int]:
-        """(models, bytes) on disk."""
-        sizes = [f.stat().st_size for f in self._files()]
-        return len(sizes), sum(sizes)
-
-    def _files(self) -> list[Path]:
-        out = []
-        for f in (self.folder.glob("*.safetensors") if self.folder.is_dir() else []):
-            if HASH_RE.fullmatch(f.stem) and f.is_file():
-                out.append(f)
-        return out
-
-    def _remove(self, path: Path) -> None:
-        for f in (path, path.with_suffix(".json")):
-            f.unlink(missing_ok=True)
-
-    def _evict(self, keep: Path) -> None:
-        files = []
-        for f in self._files():
-            try:
-                files.append((f.stat().st_mtime_ns, f.stat().st_size, f))
-            except OSError:          # removed by another process while we looked
-                pass
-        total = sum(size for _, size, _ in files)
-        for _, size, f in sorted(files):
-            if total <= self.max_bytes:
-                break
-            if f != keep:
-                total -= size
-                self._remove(f)
-                log.info("model store: evicted %s (%d bytes, least recently used; cap %d bytes)", f.stem[:12], size,
-                         self.max_bytes)
 
 
 def _load_held(path: Path):
