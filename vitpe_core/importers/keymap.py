@@ -130,6 +130,16 @@ def is_packed_glu(sd: Mapping[str, Tensor], block: str = "blocks.0.") -> bool:
     return fc1 is not None and fc2 is not None and fc1.shape[0] == 2 * fc2.shape[1]
 
 
+def check_layer_scale(out: Mapping[str, Tensor], layers: list[int], family: str) -> bool:
+    """Whether the blocks `layers` of `out` (vitpe's names) have LayerScale; CheckpointError unless
+    it is in both branches of every block or in none (vitpe's LayerScale is per block, both branches)."""
+    ls = [sum(f"blocks.{i}.ls{n}.gamma" in out for i in layers) for n in (1, 2)]
+    if ls not in ([0, 0], [len(layers)] * 2):
+        raise CheckpointError(f"{family}: LayerScale in {ls[0]} attention and {ls[1]} MLP branches of {len(layers)} "
+                              "blocks; vitpe's LayerScale is in both branches of every block")
+    return bool(ls[0])
+
+
 def check_rotary_heads(family: str, dim: int, heads: int) -> None:
     """CheckpointError unless `dim` splits into `heads` heads of a width divisible by 4 (a 2D
     rotary embedding turns pairs of channels by the row and by the column)."""

@@ -24,7 +24,6 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-import torch
 from torch import Tensor
 
 from ..checkpoint import CheckpointError
@@ -33,7 +32,7 @@ from . import timm_hub
 from ._hf import target_grid
 from .context import Context, Converted
 from .dinov3 import half_to_adjacent
-from .keymap import TENSOR, Keys, check_rotary_heads, is_packed_glu
+from .keymap import TENSOR, Keys, check_layer_scale, check_rotary_heads, is_packed_glu, zero_bias
 from .refuse import refuse
 from .timm_beit import LAYER_SCALE, MASK_TOKEN, TOP, take_embedding, take_fc1, take_qkv
 
@@ -61,7 +60,7 @@ def convert(sd: Mapping[str, Tensor], ctx: Context) -> Converted:
     for i in layers:
         _map_block(keys, i, heads)
     keys.refuse_rest()
-    layer_scale = _check_blocks(keys.out, layers, notes)
+    layer_scale = _check_blocks(keys, layers, notes)
     return keys.out, _config(keys.out, ctx, len(layers), heads, layer_scale, notes), notes
 
 
@@ -103,19 +102,13 @@ def _map_block(keys: Keys, i: int, heads: int) -> None:
     keys.map(LAYER_SCALE, src=b, dst=b, params=TENSOR)
 
 
-def _check_blocks(out: dict[str, Tensor], layers: list[int], notes: list[str]) -> bool:
+def _check_blocks(keys: Keys, layers: list[int], notes: list[str]) -> bool:
     """An MLP input projection in block 0, LayerScale in both branches of every block or none (returns
     whether there is LayerScale); a zero patch-embedding bias where the file has none."""
-    if "blocks.0.mlp.fc1_g.weight" not in out and "blocks.0.mlp.fc1.weight" not in out:
+    if "blocks.0.mlp.fc1_g.weight" not in keys.out and "blocks.0.mlp.fc1.weight" not in keys.out:
         raise CheckpointError(f"{FAMILY}: block 0 lacks mlp.fc1.weight (or fc1_g / fc1_x)")
-    ls = [sum(f"blocks.{i}.ls{n}.gamma" in out for i in layers) for n in (1, 2)]
-    if ls not in ([0, 0], [len(layers)] * 2):
-        raise CheckpointError(f"{FAMILY}: LayerScale in {ls[0]} attention and {ls[1]} MLP branches of {len(layers)} "
-                              "blocks; vitpe's LayerScale is in both branches of every block")
-    if "patch_embed.proj.bias" not in out:
-        out["patch_embed.proj.bias"] = torch.zeros(out["patch_embed.proj.weight"].shape[0])
-        notes.append("The patch embedding has no bias in the file; a zero bias is equivalent.")
-    return bool(ls[0])
+    zero_bias(keys, "patch_embed.proj", notes, "The patch embedding")
+    return check_layer_scale(keys.out, layers, FAMILY)
 
 
 def _config(out: Mapping[str, Tensor], ctx: Context, depth: int, heads: int, layer_scale: bool, notes: list[str]

@@ -31,7 +31,6 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-import torch
 from torch import Tensor
 
 from ..checkpoint import CheckpointError
@@ -39,7 +38,7 @@ from ..config import ViTConfig
 from . import timm_hub
 from ._hf import resample_table, target_grid
 from .context import Context, Converted
-from .keymap import TENSOR, Keys, check_rotary_heads
+from .keymap import TENSOR, Keys, check_layer_scale, check_rotary_heads, zero_bias
 from .refuse import refuse
 from .timm_beit import LAYER_SCALE, MASK_TOKEN, TOP, read_out, take_embedding
 
@@ -71,7 +70,7 @@ def convert(sd: Mapping[str, Tensor], ctx: Context) -> Converted:
         keys.map(BLOCK, src=f"blocks.{i}.", dst=f"blocks.{i}.")
         keys.map(LAYER_SCALE, src=f"blocks.{i}.", dst=f"blocks.{i}.", params=TENSOR)
     keys.refuse_rest()
-    _check(keys.out, layers, notes)
+    _check(keys, layers, notes)
     heads = _heads(ctx, proj.shape[0], freqs)
     if mixed:
         if freqs.shape[1] != len(layers):
@@ -107,21 +106,17 @@ def _refuse(sd: Mapping[str, Tensor], config: Mapping[str, Any]) -> bool:
     return mixed
 
 
-def _check(out: dict[str, Tensor], layers: list[int], notes: list[str]) -> None:
+def _check(keys: Keys, layers: list[int], notes: list[str]) -> None:
     """An MLP in block 0, LayerScale in both branches of every block or none, one final norm; a zero
     patch-embedding bias where the file has none."""
+    out = keys.out
     if "blocks.0.mlp.fc1.weight" not in out or "blocks.0.attn.qkv.weight" not in out:
         raise CheckpointError(f"{FAMILY}: block 0 lacks attn.qkv.weight or mlp.fc1.weight")
-    ls = [sum(f"blocks.{i}.ls{n}.gamma" in out for i in layers) for n in (1, 2)]
-    if ls not in ([0, 0], [len(layers)] * 2):
-        raise CheckpointError(f"{FAMILY}: LayerScale in {ls[0]} attention and {ls[1]} MLP branches of {len(layers)} "
-                              "blocks; vitpe's LayerScale is in both branches of every block")
+    check_layer_scale(out, layers, FAMILY)
     if "norm.weight" in out and "fc_norm.weight" in out:
         raise CheckpointError(f"{FAMILY}: both `norm` and `fc_norm` (use_post_transformer_norm with use_fc_norm); "
                               "vitpe's ViT has one or the other")
-    if "patch_embed.proj.bias" not in out:
-        out["patch_embed.proj.bias"] = torch.zeros(out["patch_embed.proj.weight"].shape[0])
-        notes.append("The patch embedding has no bias in the file; a zero bias is equivalent.")
+    zero_bias(keys, "patch_embed.proj", notes, "The patch embedding")
 
 
 def _heads(ctx: Context, dim: int, freqs: Tensor | None) -> int:
