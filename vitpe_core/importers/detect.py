@@ -19,12 +19,12 @@ MODEL_TYPES = {"vit": "hf", "beit": "beit", "data2vec-vision": "data2vec-vision"
                "clip_vision_model": "clip", "siglip": "siglip", "siglip_vision_model": "siglip"}
 ONE_LAYOUT = {"data2vec-vision": "beit"}   # one layout, two names
 SWIN_MODEL_TYPES = {"swin": 1, "swinv2": 2}
-SWIN_MARKERS = re.compile(  # transformers' layout (importers/swin.py), then timm's and Microsoft's (timm_swin.py)
+TIMM_SWIN_MARKERS = re.compile(r"^layers\.\d+\.blocks\.\d+\.attn\.(relative_position_bias_table|cpb_mlp\.0\.weight|"
+                               r"logit_scale)$")   # timm's and Microsoft's layout (timm_swin.py)
+SWIN_MARKERS = re.compile(   # transformers' layout (importers/swin.py), or timm's
     r"layers\.\d+\.blocks\.\d+\.attention\.(self\.relative_position_bias_table|"
     r"relative_position_bias\.relative_position_bias_table|self\.continuous_position_bias_mlp)|"
-    r"^layers\.\d+\.blocks\.\d+\.attn\.(relative_position_bias_table|cpb_mlp\.0\.weight|logit_scale)$")
-TIMM_SWIN_MARKERS = re.compile(r"^layers\.\d+\.blocks\.\d+\.attn\.(relative_position_bias_table|cpb_mlp\.0\.weight|"
-                               r"logit_scale)$")
+    + TIMM_SWIN_MARKERS.pattern)
 
 # Keys only one family has (checked before the older, looser timm / HF ViT rules).
 MARKERS = {
