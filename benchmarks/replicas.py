@@ -65,12 +65,16 @@ def max_upload_mb() -> int:
     return int(cfg.get("server", {}).get("maxUploadSize", 200))
 
 
+def fill_template(listen: str, upstreams: str, prefix: str) -> str:
+    """deploy/replicas/nginx.conf.template with its placeholders filled (uploads: Streamlit's limit)."""
+    values = {"LISTEN": listen, "UPSTREAMS": upstreams, "PREFIX": prefix, "MAX_UPLOAD_MB": str(max_upload_mb())}
+    return re.sub(r"\{\{(\w+)\}\}", lambda m: values[m.group(1)], TEMPLATE.read_text(encoding="utf-8"))
+
+
 def nginx_conf(listen: int, ports: list[int], prefix: Path) -> str:
     """The template filled for replicas on 127.0.0.1 `ports`, listening on 127.0.0.1:`listen`."""
     upstreams = "\n".join(f"        server 127.0.0.1:{p} max_fails=0;" for p in ports)
-    values = {"LISTEN": f"127.0.0.1:{listen}", "UPSTREAMS": upstreams, "PREFIX": str(prefix),
-              "MAX_UPLOAD_MB": str(max_upload_mb())}
-    return re.sub(r"\{\{(\w+)\}\}", lambda m: values[m.group(1)], TEMPLATE.read_text(encoding="utf-8"))
+    return fill_template(f"127.0.0.1:{listen}", upstreams, str(prefix))
 
 
 COMPOSE_CONF = REPO / "deploy" / "replicas" / "nginx.compose.conf"
@@ -78,9 +82,8 @@ COMPOSE_CONF = REPO / "deploy" / "replicas" / "nginx.compose.conf"
 
 def compose_conf() -> str:
     """The template filled for deploy/replicas/compose.yaml: nginx's own paths, Docker's DNS name of the replicas."""
-    values = {"LISTEN": "8080", "UPSTREAMS": "        server app:8501 max_fails=0;   # every replica: Docker's DNS "
-              "answers with all of them", "PREFIX": "/tmp", "MAX_UPLOAD_MB": str(max_upload_mb())}
-    text = re.sub(r"\{\{(\w+)\}\}", lambda m: values[m.group(1)], TEMPLATE.read_text(encoding="utf-8"))
+    text = fill_template("8080", "        server app:8501 max_fails=0;   # every replica: Docker's DNS answers with "
+                         "all of them", "/tmp")
     return ("# GENERATED from nginx.conf.template for compose.yaml (python -m benchmarks.replicas "
             "--write-compose-conf).\n" + text)
 

@@ -31,15 +31,8 @@ for i in $(seq 0 $((REPLICAS - 1))); do
   pids+=($!)
   upstreams+="        server 127.0.0.1:$port max_fails=0;"$'\n'
 done
-python - "$RUN" "$PORT" "$upstreams" <<'PY'
-import re, sys, tomllib
-from pathlib import Path
-run, port, upstreams = sys.argv[1], sys.argv[2], sys.argv[3].rstrip("\n")
-upload = tomllib.loads(Path(".streamlit/config.toml").read_text())["server"].get("maxUploadSize", 200)
-values = {"LISTEN": port, "UPSTREAMS": upstreams, "PREFIX": run, "MAX_UPLOAD_MB": str(upload)}
-text = Path("deploy/replicas/nginx.conf.template").read_text()
-Path(run, "nginx.conf").write_text(re.sub(r"\{\{(\w+)\}\}", lambda m: values[m.group(1)], text))
-PY
+python -c 'import sys; from benchmarks.replicas import fill_template; print(fill_template(*sys.argv[1:]))' \
+  "$PORT" "${upstreams%$'\n'}" "$RUN" > "$RUN/nginx.conf"
 nginx -p "$RUN" -c "$RUN/nginx.conf" -g "daemon off;" &
 pids+=($!)
 echo "vitpe: $REPLICAS replicas behind nginx on http://localhost:$PORT (logs in $RUN, shared folder $SHARED)"
