@@ -53,19 +53,20 @@ def main() -> None:
     import pandas  # noqa: F401
     from pages.common import cache, status, viewsync
 
-    viewsync.open_link_model()      # a link's imported model joins this session's list first
-    with st.sidebar:
-        root = cache.checkpoint_root()
-        st.caption(f"Checkpoints: `{root}` ({cache.count_text()}). "
-                   f"Set `{cache.ENV_VAR}` to use another folder.")
+    with cache.model_turns().scope():    # a big imported model's turn, taken in the run, is given back at its end
+        viewsync.open_link_model()      # a link's imported model joins this session's list first
+        with st.sidebar:
+            root = cache.checkpoint_root()
+            st.caption(f"Checkpoints: `{root}` ({cache.count_text()}). "
+                       f"Set `{cache.ENV_VAR}` to use another folder.")
 
-    try:
-        nav.run()
-    except cache.ModelEvicted as e:     # another visitor's import took its room mid-run: say so, not a traceback
-        st.warning(str(e), icon=":material/delete_sweep:")
-    finally:
-        if prefetch is not None:
-            prefetch.empty()
+        try:
+            nav.run()
+        except cache.ModelEvicted as e:     # another visitor's import took its room mid-run: say so, not a traceback
+            st.warning(str(e), icon=":material/delete_sweep:")
+        finally:
+            if prefetch is not None:
+                prefetch.empty()
     status.render()
 
 

@@ -130,13 +130,13 @@ def nginx(ports: list[int], prefix: Path, listen: int | None = None) -> Iterator
 
 @contextlib.contextmanager
 def replicas(n: int, checkpoints: Path, shared: Path, logs: Path, secret: str,
-             ports: list[int] | None = None) -> Iterator[list[Server]]:
-    """`n` app processes on one shared folder (uploads, models) and one cookie secret."""
+             ports: list[int] | None = None, tag: str = "") -> Iterator[list[Server]]:
+    """`n` app processes on one shared folder (uploads, models) and one cookie secret (logs: replicaI`tag`.log)."""
     env = {"VITPE_UPLOAD_DIR": str(shared / "uploads"), "VITPE_MODEL_DIR": str(shared / "models"),
            "STREAMLIT_SERVER_COOKIE_SECRET": secret}
     ports = ports or [free_port() for _ in range(n)]
     with contextlib.ExitStack() as stack:
-        yield [stack.enter_context(streamlit_server(checkpoints, port=p, log=logs / f"replica{i}.log", timeout=180,
+        yield [stack.enter_context(streamlit_server(checkpoints, port=p, log=logs / f"replica{i}{tag}.log", timeout=180,
                                                     args=SERVER_ARGS, env=env)) for i, p in enumerate(ports)]
 
 
@@ -219,8 +219,9 @@ def load(front, specs, args, big) -> dict:
     finally:
         peaks = [m.stop() for m in samplers]
     wall = time.monotonic() - t0
-    report["replicas"] = [{"pid": s.pid, "peak_rss_mb": round(p, 1), "cpu_s": round(cpu_seconds(s.pid) - c, 1)}
-                          for s, p, c in zip(servers, peaks, cpu0)]
+    report["replicas"] = [{"pid": s.pid, "peak_rss_mb": round(p, 1), "cpu_s": round(cpu_seconds(s.pid) - c, 1),
+                           "started_epoch": round(m.started_epoch, 1), "rss_timeline_mb": m.timeline}
+                          for s, p, c, m in zip(servers, peaks, cpu0, samplers)]
     report["clicks_per_s"] = round(report["clicks"] / wall, 2)
     return report
 
@@ -267,7 +268,7 @@ def run(args: argparse.Namespace) -> dict:
         report["sessions_per_replica"] = sessions_per_replica(work / "nginx" / "access.log", ports)
         if args.single:
             report["single"] = load(servers[0], specs, args, None)
-    with replicas(args.replicas, folder, shared, logs, secret, ports) as servers, \
+    with replicas(args.replicas, folder, shared, logs, secret, ports, tag="-restarted") as servers, \
             nginx(ports, work / "nginx2") as url:                    # both restarted: nothing in memory
         errors += link_errors(link, asyncio.run(open_link(url, link)), "after a restart")
     report["errors"] = errors

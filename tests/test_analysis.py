@@ -105,3 +105,27 @@ def test_encoding_scale_measures_the_bias_against_the_logits():
     assert A.encoding_scale(rpb, x) == {"enc_bias_ratio_L0": 0.0}
     assert A.encoding_scale(build_model(ViTConfig(img_size=(16, 16), patch_size=4, dim=32, depth=1, heads=2,
                                                   mlp_dim=32, encoding="ape")), x) == {}
+
+
+@pytest.mark.parametrize("encoding", ["sape2+ape", "rpb", "ape", "cope+ape"])
+def test_a_trace_compacted_as_it_is_gathered_equals_the_full_trace_compacted(encoding, monkeypatch):
+    """`trace_image(compact=True)` (what the app caches: each layer's float32 record let go as it is
+    converted, issue 47's memory) holds exactly `compact_trace(trace_image(...))`: float16 above the
+    threshold, float32 below it, bias parts included."""
+    torch.manual_seed(0)
+    cfg = ViTConfig(img_size=(64, 64), patch_size=8, dim=32, depth=3, heads=4, mlp_dim=64, encoding=encoding)
+    model = build_model(cfg).eval()
+    x = torch.randn(3, 64, 64)
+    full = A.trace_image(model, x)
+    for above in (0, A.trace_bytes(full)):               # compacted, and kept as it is
+        want = A.compact_trace(full, above=above)
+        monkeypatch.setattr(A, "COMPACT_ABOVE", above)
+        got = A.trace_image(model, x, compact=True)
+        assert got.attn.dtype == want.attn.dtype == (np.float16 if above == 0 else np.float32)
+        assert set(got.parts) == set(want.parts) and (got.bias is None) == (want.bias is None)
+        pairs = [(got.attn, want.attn), (got.bias, want.bias), *((got.parts[k], want.parts[k]) for k in want.parts)]
+        for a, b in pairs:
+            if b is not None:
+                assert a.dtype == b.dtype and a.shape == b.shape
+                np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(got.logits, want.logits)

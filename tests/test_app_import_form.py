@@ -347,3 +347,51 @@ def test_an_imported_models_link_opens_after_the_process_forgot_it_and_not_after
     shutil.rmtree(cache.disk_models().folder)                    # and the store on disk gone too
     gone = ok(run(link))
     assert any("is not on this server any more" in w.value for w in gone.warning), [w.value for w in gone.warning]
+
+
+def test_a_run_on_a_big_imported_model_takes_the_servers_one_turn_and_gives_it_back(monkeypatch):
+    """Issue 47: a run using a big imported model keeps it in memory after the budget evicted it, so
+    several runs on several such models held them all at once (a replica at 1.2 GiB). Such a run takes
+    the server's one turn (`cache.model_turns`) before it loads the model and gives it back when it ends;
+    a run that finds the turn held waits (here: past a short limit, and goes on without one)."""
+    import threading
+
+    from test_app import _small_vit, _timm_npz
+
+    from pages.common import cache
+    monkeypatch.setattr(cache, "BIG_MODEL_MB", 0)                # the test's small import counts as big
+    turns = cache.model_turns()
+    at = _form(ok(run({"page": "checkpoints"})), weights=("vit.npz", _timm_npz(_small_vit())))
+    name = _imported_name(at)
+    at.switch_page("pages/bias.py")      # AppTest runs the page file alone here: no app.py, no turns
+    at = ok(ok(at.run()).selectbox(key="bias_ckpt").set_value(name).run())
+    link = {"page": "bias", **{k: at.query_params[k] for k in ("ckpt", "model", "patch")}}
+    taken = turns.taken
+    at = ok(run(link))                   # a visitor opening the link: app.py's run, the model drawn
+    assert at.session_state["ckpt"] == name
+    assert turns.taken == taken + 1 and turns.waited == 0 and turns.timeouts == 0
+    with turns.scope():                                          # given back at the run's end: free now
+        assert turns.take() and turns.waited == 0
+
+    held, done = threading.Event(), threading.Event()
+
+    def other_visitor():
+        with turns.scope():
+            turns.take()
+            held.set()
+            done.wait(60)
+
+    t = threading.Thread(target=other_visitor)
+    t.start()
+    try:
+        assert held.wait(30)
+        monkeypatch.setattr(turns, "wait_s", 0.5)
+        at = ok(run(link))                   # another visitor on the link (AppTest's reruns skip app.py)
+        assert turns.waited == 1 and turns.timeouts == 1      # it waited, then drew the page anyway
+        assert at.session_state["ckpt"] == name
+        from pages.common import status                     # the sidebar's "Server status" says so
+        text = status.turns_text(turns)
+        assert "1 waited for" in text and "1 went on after 0 s without one" in text, text
+    finally:
+        done.set()
+        t.join(30)

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -107,21 +108,36 @@ class Trace:
 
 
 @torch.no_grad()
-def trace_image(model: ViT, image: Tensor) -> Trace:
-    """Run `image: (3, H_img, W_img)` (already normalised) through the trace path."""
+def trace_image(model: ViT, image: Tensor, compact: bool = False) -> Trace:
+    """Run `image: (3, H_img, W_img)` (already normalised) through the trace path. `compact`: the
+    trace the app keeps (`compact_trace`, the same values), each layer's maps converted as they are
+    gathered and its float32 record let go: a ViT-B/16's trace never whole in float32 twice over."""
     model.eval()
     rec: list[dict] = []
     logits = model(image[None].float(), trace=rec)
     grid = model.grid_for(image.shape[-2:])
-    attn = np.stack([t["attn"][0].float().numpy() for t in rec])
-    has_bias = rec[0]["bias"] is not None
+    shape = tuple(rec[0]["attn"].shape[1:])
+    names = list(rec[0]["parts"] or {})
+    float32_bytes = 4 * len(rec) * math.prod(shape) * (1 + (rec[0]["bias"] is not None)) + sum(
+        4 * len(rec) * math.prod(rec[0]["parts"][n].shape[1:]) for n in names)
+    dtype = np.float16 if compact and float32_bytes > COMPACT_ABOVE else np.float32
+
+    def gather(get) -> np.ndarray:           # (L, ...) in `dtype`, one layer at a time
+        out = None
+        for i, t in enumerate(rec):
+            layer = get(t).float().numpy()
+            if out is None:
+                out = np.empty((len(rec), *layer.shape), dtype)
+            out[i] = layer
+        return out
+
     bias = None
-    if has_bias:
-        bias = np.stack([t["bias"].expand_as(t["attn"])[0].float().numpy() for t in rec])
-    parts = {}
-    for name in rec[0]["parts"] or {}:
-        parts[name] = np.stack([t["parts"][name].expand(1, *t["parts"][name].shape[1:])[0].float().numpy()
-                                for t in rec])
+    if rec[0]["bias"] is not None:
+        bias = gather(lambda t: t["bias"].expand(1, *shape)[0])
+    parts = {n: gather(lambda t, n=n: t["parts"][n].expand(1, *t["parts"][n].shape[1:])[0]) for n in names}
+    for t in rec:                            # what is left of the float32 record: the attention
+        t["bias"] = t["parts"] = None
+    attn = gather(lambda t: t.pop("attn")[0])
     return Trace(grid, model.num_prefix, logits[0].numpy(), attn, bias, parts, tuple(model.prefix_names()))
 
 

@@ -44,13 +44,14 @@ from vitpe_core.gallery import gallery_image
 from vitpe_core.inputs import checkpoint_input, class_names, dataset_of, image_key, model_crop  # noqa: F401
 from vitpe_core.metrics import sanitize_metrics
 from vitpe_core.model import ViT
-from vitpe_core.store import LRUStore, ModelStore, default_model_dir
+from vitpe_core.store import LRUStore, ModelStore, default_model_dir, model_bytes
 from vitpe_core.swin.explore import SwinTrace, trace_image as swin_trace_image
+from vitpe_core.turns import Turns
 from vitpe_core.views import position_hooks
 
-# The server log says what the memory budget and the model store keep and evict (Streamlit's format;
-# the records still propagate, so tests' log capture sees them)
-for _name in ("vitpe_core.membudget", "vitpe_core.store"):
+# The server log says what the memory budget and the model store keep and evict, and which run waited for a
+# big model's turn (Streamlit's format; the records still propagate, so tests' log capture sees them)
+for _name in ("vitpe_core.membudget", "vitpe_core.store", "vitpe_core.turns"):
     if not hasattr(logging.getLogger(_name), "streamlit_console_handler"):
         logging.getLogger(_name).setLevel(logging.INFO)
         setup_formatter(logging.getLogger(_name))
@@ -176,6 +177,7 @@ def load_model(ref: ModelRef) -> Checkpoint:
     the store; raises `CheckpointError` (a ValueError) once the store has evicted it."""
     if ref.is_file:
         return _load_file(ref.key, ref.mtime_ns)
+    take_turn(ref.key)
     ckpt = stored_model(ref.key)
     if ckpt is None:
         raise ModelEvicted(f"{ref.key[:12]}…")
@@ -256,6 +258,26 @@ def stored_model(sha: str) -> Checkpoint | None:
     return ckpt
 
 
+BIG_MODEL_MB = 32      # an imported model this big takes a turn: one run at a time loads or uses one
+
+
+@st.cache_resource
+def model_turns() -> Turns:
+    """The server's turns for big imported models (`vitpe_core.turns`; app.py gives a run's back at its end)."""
+    return Turns(slots=1)
+
+
+def take_turn(sha: str) -> None:
+    """This run's turn before it loads or uses the imported model `sha`, when that is big: a model in use
+    stays in memory after the budget evicted it, so two runs on two such models held both."""
+    nbytes = disk_models().file_bytes(sha)
+    if not nbytes and (held := model_store().get(sha)) is not None:
+        nbytes = model_bytes(held.model)
+    if nbytes >= BIG_MODEL_MB * 2**20:
+        model_turns().take(f"imported model {sha[:12]}",
+                           on_wait=lambda: _spinner("Another visitor's large model is in use; yours comes next…"))
+
+
 def keep_on_disk(sha: str, ckpt: Checkpoint) -> str | None:
     """Write an imported model to the disk store (in its file's precision); a note if it could not be kept."""
     import torch
@@ -296,6 +318,7 @@ def open_shared_model(name: str, sha: str) -> tuple[str | None, list[str]]:
     for n, s in mine.items():
         if s == sha:
             return n, []
+    take_turn(sha)
     ckpt = stored_model(sha)
     if ckpt is None:
         return None, [f"The imported model of this link ({name[:40]}, {sha[:12]}…) is not on this server any more: "
@@ -328,7 +351,7 @@ def _trace(ref: ModelRef, key: str, _img: Image.Image | None) -> analysis.Trace:
     ckpt = load_model(ref)
     img = _img if _img is not None else gallery_image(key)
     x = checkpoint_input(img, ckpt)
-    return analysis.compact_trace(analysis.trace_image(ckpt.model, x))
+    return analysis.trace_image(ckpt.model, x, compact=True)
 
 
 def trace(name: str, key: str, img: Image.Image | None = None) -> analysis.Trace:

@@ -32,6 +32,7 @@ def render() -> None:
         st.caption(f"Live sessions: {n if n is not None else 'unknown (no Streamlit runtime)'}.")
         models = cache.model_store()
         st.caption(f"Imported models held: {len(models)} of {models.max_items}, {models.bytes / 2**20:.1f} MiB.")
+        st.caption(turns_text(cache.model_turns()))
         st.caption(budget_text(*cache.budget_sizes()))
 
 
@@ -45,3 +46,10 @@ def budget_text(held: int, limit: int, pools: dict[str, dict[str, int]]) -> str:
             lines.append(f"- {name}: {p['bytes'] / 2**20:.1f} MiB in {p['entries']} entr"
                          f"{'y' if p['entries'] == 1 else 'ies'}, {p['evictions']} evicted")
     return "  \n".join(lines)
+
+
+def turns_text(turns) -> str:
+    """How the runs on big imported models took turns (`vitpe_core.turns`), as the panel says it."""
+    return (f"Big imported models (≥ {cache.BIG_MODEL_MB} MiB) take turns, {turns.slots} run at a time: "
+            f"{turns.taken} turn(s) taken, {turns.waited} waited for"
+            + (f", {turns.timeouts} went on after {turns.wait_s:.0f} s without one." if turns.timeouts else "."))
