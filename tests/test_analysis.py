@@ -129,3 +129,13 @@ def test_a_trace_compacted_as_it_is_gathered_equals_the_full_trace_compacted(enc
                 assert a.dtype == b.dtype and a.shape == b.shape
                 np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(got.logits, want.logits)
+
+
+@pytest.mark.parametrize("encoding", ["sape2+ape", "sape2", "rpb", "ape", "cope+ape", "rope_mixed", "none"])
+def test_trace_room_covers_the_float32_record_and_the_kept_maps(encoding):
+    """`trace_room`, the budget room the app makes before tracing a big model, bounds what the trace
+    holds in float32 while it is made (its record, then the maps kept: twice the full trace)."""
+    cfg = ViTConfig(img_size=(48, 64), patch_size=8, dim=32, depth=2, heads=4, mlp_dim=64, encoding=encoding)
+    model = build_model(cfg).eval()
+    full = A.trace_image(model, torch.randn(3, 48, 64))
+    assert 2 * A.trace_bytes(full) <= A.trace_room(model, (48, 64)) <= 8 * A.trace_bytes(full)

@@ -351,7 +351,17 @@ def _trace(ref: ModelRef, key: str, _img: Image.Image | None) -> analysis.Trace:
     ckpt = load_model(ref)
     img = _img if _img is not None else gallery_image(key)
     x = checkpoint_input(img, ckpt)
-    return analysis.trace_image(ckpt.model, x, compact=True)
+    with traced_room(ckpt.model, x):
+        return analysis.trace_image(ckpt.model, x, compact=True)
+
+
+def traced_room(model, x):
+    """Room in the memory budget while a big model traces `x` (`analysis.trace_room`), made before it
+    runs, so that its float32 record comes out of the budget, not on top of it; nothing for a small one."""
+    room = analysis.trace_room(model, tuple(x.shape[-2:]))
+    if room <= 2 * analysis.COMPACT_ABOVE:
+        return contextlib.nullcontext()
+    return membudget.shared().reserve(min(room, membudget.shared().max_bytes // 2), "tracing a big model")
 
 
 def trace(name: str, key: str, img: Image.Image | None = None) -> analysis.Trace:

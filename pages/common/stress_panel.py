@@ -86,7 +86,8 @@ def _transformed(ref: cache.ModelRef, key: str, size: tuple[int, int], shift: tu
     ckpt = cache.load_model(ref)
     x = checkpoint_input(_img if _img is not None else gallery_image(key), ckpt)
     x = stress.transform_input(x, stress.Transform(size, shift, fill))
-    return analysis.trace_image(ckpt.model, x, compact=True), stress.input_rgb(x, *stress.input_norm(ckpt))
+    with cache.traced_room(ckpt.model, x):
+        return analysis.trace_image(ckpt.model, x, compact=True), stress.input_rgb(x, *stress.input_norm(ckpt))
 
 
 def transformed(name: str, key: str, tf: stress.Transform, img: Image.Image | None = None):
