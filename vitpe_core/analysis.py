@@ -145,14 +145,16 @@ COMPACT_ABOVE = 4 * 2**20   # a trace whose maps take more (a 224-px model's: 21
 
 
 def trace_room(model: ViT, image_hw: tuple[int, int]) -> int:
-    """Memory `trace_image(compact=True)` takes while it runs, at most: the float32 record of every
-    layer's maps (the attention; with a bias, the bias and up to two parts: SaPE²'s x and y) and the
-    maps kept. Measured for a ViT-B/16 at 224 px: 55 MB with a learned table (this says 44 MB), 150 MB
-    with SaPE² (170 MB). What the app makes room for in its memory budget before tracing a big model."""
+    """Memory `trace_image(compact=True)` takes while it runs, about: twice the float32 record of
+    every layer's maps (the attention; with a bias, the bias and up to two parts: SaPE²'s x and y),
+    and a layer's attention-sized temporaries. For a ViT-B/16 at 224 px this says 60 MB with a
+    learned table and 194 MB with SaPE² + APE; `python -m benchmarks.trace_memory` measured 53–61
+    and 152–155 MB. What the app makes room for in its memory budget before tracing a big model."""
     H, W = model.grid_for(image_hw)
     tokens = model.num_prefix + H * W
     maps = 4 if "bias" in model.pos_enc.hooks else 1
-    return 2 * 4 * model.cfg.depth * model.cfg.heads * tokens * tokens * maps
+    layer = 4 * model.cfg.heads * tokens * tokens
+    return 2 * model.cfg.depth * layer * maps + 8 * layer
 
 
 def trace_bytes(trace: Trace) -> int:
