@@ -8,6 +8,7 @@ import torch
 from vitpe_core import ViTConfig, build_model
 from vitpe_core import analysis as A
 from vitpe_core.encodings.absolute import sincos_2d_table
+from vitpe_core.encodings.grid import grid_coords
 
 
 def test_spearman_matches_definition():
@@ -139,3 +140,21 @@ def test_trace_room_covers_the_float32_record_and_the_kept_maps(encoding):
     model = build_model(cfg).eval()
     full = A.trace_image(model, torch.randn(3, 48, 64))
     assert 2 * A.trace_bytes(full) <= A.trace_room(model, (48, 64)) <= 8 * A.trace_bytes(full)
+
+
+@pytest.mark.parametrize("encoding", ["sape2+ape", "ape"])
+def test_attention_stats_layer_by_layer_equal_the_whole_trace_formulas(encoding):
+    """`attention_stats` goes one layer at a time (issue 47's memory); its values are the formulas'
+    over the whole trace, for float32 and float16 (compact) traces."""
+    cfg = ViTConfig(img_size=(32, 40), patch_size=8, dim=32, depth=3, heads=2, mlp_dim=48, encoding=encoding)
+    full = A.trace_image(build_model(cfg).eval(), torch.randn(3, 32, 40))
+    for tr in (full, A.compact_trace(full, above=0)):
+        P, attn = tr.num_prefix, np.asarray(tr.attn, dtype=np.float32)
+        r, c = (x.numpy() for x in grid_coords(tr.grid))
+        dist = np.sqrt((r[:, None] - r[None]) ** 2 + (c[:, None] - c[None]) ** 2)
+        a = attn[:, :, P:, P:] / np.clip(attn[:, :, P:, P:].sum(-1, keepdims=True), 1e-12, None)
+        rows = np.clip(attn[:, :, P:, :], 1e-12, None)
+        got = A.attention_stats(tr)
+        np.testing.assert_allclose(got["mean_distance"], (a * dist).sum(-1).mean(-1), rtol=1e-6)
+        np.testing.assert_allclose(got["entropy"], -(rows * np.log(rows)).sum(-1).mean(-1), rtol=1e-6)
+        assert got["mean_distance"].shape == got["entropy"].shape == (3, 2)

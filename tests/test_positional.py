@@ -246,3 +246,23 @@ def test_rollout_maps_for_any_prefix_on_a_non_square_grid(cfg, names):
         assert m.sum() + prefix == pytest.approx(1.0)
         assert (prefix == 0.0) == (P == 0)
         np.testing.assert_array_equal(Pos.rollout_row(full, GRID, P, token)[0], m)
+
+
+@pytest.mark.parametrize("encoding", ["sape2+ape", "ape"])
+def test_analyze_takes_its_attention_statistics_layer_by_layer_as_from_all_layers_at_once(encoding):
+    """`analyze`'s mean distance and entropy, computed one layer at a time (issue 47: a ViT-B/16's
+    whole-trace temporaries were the big memory walk's peak), equal the whole-trace formulas."""
+    from vitpe_core.checkpoint import Checkpoint
+    model = build_model(ViTConfig(img_size=(32, 40), patch_size=8, dim=32, depth=3, heads=2, mlp_dim=32,
+                                  encoding=encoding)).eval()
+    ckpt = Checkpoint(model=model, config=model.cfg, name="t")
+    _, arrays = Pos.analyze(ckpt)
+    images, grid, P = Pos.image_set(ckpt), model.grid_for((32, 40)), model.num_prefix
+    with torch.no_grad():
+        rec: list[dict] = []
+        model(images, trace=rec)
+    attn = np.stack([t["attn"].float().numpy() for t in rec], 1)                # (b, L, h, T, T)
+    rows = np.clip(attn[..., P:, :], 1e-12, None)
+    np.testing.assert_allclose(arrays["mean_distance"], Pos.mean_attention_distance(attn, grid, P).mean(0),
+                               rtol=1e-6)
+    np.testing.assert_allclose(arrays["entropy"], (-(rows * np.log(rows)).sum(-1).mean(-1)).mean(0), rtol=1e-6)

@@ -215,13 +215,15 @@ def attention_stats(trace: Trace) -> dict[str, np.ndarray]:
     P = trace.num_prefix
     r, c = (x.numpy() for x in grid_coords(trace.grid))
     dist = np.sqrt((r[:, None] - r[None]) ** 2 + (c[:, None] - c[None]) ** 2)   # (N, N)
-    attn = np.asarray(trace.attn, dtype=np.float32)                            # (L, h, T, T); float16 traces
-    a = attn[:, :, P:, P:]                                                     # (L, h, N, N)
-    a = a / np.clip(a.sum(-1, keepdims=True), 1e-12, None)
-    mean_distance = (a * dist).sum(-1).mean(-1)                                # (L, h)
-    full = np.clip(attn[:, :, P:, :], 1e-12, None)                             # (L, h, N, T)
-    entropy = -(full * np.log(full)).sum(-1).mean(-1)                          # (L, h)
-    return {"mean_distance": mean_distance, "entropy": entropy}
+    mean_distance, entropy = [], []
+    for layer in trace.attn:       # one layer's temporaries at a time (a ViT-B/16's whole trace: 22 MB each)
+        attn = np.asarray(layer, dtype=np.float32)                             # (h, T, T); float16 traces
+        a = attn[:, P:, P:]                                                    # (h, N, N)
+        a = a / np.clip(a.sum(-1, keepdims=True), 1e-12, None)
+        mean_distance.append((a * dist).sum(-1).mean(-1))                      # (h,)
+        full = np.clip(attn[:, P:, :], 1e-12, None)                            # (h, N, T)
+        entropy.append(-(full * np.log(full)).sum(-1).mean(-1))                # (h,)
+    return {"mean_distance": np.stack(mean_distance), "entropy": np.stack(entropy)}   # (L, h) each
 
 
 @torch.no_grad()

@@ -285,10 +285,16 @@ def analyze(ckpt, progress: bool = False) -> tuple[dict, dict[str, np.ndarray]]:
     grid, distances, entropies = model.grid_for(images.shape[-2:]), [], []
 
     def attention_stats(rec: list[dict]) -> None:
-        attn = np.stack([t["attn"].float().numpy() for t in rec], 1)              # (b, L, h, T, T)
-        distances.append(mean_attention_distance(attn, grid, model.num_prefix))       # (b, L, h)
-        rows = np.clip(attn[..., model.num_prefix:, :], 1e-12, None)
-        entropies.append(-(rows * np.log(rows)).sum(-1).mean(-1))                # (b, L, h)
+        # One layer at a time: the temporaries are a layer's (b, h, T, T), not all layers' (a ViT-B/16's
+        # five 22 MB copies made the compare page the big memory walk's peak, issue 47).
+        dist, ent = [], []
+        for t in rec:
+            attn = t["attn"].float().numpy()                                     # (b, h, T, T)
+            dist.append(mean_attention_distance(attn, grid, model.num_prefix))  # (b, h)
+            rows = np.clip(attn[..., model.num_prefix:, :], 1e-12, None)
+            ent.append(-(rows * np.log(rows)).sum(-1).mean(-1))                 # (b, h)
+        distances.append(np.stack(dist, 1))                                      # (b, L, h)
+        entropies.append(np.stack(ent, 1))
 
     kern = position_kernels(model, images, on_trace=attention_stats, chunk=_chunk(model, grid),
                             progress=f"{ckpt.name}: {len(images)} images" if progress else None)
