@@ -48,7 +48,8 @@ ENV_VAR = "VITPE_CACHE_MB"
 #             shipped checkpoints (51 MiB), one ViT-B/16 and its float16 traces (11–42 MiB each);
 #             the next import evicts the least recently used. 360 leaves a margin.
 # Measured (`python -m benchmarks.memory_walk --big --images 60 --shape b16 --limit-mb 0`, two
-# ViT-B/16 imports, 60 images; RELIABILITY.md "Deploy"): peak 885 MiB at 360, 915 MiB at 400.
+# ViT-B/16 imports, 60 images; RELIABILITY.md "Deploy"): peak 885 MiB at 360, 915 MiB at 400; since
+# the attention statistics go one layer at a time (2026-12-05), 830–835 MiB at 360.
 DEFAULT_CACHE_MB = 360
 
 
