@@ -51,9 +51,9 @@ def main() -> None:
     prefetch = warmup.prefetch_frontend()   # a session's first run: the browser loads Plotly's code meanwhile
     warmup.wait_visibly()
     import pandas  # noqa: F401
-    from pages.common import cache, status, viewsync
+    from pages.common import cache, imported, status, viewsync
 
-    with cache.model_turns().scope():    # a big imported model's turn, taken in the run, is given back at its end
+    with imported.model_turns().scope():  # a big imported model's turn, taken in the run, is given back at its end
         viewsync.open_link_model()      # a link's imported model joins this session's list first
         with st.sidebar:
             root = cache.checkpoint_root()

@@ -302,7 +302,7 @@ def test_a_model_evicted_while_its_page_is_drawn_gets_a_message_not_a_traceback(
     "no checkpoint named 'loadb16-s6-upload'" as a traceback. The router now says what happened."""
     from test_app import _small_vit, _timm_npz
 
-    from pages.common import cache
+    from pages.common import cache, imported
     at = _form(ok(run({"page": "checkpoints"})), weights=("vit.npz", _timm_npz(_small_vit())))
     name = _imported_name(at)
     real_trace = cache.trace
@@ -310,8 +310,8 @@ def test_a_model_evicted_while_its_page_is_drawn_gets_a_message_not_a_traceback(
     def trace_then_evict(*args, **kwargs):      # the page has its checkpoint; then the stores lose it
         import shutil
         out = real_trace(*args, **kwargs)
-        cache.model_store().budget.clear()
-        shutil.rmtree(cache.disk_models().folder)   # from memory and from disk (issue 47's store)
+        imported.model_store().budget.clear()
+        shutil.rmtree(imported.disk_models().folder)   # from memory and from disk (issue 47's store)
         return out
 
     monkeypatch.setattr(cache, "trace", trace_then_evict)
@@ -331,20 +331,20 @@ def test_an_imported_models_link_opens_after_the_process_forgot_it_and_not_after
 
     from test_app import _small_vit, _timm_npz
 
-    from pages.common import cache
+    from pages.common import imported
     from vitpe_core import membudget
     at = _form(ok(run({"page": "checkpoints"})), weights=("vit.npz", _timm_npz(_small_vit())))
     name = _imported_name(at)
     at.switch_page("pages/bias.py")
     at = ok(ok(at.run()).selectbox(key="bias_ckpt").set_value(name).run())
     link = {"page": "bias", **{k: at.query_params[k] for k in ("ckpt", "model", "patch")}}
-    assert cache.disk_models().size()[0] == 1
+    assert imported.disk_models().size()[0] == 1
     membudget.shared().clear()                                   # a restart: nothing in memory
     other = ok(run(link))
     assert other.session_state["ckpt"] == name and not other.warning, [w.value for w in other.warning]
     assert other.query_params["model"] == link["model"]
     membudget.shared().clear()
-    shutil.rmtree(cache.disk_models().folder)                    # and the store on disk gone too
+    shutil.rmtree(imported.disk_models().folder)                    # and the store on disk gone too
     gone = ok(run(link))
     assert any("is not on this server any more" in w.value for w in gone.warning), [w.value for w in gone.warning]
 
@@ -352,15 +352,15 @@ def test_an_imported_models_link_opens_after_the_process_forgot_it_and_not_after
 def test_a_run_on_a_big_imported_model_takes_the_servers_one_turn_and_gives_it_back(monkeypatch):
     """Issue 47: a run using a big imported model keeps it in memory after the budget evicted it, so
     several runs on several such models held them all at once (a replica at 1.2 GiB). Such a run takes
-    the server's one turn (`cache.model_turns`) before it loads the model and gives it back when it ends;
+    the server's one turn (`imported.model_turns`) before it loads the model and gives it back when it ends;
     a run that finds the turn held waits (here: past a short limit, and goes on without one)."""
     import threading
 
     from test_app import _small_vit, _timm_npz
 
-    from pages.common import cache
-    monkeypatch.setattr(cache, "BIG_MODEL_MB", 0)                # the test's small import counts as big
-    turns = cache.model_turns()
+    from pages.common import imported
+    monkeypatch.setattr(imported, "BIG_MODEL_MB", 0)             # the test's small import counts as big
+    turns = imported.model_turns()
     at = _form(ok(run({"page": "checkpoints"})), weights=("vit.npz", _timm_npz(_small_vit())))
     name = _imported_name(at)
     at.switch_page("pages/bias.py")      # AppTest runs the page file alone here: no app.py, no turns

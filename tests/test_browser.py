@@ -361,7 +361,7 @@ def test_model_file_over_the_uploaders_limit_is_refused_in_the_browser(page, app
     error icon and a visually hidden alert for screen readers. The script never sees the
     file, so the app cannot add a message of its own (no Import button, no st.error); the
     limit is stated beforehand in the expander's caption."""
-    from pages.common.cache import MAX_MODEL_UPLOAD_MB
+    from pages.common.imported import MAX_MODEL_UPLOAD_MB
 
     big = tmp_path / "too_big.safetensors"
     with open(big, "wb") as f:

@@ -108,14 +108,14 @@ def test_each_cache_evicts_by_bytes_against_the_one_budget(budget, label):
 def test_imported_models_and_checkpoints_share_the_budget_with_traces(budget):
     """A model put in the imported-model store evicts the least recently used traces and
     checkpoints; a trace computed later evicts the least recently used model."""
-    from pages.common import cache
+    from pages.common import cache, imported
     from vitpe_core.store import model_bytes
     key = gallery_ids()[0]
     for name in ("ape", "rpb", "sape2+ape"):
         cache.trace(name, key)
     ckpt = cache.get_checkpoint("ape")
     size = model_bytes(ckpt.model)
-    store = cache.model_store()
+    store = imported.model_store()
     assert store.budget is budget
     budget.resize(budget.total + size // 2)             # no room for the model without evictions
     traces = cache._trace.pool
@@ -149,7 +149,7 @@ def test_a_big_models_trace_is_kept_in_float16_and_read_as_float32(budget):
     """A 224-px-sized trace (12 layers × 12 heads × 197²) is stored in float16, half its float32
     bytes; the page's per-patch maps come out float32 and equal the full trace's to float16
     precision; `attention_stats` and rollout read it."""
-    from pages.common import cache
+    from pages.common import cache, imported
     from vitpe_core.checkpoint import Checkpoint
     from vitpe_core.config import preset_config
     from vitpe_core.model import build_model
@@ -158,7 +158,7 @@ def test_a_big_models_trace_is_kept_in_float16_and_read_as_float32(budget):
     model = build_model(cfg).eval()
     ckpt = Checkpoint(model, cfg, {}, {}, "big-upload")
     from vitpe_core.store import model_bytes
-    cache.model_store().put("b" * 64, ckpt, model_bytes(model))
+    imported.model_store().put("b" * 64, ckpt, model_bytes(model))
     ref = cache.ModelRef("imported", "b" * 64)
     key = gallery_ids()[0]
     tr = cache._trace(ref, key, None)

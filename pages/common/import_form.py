@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from . import cache, model_import
+from . import cache, imported, model_import
 from .messages import show_notes
 
 RESULT = "_vitpe_import_result"   # (page, name or None, notes, error or None) of the callback's import
@@ -128,7 +128,7 @@ def model_import_form(page: str) -> str | None:
     name it got, or None. Errors and the importer's notes are shown on the page."""
     from vitpe_core.importers import FAMILIES
 
-    gone = st.session_state.pop(cache.MODELS_GONE, None)
+    gone = st.session_state.pop(imported.MODELS_GONE, None)
     if gone:
         st.warning(f"Removed from your list to make room on the server: {', '.join(gone)}. Upload again to use them.")
     result = st.session_state.pop(RESULT, None)
@@ -140,13 +140,14 @@ def model_import_form(page: str) -> str | None:
     # how it first opens.
     with st.expander("Import your own ViT (timm, DeiT, BEiT, Swin, DINOv2/v3, CLIP, SigLIP, Hugging Face, RoPE-ViT)",
                      expanded=result is not None, key=f"{page}_model_form"):
-        st.caption(f"Weights as .safetensors, .npz or a weights-only .pth/.bin, up to {cache.MAX_MODEL_UPLOAD_MB} MB; "
-                   "read without running code. The model joins every page's checkpoint list for this browser "
-                   f"session only (at most {cache.MAX_SESSION_MODELS}, counted as \"imported in this session\"); it "
-                   "is not written to disk. From a shell, `python -m vitpe_core import FILE --out "
-                   "checkpoints/NAME.safetensors` keeps it for good.")
+        st.caption(f"Weights as .safetensors, .npz or a weights-only .pth/.bin, up to {imported.MAX_MODEL_UPLOAD_MB} "
+                   "MB; read without running code. The model joins every page's checkpoint list for this browser "
+                   f"session only (at most {imported.MAX_SESSION_MODELS}, counted as \"imported in this session\"); "
+                   "the server keeps a copy in its model store while there is room, so a share link opens it for "
+                   "others. From a shell, `python -m vitpe_core import FILE --out checkpoints/NAME.safetensors` "
+                   "keeps it for good.")
         up = st.file_uploader("Weights file", type=[s[1:] for s in cache.TIMM_SUFFIXES], key=f"{page}_model_upload",
-                              max_upload_size=cache.MAX_MODEL_UPLOAD_MB)
+                              max_upload_size=imported.MAX_MODEL_UPLOAD_MB)
         st.file_uploader("config.json saved beside the weights (Hugging Face or timm; needed for Swin)", type=["json"],
                          key=f"{page}_model_config", max_upload_size=1,
                          help="It says what the weights do not: heads, windows, activation, read-out, image size.")

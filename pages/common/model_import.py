@@ -2,7 +2,7 @@
 file (with, optionally, the `config.json` its library saved beside it and a file naming its
 classes), or a Hugging Face hub id downloaded through `huggingface_hub` where a network exists.
 
-The model's key in `cache.model_store` is the sha256 of what decides it: the weights, the
+The model's key in `imported.model_store` is the sha256 of what decides it: the weights, the
 config, the class names and the activation asked for (the same weights with another config are
 another model). Errors are `CheckpointError`s naming the visitor's files (never a temporary
 file) and what to do; the import form shows them.
@@ -22,7 +22,8 @@ from vitpe_core import membudget
 from vitpe_core.checkpoint import Checkpoint, CheckpointError
 from vitpe_core.metrics import sanitize_metrics
 
-from .cache import TIMM_SUFFIXES, _list_in_session, keep_on_disk, model_store, stored_model, uploaded_models
+from .cache import TIMM_SUFFIXES
+from .imported import _list_in_session, keep_on_disk, model_store, stored_model, uploaded_models
 
 MAX_CONFIG_BYTES = 2**20          # a config.json is a few kB
 MAX_HUB_MB = 400                  # a hub download held in memory: a ViT-B/16 in float32 (346 MB) fits
@@ -236,7 +237,7 @@ def upload_name(filename: str, config: dict[str, Any] | None, family: str) -> st
     model is: `config.json`'s `model_type` (Hugging Face) or `architecture` (timm), else the
     imported family, with the folder the config names (`_name_or_path`) or else the file's stem:
     `swinv2-model-upload`, `beit-pytorch_model-upload`. Safe as a file name and in a URL
-    (`_safe_name`); `cache._list_in_session` keeps it unique in the session."""
+    (`_safe_name`); `imported._list_in_session` keeps it unique in the session."""
     stem = _safe_name(Path(filename).stem)
     if stem.strip("_") and not GENERIC_STEM.fullmatch(stem):
         return f"{stem[:NAME_CHARS]}-upload"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from . import cache, upload_store
+from . import cache, imported, upload_store
 
 
 def live_sessions() -> int | None:
@@ -30,9 +30,9 @@ def render() -> None:
                    f"(least recently used out) in `{store.folder}`.")
         n = live_sessions()
         st.caption(f"Live sessions: {n if n is not None else 'unknown (no Streamlit runtime)'}.")
-        models = cache.model_store()
+        models = imported.model_store()
         st.caption(f"Imported models held: {len(models)} of {models.max_items}, {models.bytes / 2**20:.1f} MiB.")
-        st.caption(turns_text(cache.model_turns()))
+        st.caption(turns_text(imported.model_turns()))
         st.caption(budget_text(*cache.budget_sizes()))
 
 
@@ -50,6 +50,6 @@ def budget_text(held: int, limit: int, pools: dict[str, dict[str, int]]) -> str:
 
 def turns_text(turns) -> str:
     """How the runs on big imported models took turns (`vitpe_core.turns`), as the panel says it."""
-    return (f"Big imported models (≥ {cache.BIG_MODEL_MB} MiB) take turns, {turns.slots} run at a time: "
+    return (f"Big imported models (≥ {imported.BIG_MODEL_MB} MiB) take turns, {turns.slots} run at a time: "
             f"{turns.taken} turn(s) taken, {turns.waited} waited for"
             + (f", {turns.timeouts} went on after {turns.wait_s:.0f} s without one." if turns.timeouts else "."))

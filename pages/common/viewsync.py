@@ -34,7 +34,7 @@ from vitpe_core.gallery import gallery_ids
 from vitpe_core.viewstate import (FINAL_EPOCH, KEYS, MEAN_HEAD, NATIVE_SIZE, PAGES, STRESS_KEYS, UPLOAD_PREFIX,
                                   StressLimits, ViewState, is_model_id, is_upload_id, parse_view, to_query)
 
-from . import cache, upload_store
+from . import cache, imported, upload_store
 from .messages import show_notes
 
 VIEW_KEYS = ("ckpt", "image", "patch", "layer", "head", "epoch", *STRESS_KEYS, "show")
@@ -162,7 +162,7 @@ def current_view(page: str, checkpoints: Sequence[str], *,
                      "instead; upload the photo again to share it.")
         view = ViewState(**{**view.__dict__, "image": images[0] if images else ""})
     show_notes([*st.session_state.pop(LINK_MODEL_NOTES, []), *notes])
-    view = ViewState(**{**view.__dict__, "page": page, "model": cache.uploaded_models().get(view.ckpt, "")})
+    view = ViewState(**{**view.__dict__, "page": page, "model": imported.uploaded_models().get(view.ckpt, "")})
     commit(view)
     return view
 
@@ -178,7 +178,7 @@ def open_link_model() -> None:
     sha = qp.get("model", "")
     if not is_model_id(sha):
         return
-    name, notes = cache.open_shared_model(str(qp.get("ckpt", "")), sha)
+    name, notes = imported.open_shared_model(str(qp.get("ckpt", "")), sha)
     if name is None:
         del qp["ckpt"]                  # the note says why: the default checkpoint, without a second note
         ss[LINK_MODEL_NOTES] = notes
