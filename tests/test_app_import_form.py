@@ -353,8 +353,7 @@ def test_a_run_on_a_big_imported_model_takes_the_servers_one_turn_and_gives_it_b
     """Issue 47: a run using a big imported model keeps it in memory after the budget evicted it, so
     several runs on several such models held them all at once (a replica at 1.2 GiB). Such a run takes
     the server's one turn (`imported.model_turns`) before it loads the model and gives it back when it ends;
-    a run on the same model shares the turn; a run that finds it held for another model waits (here:
-    past a short limit, and goes on without one)."""
+    a run that finds the turn held waits (here: past a short limit, and goes on without one)."""
     import threading
 
     from test_app import _small_vit, _timm_npz
@@ -372,31 +371,21 @@ def test_a_run_on_a_big_imported_model_takes_the_servers_one_turn_and_gives_it_b
     assert at.session_state["ckpt"] == name
     assert turns.taken == taken + 1 and turns.waited == 0 and turns.timeouts == 0
     with turns.scope():                                          # given back at the run's end: free now
-        assert turns.take("another visitor's model") and turns.waited == 0
+        assert turns.take() and turns.waited == 0
 
-    def other_visitor(model, held, done):
+    held, done = threading.Event(), threading.Event()
+
+    def other_visitor():
         with turns.scope():
-            turns.take(model)
+            turns.take()
             held.set()
             done.wait(60)
 
-    monkeypatch.setattr(turns, "wait_s", 0.5)
-    held, done = threading.Event(), threading.Event()
-    t = threading.Thread(target=other_visitor, args=(link["model"], held, done))
-    t.start()                            # a visitor on the same model: the link's run shares its turn
-    try:
-        assert held.wait(30)
-        at = ok(run(link))
-        assert turns.waited == 0 and at.session_state["ckpt"] == name
-    finally:
-        done.set()
-        t.join(30)
-
-    held, done = threading.Event(), threading.Event()
-    t = threading.Thread(target=other_visitor, args=("another visitor's model", held, done))
+    t = threading.Thread(target=other_visitor)
     t.start()
     try:
         assert held.wait(30)
+        monkeypatch.setattr(turns, "wait_s", 0.5)
         at = ok(run(link))                   # another visitor on the link (AppTest's reruns skip app.py)
         assert turns.waited == 1 and turns.timeouts == 1      # it waited, then drew the page anyway
         assert at.session_state["ckpt"] == name

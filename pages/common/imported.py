@@ -70,7 +70,7 @@ def stored_model(sha: str) -> Checkpoint | None:
     return ckpt
 
 
-BIG_MODEL_MB = 32      # an imported model this big takes a turn: one such model in use at a time
+BIG_MODEL_MB = 32      # an imported model this big takes a turn: one run at a time loads or uses one
 
 
 @st.cache_resource
@@ -81,14 +81,13 @@ def model_turns() -> Turns:
 
 def take_turn(sha: str) -> None:
     """This run's turn before it loads or uses the imported model `sha`, when that is big: a model in use
-    stays in memory after the budget evicted it, so two runs on two such models held both. Runs on the
-    same model share its turn."""
+    stays in memory after the budget evicted it, so two runs on two such models held both."""
     nbytes = disk_models().file_bytes(sha)
     if not nbytes and (held := model_store().get(sha)) is not None:
         nbytes = model_bytes(held.model)
     if nbytes >= BIG_MODEL_MB * 2**20:
         from .cache import _spinner
-        model_turns().take(sha, f"imported model {sha[:12]}",
+        model_turns().take(f"imported model {sha[:12]}",
                            on_wait=lambda: _spinner("Another visitor's large model is in use; yours comes next…"))
 
 

@@ -50,7 +50,6 @@ def budget_text(held: int, limit: int, pools: dict[str, dict[str, int]]) -> str:
 
 def turns_text(turns) -> str:
     """How the runs on big imported models took turns (`vitpe_core.turns`), as the panel says it."""
-    return (f"Big imported models (≥ {imported.BIG_MODEL_MB} MiB) take turns, {turns.slots} in use at a time, "
-            "shared by every visitor of it: "
+    return (f"Big imported models (≥ {imported.BIG_MODEL_MB} MiB) take turns, {turns.slots} run at a time: "
             f"{turns.taken} turn(s) taken, {turns.waited} waited for"
             + (f", {turns.timeouts} went on after {turns.wait_s:.0f} s without one." if turns.timeouts else "."))
