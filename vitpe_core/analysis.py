@@ -21,6 +21,7 @@ from torch import Tensor
 from .encodings.base import Grid
 from .encodings.grid import grid_coords
 from .model import ViT
+from .positional import attention_entropy, mean_attention_distance
 
 
 # ----------------------------------------------------------------------------- tables
@@ -212,17 +213,11 @@ def attention_stats(trace: Trace) -> dict[str, np.ndarray]:
     from each patch query to the patches it attends to (attention renormalised over patch
     keys), averaged over queries; `entropy` — entropy in nats of each query's full
     attention row, averaged over patch queries."""
-    P = trace.num_prefix
-    r, c = (x.numpy() for x in grid_coords(trace.grid))
-    dist = np.sqrt((r[:, None] - r[None]) ** 2 + (c[:, None] - c[None]) ** 2)   # (N, N)
     mean_distance, entropy = [], []
     for layer in trace.attn:       # one layer's temporaries at a time (a ViT-B/16's whole trace: 22 MB each)
         attn = np.asarray(layer, dtype=np.float32)                             # (h, T, T); float16 traces
-        a = attn[:, P:, P:]                                                    # (h, N, N)
-        a = a / np.clip(a.sum(-1, keepdims=True), 1e-12, None)
-        mean_distance.append((a * dist).sum(-1).mean(-1))                      # (h,)
-        full = np.clip(attn[:, P:, :], 1e-12, None)                            # (h, N, T)
-        entropy.append(-(full * np.log(full)).sum(-1).mean(-1))                # (h,)
+        mean_distance.append(mean_attention_distance(attn, trace.grid, trace.num_prefix))   # (h,)
+        entropy.append(attention_entropy(attn, trace.num_prefix))
     return {"mean_distance": np.stack(mean_distance), "entropy": np.stack(entropy)}   # (L, h) each
 
 

@@ -216,6 +216,13 @@ def mean_attention_distance(attn: np.ndarray, grid: Grid, num_prefix: int) -> np
     return (a * dist).sum(-1).mean(-1)
 
 
+def attention_entropy(attn: np.ndarray, num_prefix: int) -> np.ndarray:
+    """`attn (..., T, T)` -> `(...)`: the entropy in nats of each patch query's full attention row,
+    averaged over patch queries."""
+    rows = np.clip(attn[..., num_prefix:, :], 1e-12, None)
+    return -(rows * np.log(rows)).sum(-1).mean(-1)
+
+
 def rollout(attn: np.ndarray, fusion: str = "mean") -> np.ndarray:
     """Attention rollout (Abnar & Zuidema 2020): `attn (L, h, T, T)` -> `(T, T)`, the product
     over layers of `0.5 A_l + 0.5 I` (rows renormalised), `A_l` the heads fused by their mean
@@ -291,8 +298,7 @@ def analyze(ckpt, progress: bool = False) -> tuple[dict, dict[str, np.ndarray]]:
         for t in rec:
             attn = t["attn"].float().numpy()                                     # (b, h, T, T)
             dist.append(mean_attention_distance(attn, grid, model.num_prefix))  # (b, h)
-            rows = np.clip(attn[..., model.num_prefix:, :], 1e-12, None)
-            ent.append(-(rows * np.log(rows)).sum(-1).mean(-1))                 # (b, h)
+            ent.append(attention_entropy(attn, model.num_prefix))
         distances.append(np.stack(dist, 1))                                      # (b, L, h)
         entropies.append(np.stack(ent, 1))
 
