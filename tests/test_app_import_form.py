@@ -354,9 +354,8 @@ def test_a_run_on_a_big_imported_model_takes_the_servers_one_turn_and_gives_it_b
     several runs on several such models held them all at once (a replica at 1.2 GiB). Such a run takes
     the server's one turn (`imported.model_turns`) before it loads the model and gives it back when it ends;
     a run that finds the turn held waits (here: past a short limit, and goes on without one)."""
-    import threading
-
     from test_app import _small_vit, _timm_npz
+    from test_turns import another_run_holding_the_turn
 
     from pages.common import imported
     monkeypatch.setattr(imported, "BIG_MODEL_MB", 0)             # the test's small import counts as big
@@ -373,18 +372,7 @@ def test_a_run_on_a_big_imported_model_takes_the_servers_one_turn_and_gives_it_b
     with turns.scope():                                          # given back at the run's end: free now
         assert turns.take() and turns.waited == 0
 
-    held, done = threading.Event(), threading.Event()
-
-    def other_visitor():
-        with turns.scope():
-            turns.take()
-            held.set()
-            done.wait(60)
-
-    t = threading.Thread(target=other_visitor)
-    t.start()
-    try:
-        assert held.wait(30)
+    with another_run_holding_the_turn(turns):
         monkeypatch.setattr(turns, "wait_s", 0.5)
         at = ok(run(link))                   # another visitor on the link (AppTest's reruns skip app.py)
         assert turns.waited == 1 and turns.timeouts == 1      # it waited, then drew the page anyway
@@ -392,6 +380,3 @@ def test_a_run_on_a_big_imported_model_takes_the_servers_one_turn_and_gives_it_b
         from pages.common import status                     # the sidebar's "Server status" says so
         text = status.turns_text(turns)
         assert "1 waited for" in text and "1 went on after 0 s without one" in text, text
-    finally:
-        done.set()
-        t.join(30)

@@ -1,11 +1,33 @@
 """vitpe_core.turns: one run at a time holds a big model's turn, given back when the run ends."""
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import pytest
 
 from vitpe_core.turns import Turns
+
+
+@contextlib.contextmanager
+def another_run_holding_the_turn(turns: Turns):
+    """Another visitor's run (a thread) holding `turns`' turn until the block ends."""
+    held, done = threading.Event(), threading.Event()
+
+    def run():
+        with turns.scope():
+            turns.take()
+            held.set()
+            done.wait(60)
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        assert held.wait(30)
+        yield
+    finally:
+        done.set()
+        t.join(30)
 
 
 def test_a_second_run_waits_until_the_first_run_ends():
@@ -56,24 +78,11 @@ def test_outside_a_run_nothing_is_taken():
 
 
 def test_a_run_that_waits_too_long_goes_on_without_a_turn():
-    turns, held, done = Turns(slots=1, wait_s=0.2), threading.Event(), threading.Event()
-
-    def holder():
-        with turns.scope():
-            turns.take()
-            held.set()
-            done.wait(30)
-
-    t = threading.Thread(target=holder)
-    t.start()
-    held.wait(30)
-    waits = []
-    with turns.scope():
+    turns, waits = Turns(slots=1, wait_s=0.2), []
+    with another_run_holding_the_turn(turns), turns.scope():
         assert not turns.take("late", on_wait=lambda: _Recorder(waits))
         assert not turns.holds()
         assert not turns.take("later in the same run")      # no second wait in one run
-    done.set()
-    t.join(30)
     assert waits == ["entered", "left"] and turns.timeouts == 1
 
 
