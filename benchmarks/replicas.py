@@ -141,28 +141,33 @@ def replicas(n: int, checkpoints: Path, shared: Path, logs: Path, secret: str,
 
 
 # ----------------------------------------------------------------------------- links across replicas
-async def make_link(base: str, timeout: float = 180.0) -> str:
-    """On `base`: import a small model (Checkpoints page), open it on the bias explorer, upload an
-    image there; the view's share link (`model=`, `image=upload:`)."""
+async def make_link(base: str, timeout: float = 180.0, model: tuple[str, bytes] | None = None,
+                    image: bool = True) -> str:
+    """On `base`: import a model (Checkpoints page; `model` = (file name, bytes), default a small
+    one), open it on the bias explorer, upload an image there (`image`); the view's share link
+    (`model=`, and `image=upload:` with `image`)."""
     from benchmarks.load_ws import share_link_of, tiny_model_npz, upload_png
     from benchmarks.st_client import open_session
 
+    filename, data = model or ("replicamodel.npz", tiny_model_npz(seed=47))
+    name = f"{Path(filename).stem}-upload"
     s, _ = await open_session(base, "/?page=checkpoints", timeout)
     try:
-        await s.upload("checkpoints_model_upload", "replicamodel.npz", tiny_model_npz(seed=47))
+        await s.upload("checkpoints_model_upload", filename, data)
         await s.run(timeout=timeout)
         await s.run(timeout=timeout, trigger=s.trigger("checkpoints_model_import"))
-        if "Imported as `replicamodel-upload`" not in s.page.text():
+        if f"Imported as `{name}`" not in s.page.text():
             raise RuntimeError(f"the import was not confirmed: {[t for t in s.page.texts() if 'mport' in t][:3]}")
         await s.run(page="bias", timeout=timeout)
-        await s.upload("bias_upload", "replica-image.png", upload_png(47, 1), "image/png")
-        await s.run(timeout=timeout)
+        if image:
+            await s.upload("bias_upload", "replica-image.png", upload_png(47, 1), "image/png")
+            await s.run(timeout=timeout)
         link = share_link_of(s)
     finally:
         await s.close()
     q = url_params(link or "")
-    if not (q.get("model") and q.get("image", "").startswith("upload:")):
-        raise RuntimeError(f"the share link names no imported model and upload: {link}")
+    if not (q.get("model") and q.get("ckpt") == name and (not image or q.get("image", "").startswith("upload:"))):
+        raise RuntimeError(f"the share link names not the imported model{' and an upload' if image else ''}: {link}")
     return link
 
 

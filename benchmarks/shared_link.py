@@ -18,29 +18,10 @@ import time
 
 from benchmarks.harness import REPO, streamlit_server, url_params
 from benchmarks.load_probes import MemorySampler, cpu_model, percentile
+from benchmarks.memory_walk_big import vit_npz
+from benchmarks.replicas import make_link
 
 TIMEOUT = 300.0
-
-
-async def make_link(base: str) -> str:
-    from benchmarks.load_ws import share_link_of
-    from benchmarks.memory_walk_big import vit_npz
-    from benchmarks.st_client import open_session
-
-    s, _ = await open_session(base, "/?page=checkpoints", TIMEOUT)
-    try:
-        await s.upload("checkpoints_model_upload", "sharedb16.npz", vit_npz(7, "b16"))
-        await s.run(timeout=TIMEOUT)
-        await s.run(timeout=TIMEOUT, trigger=s.trigger("checkpoints_model_import"))
-        await s.run(page="bias", timeout=TIMEOUT)
-        s.selectbox_set("bias_ckpt", "sharedb16-upload")
-        await s.run(timeout=TIMEOUT)
-        link = share_link_of(s) or ""
-    finally:
-        await s.close()
-    if not url_params(link).get("model"):
-        raise RuntimeError(f"the share link names no imported model: {link}")
-    return link
 
 
 async def visitor(base: str, link: str, i: int, clicks: int, upload: bool, out: dict[str, list[float]],
@@ -82,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-upload", action="store_true", help="the visitors keep the link's image (no trace to compute)")
     args = ap.parse_args(argv)
     with streamlit_server(REPO / "checkpoints", timeout=180, args=("--server.fileWatcherType", "none")) as server:
-        link = asyncio.run(make_link(server.url))
+        link = asyncio.run(make_link(server.url, TIMEOUT, model=("sharedb16.npz", vit_npz(7, "b16")), image=False))
         sampler = MemorySampler(server.pid)
         sampler.start()
         latencies: dict[str, list[float]] = {"open": [], "upload": [], "click": []}
