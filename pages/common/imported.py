@@ -82,6 +82,8 @@ def model_turns() -> Turns:
 def take_turn(sha: str) -> None:
     """This run's turn before it loads or uses the imported model `sha`, when that is big: a model in use
     stays in memory after the budget evicted it, so two runs on two such models held both."""
+    if model_turns().holds():          # once per run: its later models need no size looked up
+        return
     nbytes = disk_models().file_bytes(sha)
     if not nbytes and (held := model_store().get(sha)) is not None:
         nbytes = model_bytes(held.model)
