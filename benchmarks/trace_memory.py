@@ -8,15 +8,13 @@ resets it first) beside `analysis.trace_room`, the room the app makes for it.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
+from benchmarks.harness import proc_memory
+
 ENCODINGS = ("ape", "sape2+ape")
-
-
-def _kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(field))
 
 
 def one(encoding: str, compact: bool) -> dict:
@@ -35,10 +33,11 @@ def one(encoding: str, compact: bool) -> dict:
     membudget.release_freed_memory()
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")                                   # VmHWM := VmRSS
-    before = _kib("VmRSS")
+    before = proc_memory(os.getpid())["VmRSS"]
     tr = analysis.trace_image(model, x, compact=True) if compact else \
         analysis.compact_trace(analysis.trace_image(model, x))
-    return {"encoding": encoding, "compact_as_gathered": compact, "rise_mb": round((_kib("VmHWM") - before) / 1e3, 1),
+    rise_mib = proc_memory(os.getpid())["VmHWM"] - before
+    return {"encoding": encoding, "compact_as_gathered": compact, "rise_mb": round(rise_mib * 2**20 / 1e6, 1),
             "kept_mb": round(analysis.trace_bytes(tr) / 1e6, 1),
             "trace_room_mb": round(analysis.trace_room(model, (224, 224)) / 1e6, 1)}
 
