@@ -48,12 +48,14 @@ def machine_busy_seconds() -> float:
 class MemorySampler(threading.Thread):
     """Samples `memory_mb(pid)` every `every` s; `.peak_rss` is the highest VmRSS seen, and
     `.timeline` the highest of each `bucket_s` seconds as [seconds since the start, MiB] (when the
-    peak came: set it beside the server log's times, from `.started_epoch`)."""
+    peak came: set it beside the server log's times, from `.started_epoch`). `.step_peaks`: the
+    highest while each value of `.step` (set by the caller: what it is doing) was set."""
 
     def __init__(self, pid: int, every: float = 0.25, bucket_s: float = 5.0):
         super().__init__(daemon=True)
         self.pid, self.every, self.peak_rss, self._stop_event = pid, every, 0.0, threading.Event()
         self.bucket_s, self.timeline, self.started_epoch = bucket_s, [], time.time()
+        self.step, self.step_peaks = "start", {}
 
     def run(self) -> None:
         t0, self.started_epoch = time.monotonic(), time.time()     # the timeline's origin, both clocks
@@ -61,6 +63,7 @@ class MemorySampler(threading.Thread):
             with contextlib.suppress(OSError, ValueError, ProcessLookupError):
                 rss = memory_mb(self.pid)["rss"]
                 self.peak_rss = max(self.peak_rss, rss)
+                self.step_peaks[self.step] = max(self.step_peaks.get(self.step, 0.0), rss)
                 at = (time.monotonic() - t0) // self.bucket_s * self.bucket_s
                 if self.timeline and self.timeline[-1][0] == at:
                     self.timeline[-1][1] = max(self.timeline[-1][1], round(rss, 1))

@@ -9,33 +9,15 @@ The big memory walk (`python -m benchmarks.memory_walk --big`) says how high; th
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 
 from benchmarks.harness import REPO, streamlit_server
-from benchmarks.load_probes import memory_mb
+from benchmarks.load_probes import MemorySampler
 
 TIMEOUT = 300.0
 
 
-class StepPeaks(threading.Thread):
-    """The highest VmRSS of `pid` while each step (`.step`, set by the walk) runs."""
-
-    def __init__(self, pid: int, every: float = 0.02) -> None:
-        super().__init__(daemon=True)
-        self.pid, self.every, self.step, self.peaks, self.done = pid, every, "start", {}, threading.Event()
-
-    def run(self) -> None:
-        while not self.done.is_set():
-            try:
-                rss = memory_mb(self.pid)["rss"]
-            except (OSError, ValueError, ProcessLookupError):
-                return
-            self.peaks[self.step] = max(self.peaks.get(self.step, 0.0), rss)
-            self.done.wait(self.every)
-
-
-async def visit(base: str, peaks: StepPeaks, images: int = 3) -> None:
+async def visit(base: str, peaks: MemorySampler, images: int = 3) -> None:
     from benchmarks.load_ws import upload_png
     from benchmarks.memory_walk_big import vit_npz
     from benchmarks.st_client import open_session
@@ -71,14 +53,13 @@ async def visit(base: str, peaks: StepPeaks, images: int = 3) -> None:
 def main() -> int:
     with streamlit_server(REPO / "checkpoints", timeout=180, args=("--server.fileWatcherType", "none")) as server:
         time.sleep(8)                                  # the warm-up done: the start is not a step
-        peaks = StepPeaks(server.pid)
+        peaks = MemorySampler(server.pid, every=0.02)
         peaks.start()
         try:
             asyncio.run(visit(server.url, peaks))
         finally:
-            peaks.done.set()
-            peaks.join(5)
-    for step, mib in peaks.peaks.items():
+            peaks.stop()
+    for step, mib in peaks.step_peaks.items():
         print(f"{step:24s} {mib:7.1f}")
     return 0
 
