@@ -162,9 +162,9 @@ def measure(model: ViT | SwinTransformer, images: Tensor, size: tuple[int, int])
                 "relative_score": None, "distance": np.zeros(0)}
     distances: list[np.ndarray] = []
 
-    def on_trace(rec: list[dict]) -> None:
-        attn = np.stack([t["attn"].float().numpy() for t in rec], 1)                 # (b, L, h, T, T)
-        distances.append(mean_attention_distance(attn, grid, model.num_prefix).mean(-1))   # (b, L)
+    def on_trace(rec: list[dict]) -> None:       # one layer's (b, h, T, T) at a time, as positional.analyze
+        distances.append(np.stack([mean_attention_distance(t["attn"].float().numpy(), grid, model.num_prefix).mean(-1)
+                                   for t in rec], 1))                                   # (b, L)
 
     kern = position_kernels(model, x, chunk=_chunk(model, grid), on_trace=on_trace)
     logits, feats = zip(*(_outputs(model, c) for c in x.split(16)))
