@@ -40,10 +40,10 @@ def main() -> None:
         if requested in pages and pages[requested].url_path != nav.url_path:
             st.switch_page(pages[requested], query_params=st.query_params.to_dict())
 
-    # The page's title first: on a cold start what follows imports torch (about 2 s, unless the
-    # server's warm-up did) before anything else can be drawn. Then, while the server's warm-up
-    # is still at work, what it waits for ("Preparing the app: compiling ...… 12 s" on a fresh
-    # install), replaced by the page when it is done. Then pandas before any page script:
+    # The page's title first. Then, while the server's warm-up still imports the pages' modules,
+    # what it waits for ("Preparing the app: loading Plotly…"), replaced by the page when they are
+    # in (torch is not among them: a page run that needs a model waits for it in `cache.load_model`,
+    # "Preparing the app: compiling ...… 12 s" on a fresh install). Then pandas before any page script:
     # Plotly uses a half-imported pandas that another session's page script is still importing
     # (partially initialized module; load test).
     name = next(n for n, p in pages.items() if p.url_path == nav.url_path)
@@ -68,6 +68,7 @@ def main() -> None:
             if prefetch is not None:
                 prefetch.empty()
     status.render()
+    warmup.page_sent()      # the first visitor's first page is out: the warm-up imports torch once it is drawn
 
 
 def _no_pages_folder_mode() -> None:

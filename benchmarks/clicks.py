@@ -33,7 +33,7 @@ def bias_page_compute(ckpt: Checkpoint, tr: analysis.Trace, patch: tuple[int, in
     show_bias with its default part, show_attention), all layers and heads."""
     maps = analysis.patch_maps(tr, patch)                                 # name -> (L, h, H, W)
     views.top_class(tr)
-    parts = views.bias_parts(tr, ckpt.model.pos_enc)
+    parts = views.bias_parts(tr)
     if parts:
         views.bias_view(tr, maps, ckpt.config.encoding, layer, head, parts[0])
     views.attention_view(maps, layer, head)

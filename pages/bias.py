@@ -25,7 +25,7 @@ def main() -> None:
         return
     with st.sidebar:
         widgets.checkpoint_select(PAGE, names)
-    ckpt = loading.load_checkpoint_or_error(view.ckpt)
+    ckpt = loading.header_or_error(view.ckpt)   # its model is loaded where a view needs it: not for a stored trace
     if ckpt is None:
         return
     cfg, grid = ckpt.config, ckpt.config.grid
@@ -36,7 +36,8 @@ def main() -> None:
     widgets.controls_hint(PAGE, layer, head)
     img, key, custom = uploads.fit_image(PAGE, img, key, ckpt, is_upload)
     if swin_view.is_swin(cfg):          # windows, patch merging: pages/common/swin_view.py
-        return swin_view.bias_explorer(PAGE, ckpt, view, (img, key, caption, custom), layer, head)
+        return swin_view.bias_explorer(PAGE, cache.get_checkpoint(view.ckpt), view, (img, key, caption, custom), layer,
+                                       head)
     tr = cache.trace(view.ckpt, key, custom)
     left, right = st.columns([2, 3])
     with left:
@@ -53,9 +54,9 @@ def main() -> None:
 
 def show_bias(ckpt, tr, maps, display, view, layer, head) -> bool:
     cfg, grid = ckpt.config, ckpt.config.grid
-    parts = views.bias_parts(tr, ckpt.model.pos_enc)
+    parts = views.bias_parts(tr)
     if not parts:
-        st.info(f"`{cfg.encoding}` adds no attention bias (it {views.hooks_text(ckpt.model.pos_enc.hooks)}): "
+        st.info(f"`{cfg.encoding}` adds no attention bias (it {views.hooks_text(tr.hooks)}): "
                 "there is no bias row to show. Its positional component is on the Compare page (table similarity "
                 "or RoPE kernel); here is the full model's attention row from the chosen patch instead.")
         return False

@@ -692,11 +692,39 @@ def test_warmup_wait_returns_at_once_where_nothing_started_it_and_after_it_ran(m
     warmup.start()
     assert not warmup._started
     monkeypatch.setenv("VITPE_WARMUP", "1")
+    monkeypatch.setattr(warmup, "VISITOR_GRACE_S", 0.0)   # no visitor comes: torch at once
     warmup.start()
     warmup.start()                              # once per process
     warmup.wait()
     assert warmup._done.is_set() and warmup.seconds is not None
     assert [t for t in warmup.threading.enumerate() if t.name == "vitpe-warmup"] == []
+
+
+def test_torch_is_imported_after_the_first_page_or_as_soon_as_a_run_needs_a_model(monkeypatch):
+    """The warm-up imports torch after the first visitor's first page (drawn from a stored trace,
+    without torch) was sent and `SETTLE_S` passed for the browser to draw it, not before; a run
+    that needs a model first (`cache.load_model` -> `wait_for_torch`) lets it go at once and waits."""
+    import threading
+    import time
+
+    from pages.common import warmup
+
+    go, visitor, done = threading.Event(), threading.Event(), threading.Event()
+    for name, value in (("_go", go), ("_visitor", visitor), ("_torch", done), ("_started", True), ("SETTLE_S", 0.05)):
+        monkeypatch.setattr(warmup, name, value)
+    warmup.page_sent()                      # a run ended before any visitor's first run: no timer
+    time.sleep(0.2)
+    assert not go.is_set()
+    visitor.set()
+    warmup.page_sent()
+    assert not go.is_set() and go.wait(5)   # SETTLE_S after the first page
+    go2 = threading.Event()
+    monkeypatch.setattr(warmup, "_go", go2)
+    threading.Timer(0.2, done.set).start()
+    t0 = time.monotonic()
+    warmup.wait_for_torch()                 # outside a script run: waits without drawing
+    assert go2.is_set() and done.is_set() and time.monotonic() - t0 >= 0.15
+    warmup.wait_for_torch()                 # done: at once
 
 
 def test_a_waiting_visitor_is_told_what_the_warm_up_does_until_it_is_done(monkeypatch):
@@ -777,8 +805,9 @@ _PAGE_IMPORTS_CHECK = r'''
 import ast, importlib, importlib.util, sys
 from pathlib import Path
 from pages.common import warmup
-for name in warmup.MODULES:
+for name in warmup.CHARTING + warmup.PAGE_MODULES:
     importlib.import_module(name)
+assert "torch" not in sys.modules, "a module of warmup.PAGE_MODULES imports torch: the first page would wait for it"
 before = set(sys.modules)
 for f in [*sorted(Path("pages").glob("*.py")), *sorted(Path("pages/common").glob("*.py"))]:
     package = "pages.common" if f.parent.name == "common" else "pages"
@@ -801,9 +830,11 @@ print(sorted(m for m in set(sys.modules) - before if not m.startswith("_")))
 
 @pytest.mark.slow
 def test_the_warmup_imports_every_module_the_pages_import_first():
-    """warmup.MODULES is kept by hand: a module a page imports at module level and the list
-    leaves out would be imported by the first visitor instead of the warm-up. Imports inside
-    functions (the import form's importers, say) are lazy on purpose and not checked."""
+    """warmup.PAGE_MODULES is kept by hand: a module a page imports at module level and the list
+    leaves out would be imported by the first visitor instead of the warm-up; none of them may
+    import torch (the first page is drawn before it: a page importing it at module level shows up
+    here as torch's modules). Imports inside functions (the import form's importers, say) are lazy
+    on purpose and not checked."""
     import subprocess
     import sys
 
@@ -812,7 +843,8 @@ def test_the_warmup_imports_every_module_the_pages_import_first():
                          timeout=600, env={**os.environ, "PYTHONPATH": str(root)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]", (
-        f"imported by the pages but not by the warm-up (add them to pages/common/warmup.py MODULES): {out.stdout}")
+        f"imported by the pages but not by the warm-up (add them to pages/common/warmup.py PAGE_MODULES, or import "
+        f"torch lazily): {out.stdout}")
 
 
 @pytest.mark.parametrize("path, query, base, target", [

@@ -57,6 +57,7 @@ def _cases():
     return [
         ("checkpoints", cache._load_file, lambda: cache.get_checkpoint("ape")),
         ("configs", cache._config_file, lambda: cache.checkpoint_config("rpb")),
+        ("headers", cache._header_file, lambda: cache.checkpoint_header("rpb")),
         ("uploaded images", upload_store._stored_image, stored),
         ("traces", cache._trace, lambda: cache.trace("ape", key)),
         ("positional views", cache._positional, lambda: cache.positional("rpb", key, (1, 2))),
@@ -75,8 +76,8 @@ def _cases():
     ]
 
 
-CASES = ["checkpoints", "configs", "uploaded images", "traces", "positional views", "attention stats", "similarity",
-         "structure history", "position analysis", "rollouts", "stress traces", "GIFs", "picker figures",
+CASES = ["checkpoints", "configs", "headers", "uploaded images", "traces", "positional views", "attention stats",
+         "similarity", "structure history", "position analysis", "rollouts", "stress traces", "GIFs", "picker figures",
          "picker images", "grid pictures", "decoded uploads"]
 
 

@@ -187,3 +187,27 @@ def test_the_shipped_position_analysis_is_current(name):
     from vitpe_core.positional import read_cache
     arrays = read_cache(REPO / "checkpoints" / f"{name}.safetensors")
     assert arrays is not None and {"kind", "offset_kernel", "relative_score", "mean_distance"} <= set(arrays)
+
+
+@pytest.mark.parametrize("name", LISTED)
+def test_the_shipped_first_image_trace_is_current_and_the_models_own(name):
+    """checkpoints/NAME.trace.npz (the app's first page of the checkpoint, drawn without the model
+    or torch: vitpe_core/stored_trace.py) is stamped for this checkpoint and its first gallery
+    image, and holds what the model computes for that image now (the page's trace, bit for bit
+    where this machine's float arithmetic is the one that wrote it); `python -m vitpe_core analyze
+    checkpoints/NAME.safetensors` rewrites it."""
+    import numpy as np
+
+    from vitpe_core.stored_trace import read_trace, trace_first_image
+    path = REPO / "checkpoints" / f"{name}.safetensors"
+    image, fresh = trace_first_image(load_checkpoint(path))
+    stored = read_trace(path, image)
+    assert stored is not None, f"{name}: no current stored trace; run python -m vitpe_core analyze {path}"
+    assert (stored.grid, stored.num_prefix, stored.prefix, stored.hooks, stored.bias_sources) == (
+        fresh.grid, fresh.num_prefix, fresh.prefix, fresh.hooks, fresh.bias_sources)
+    assert set(stored.parts) == set(fresh.parts) and (stored.bias is None) == (fresh.bias is None)
+    for a, b in [(stored.logits, fresh.logits), (stored.attn, fresh.attn), (stored.bias, fresh.bias),
+                 *((stored.parts[k], fresh.parts[k]) for k in fresh.parts)]:
+        if a is not None:
+            assert a.dtype == b.dtype and a.shape == b.shape
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)   # another CPU's rounding, not another model

@@ -331,9 +331,11 @@ def _add_analyze(sub) -> None:
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    """`positional.analyze` on the gallery image set; arrays cached beside the checkpoint."""
+    """`positional.analyze` on the gallery image set; arrays cached beside the checkpoint, and the
+    trace of its first gallery image (`stored_trace`: the app's first page of it, without torch)."""
     from .checkpoint import load_checkpoint, update_metrics
     from .positional import analyze, cache_path, write_cache
+    from .stored_trace import trace_first_image, write_trace
     for path in map(Path, args.checkpoint):
         if not path.is_file():
             raise ValueError(f"no file at {path}")
@@ -342,7 +344,9 @@ def _analyze(args: argparse.Namespace) -> int:
         if args.record:                      # first: rewriting the file changes the cache's stamp
             update_metrics(path, {"position": summary})
         write_cache(path, arrays)
+        stored = write_trace(path, *trace_first_image(ckpt)) if hasattr(ckpt.model, "pos_enc") else None  # not Swin
         print(json.dumps({"checkpoint": path.stem, "cache": str(cache_path(path)),
+                          "trace": str(stored) if stored else None,
                           **{k: summary[k] for k in ("kind", "images", "relative_score")}}))
     return 0
 

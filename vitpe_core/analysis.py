@@ -13,33 +13,41 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from torch import Tensor
 
-from .encodings.base import Grid
-from .encodings.grid import grid_coords
-from .model import ViT
 from .positional import attention_entropy, mean_attention_distance
+
+# torch, and the modules that import it, are imported in the functions that use them: the app draws
+# its first page before torch is loaded (pages/common/warmup.py loads it in the background).
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from .encodings.base import Grid
+    from .model import ViT
 
 
 # ----------------------------------------------------------------------------- tables
-@torch.no_grad()
 def position_table(model: ViT, grid: Grid | None = None, params: dict[str, Tensor] | None = None) -> Tensor | None:
     """`(N, D)` patch rows of the model's absolute table (None if it has none). `params`
     replaces the encoding's parameters (a `history` snapshot from a checkpoint)."""
-    enc = model.pos_enc
-    if params is not None:
-        enc = copy.deepcopy(enc)
-        enc.load_state_dict({k: v.float() for k, v in params.items()}, strict=False)
-    grid = grid or model.cfg.grid
-    table = enc.table(grid)                                  # (P'+N, D): P' = 0 for a patches-only table
-    return None if table is None else table[table.shape[0] - grid[0] * grid[1]:].detach().float().cpu()
+    import torch
+
+    with torch.no_grad():
+        enc = model.pos_enc
+        if params is not None:
+            enc = copy.deepcopy(enc)
+            enc.load_state_dict({k: v.float() for k, v in params.items()}, strict=False)
+        grid = grid or model.cfg.grid
+        table = enc.table(grid)                              # (P'+N, D): P' = 0 for a patches-only table
+        return None if table is None else table[table.shape[0] - grid[0] * grid[1]:].detach().float().cpu()
 
 
 def cosine_similarity(table: Tensor | np.ndarray) -> np.ndarray:
     """`(N, D)` -> `(N, N)` cosine similarity of every pair of rows."""
+    import torch
+
     t = torch.as_tensor(table, dtype=torch.float32).detach()
     t = t / t.norm(dim=-1, keepdim=True).clamp_min(1e-12)
     return (t @ t.T).numpy()
@@ -78,6 +86,8 @@ def structure_score(sim: np.ndarray, grid: Grid) -> dict[str, float]:
     ordered by distance, 0 = no relation); `same_row`, `same_col`, `other`: mean similarity
     of pairs in the same row, the same column, neither; `neighbour`: mean similarity of
     4-neighbours."""
+    from .encodings.grid import grid_coords
+
     r, c = (x.numpy() for x in grid_coords(grid))
     dr, dc = r[:, None] - r[None, :], c[:, None] - c[None, :]
     dist = np.sqrt(dr ** 2 + dc ** 2)
@@ -101,6 +111,8 @@ class Trace:
     bias: np.ndarray | None                         # (L, h, T, T) or None
     parts: dict[str, np.ndarray] = field(default_factory=dict)  # name -> (L, h, N, N)
     prefix: tuple[str, ...] = ("CLS",)              # a name per prefix token, in token order
+    hooks: tuple[str, ...] = ()                     # how the encoding brings in position (`PositionEncoding.hooks`)
+    bias_sources: tuple[str, ...] = ()              # the encoding's parts that bias attention, by name (`sape2`, ...)
 
     @property
     def probs(self) -> np.ndarray:
@@ -108,38 +120,42 @@ class Trace:
         return e / e.sum()
 
 
-@torch.no_grad()
 def trace_image(model: ViT, image: Tensor, compact: bool = False) -> Trace:
     """Run `image: (3, H_img, W_img)` (already normalised) through the trace path. `compact`: the
     trace the app keeps (`compact_trace`, the same values), each layer's maps converted as they are
     gathered and its float32 record let go: a ViT-B/16's trace never whole in float32 twice over."""
-    model.eval()
-    rec: list[dict] = []
-    logits = model(image[None].float(), trace=rec)
-    grid = model.grid_for(image.shape[-2:])
-    shape = tuple(rec[0]["attn"].shape[1:])
-    names = list(rec[0]["parts"] or {})
-    float32_bytes = 4 * len(rec) * math.prod(shape) * (1 + (rec[0]["bias"] is not None)) + sum(
-        4 * len(rec) * math.prod(rec[0]["parts"][n].shape[1:]) for n in names)
-    dtype = np.float16 if compact and float32_bytes > COMPACT_ABOVE else np.float32
+    import torch
 
-    def gather(get) -> np.ndarray:           # (L, ...) in `dtype`, one layer at a time
-        out = None
-        for i, t in enumerate(rec):
-            layer = get(t).float().numpy()
-            if out is None:
-                out = np.empty((len(rec), *layer.shape), dtype)
-            out[i] = layer
-        return out
+    with torch.no_grad():
+        model.eval()
+        rec: list[dict] = []
+        logits = model(image[None].float(), trace=rec)
+        grid = model.grid_for(image.shape[-2:])
+        shape = tuple(rec[0]["attn"].shape[1:])
+        names = list(rec[0]["parts"] or {})
+        float32_bytes = 4 * len(rec) * math.prod(shape) * (1 + (rec[0]["bias"] is not None)) + sum(
+            4 * len(rec) * math.prod(rec[0]["parts"][n].shape[1:]) for n in names)
+        dtype = np.float16 if compact and float32_bytes > COMPACT_ABOVE else np.float32
 
-    bias = None
-    if rec[0]["bias"] is not None:
-        bias = gather(lambda t: t["bias"].expand(1, *shape)[0])
-    parts = {n: gather(lambda t, n=n: t["parts"][n].expand(1, *t["parts"][n].shape[1:])[0]) for n in names}
-    for t in rec:                            # what is left of the float32 record: the attention
-        t["bias"] = t["parts"] = None
-    attn = gather(lambda t: t.pop("attn")[0])
-    return Trace(grid, model.num_prefix, logits[0].numpy(), attn, bias, parts, tuple(model.prefix_names()))
+        def gather(get) -> np.ndarray:           # (L, ...) in `dtype`, one layer at a time
+            out = None
+            for i, t in enumerate(rec):
+                layer = get(t).float().numpy()
+                if out is None:
+                    out = np.empty((len(rec), *layer.shape), dtype)
+                out[i] = layer
+            return out
+
+        bias = None
+        if rec[0]["bias"] is not None:
+            bias = gather(lambda t: t["bias"].expand(1, *shape)[0])
+        parts = {n: gather(lambda t, n=n: t["parts"][n].expand(1, *t["parts"][n].shape[1:])[0]) for n in names}
+        for t in rec:                            # what is left of the float32 record: the attention
+            t["bias"] = t["parts"] = None
+        attn = gather(lambda t: t.pop("attn")[0])
+        enc = model.pos_enc
+        return Trace(grid, model.num_prefix, logits[0].numpy(), attn, bias, parts, tuple(model.prefix_names()),
+                     tuple(enc.hooks), tuple(p.name for p in getattr(enc, "parts", [enc]) if "bias" in p.hooks))
 
 
 COMPACT_ABOVE = 4 * 2**20   # a trace whose maps take more (a 224-px model's: 21–85 MiB) is kept in float16
@@ -173,7 +189,7 @@ def compact_trace(trace: Trace, above: int = COMPACT_ABOVE) -> Trace:
         return trace
     half = lambda a: None if a is None else a.astype(np.float16)
     return Trace(trace.grid, trace.num_prefix, trace.logits, half(trace.attn), half(trace.bias),
-                 {k: half(v) for k, v in trace.parts.items()}, trace.prefix)
+                 {k: half(v) for k, v in trace.parts.items()}, trace.prefix, trace.hooks, trace.bias_sources)
 
 
 def patch_index(patch: tuple[int, int], grid: Grid) -> int:
@@ -221,17 +237,19 @@ def attention_stats(trace: Trace) -> dict[str, np.ndarray]:
     return {"mean_distance": np.stack(mean_distance), "entropy": np.stack(entropy)}   # (L, h) each
 
 
-@torch.no_grad()
 def rope_kernel(model: ViT, grid: Grid, layer: int, patch: tuple[int, int]) -> np.ndarray | None:
     """`(h, H, W)`: the positional kernel of a rotation encoding seen from `patch`,
     `mean_k cos(θ_ik − θ_jk)` (1 where rotation leaves q·k unchanged)."""
-    ang = model.pos_enc.angles(grid, layer)               # (h|1, N, d/2) or None
-    if ang is None:
-        return None
-    i = patch_index(patch, grid)
-    k = torch.cos(ang[:, i:i + 1] - ang).mean(-1)         # (h|1, N)
-    k = k.expand(model.cfg.heads, -1)
-    return k.reshape(-1, *grid).float().numpy()
+    import torch
+
+    with torch.no_grad():
+        ang = model.pos_enc.angles(grid, layer)           # (h|1, N, d/2) or None
+        if ang is None:
+            return None
+        i = patch_index(patch, grid)
+        k = torch.cos(ang[:, i:i + 1] - ang).mean(-1)     # (h|1, N)
+        k = k.expand(model.cfg.heads, -1)
+        return k.reshape(-1, *grid).float().numpy()
 
 
 def positional_component(model: ViT, trace: Trace, patch: tuple[int, int]) -> tuple[str, np.ndarray] | None:
@@ -264,7 +282,6 @@ def reduce_head(m: np.ndarray, head: int | None) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- how loud is the bias
-@torch.no_grad()
 def encoding_scale(model: ViT, images: Tensor) -> dict[str, float]:
     """Per layer `l`, how large the encoding's attention bias is next to the content logits,
     on `images (B, 3, H, W)` (normalised): `enc_bias_ratio_L{l}` = std of the bias / std of
@@ -272,25 +289,28 @@ def encoding_scale(model: ViT, images: Tensor) -> dict[str, float]:
     attention). For SaPE² also `enc_ex_norm_L{l}`, `enc_ey_norm_L{l}`: Frobenius norms of its
     read-out tables E_x, E_y. Empty for encodings without a bias. Training records these per
     epoch (`curves`)."""
-    was_training = model.training
-    model.eval()
-    rec: list[dict] = []
-    model(images.float(), trace=rec)
-    model.train(was_training)
-    out: dict[str, float] = {}
-    if rec[0]["bias"] is None:
+    import torch
+
+    with torch.no_grad():
+        was_training = model.training
+        model.eval()
+        rec: list[dict] = []
+        model(images.float(), trace=rec)
+        model.train(was_training)
+        out: dict[str, float] = {}
+        if rec[0]["bias"] is None:
+            return out
+        P = model.num_prefix
+        for layer, t in enumerate(rec):
+            q, k = t["q"][:, :, P:].float(), t["k"][:, :, P:].float()
+            logits = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)                    # (B, h, N, N)
+            bias = t["bias"][..., P:, P:].float().expand_as(logits)
+            ratio = bias.std(dim=(-2, -1)) / logits.std(dim=(-2, -1)).clamp_min(1e-12)  # (B, h)
+            out[f"enc_bias_ratio_L{layer}"] = round(float(ratio.mean()), 5)
+        parts = getattr(model.pos_enc, "parts", [model.pos_enc])
+        for part in parts:
+            if hasattr(part, "sape_x"):
+                for layer in range(part.sape_x.shape[0]):
+                    out[f"enc_ex_norm_L{layer}"] = round(float(part.sape_x[layer].norm()), 5)
+                    out[f"enc_ey_norm_L{layer}"] = round(float(part.sape_y[layer].norm()), 5)
         return out
-    P = model.num_prefix
-    for layer, t in enumerate(rec):
-        q, k = t["q"][:, :, P:].float(), t["k"][:, :, P:].float()
-        logits = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)                    # (B, h, N, N)
-        bias = t["bias"][..., P:, P:].float().expand_as(logits)
-        ratio = bias.std(dim=(-2, -1)) / logits.std(dim=(-2, -1)).clamp_min(1e-12)  # (B, h)
-        out[f"enc_bias_ratio_L{layer}"] = round(float(ratio.mean()), 5)
-    parts = getattr(model.pos_enc, "parts", [model.pos_enc])
-    for part in parts:
-        if hasattr(part, "sape_x"):
-            for layer in range(part.sape_x.shape[0]):
-                out[f"enc_ex_norm_L{layer}"] = round(float(part.sape_x[layer].norm()), 5)
-                out[f"enc_ey_norm_L{layer}"] = round(float(part.sape_y[layer].norm()), 5)
-    return out

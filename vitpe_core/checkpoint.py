@@ -20,23 +20,26 @@ vitpe checkpoint by `importers` (`python -m vitpe_core import FILE --out NAME.sa
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file as st_save_file
+from safetensors import SafetensorError, safe_open   # torch-free until a file is opened with framework="pt"
 
-from .config import ViTConfig
-from .encodings.base import encoding_parts
-from .model import ViT
+from .config import ViTConfig, encoding_parts
 from .swin.config import ARCH as SWIN_ARCH, SwinConfig
-from .swin.model import SwinTransformer
+
+# torch, safetensors.torch, the models and the encodings (which import torch) are imported where they are
+# used: the app draws its first page before torch is loaded.
+if TYPE_CHECKING:
+    import torch
+
+    from .model import ViT
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,23 @@ class Checkpoint:
     metrics: dict[str, Any] = field(default_factory=dict)
     history: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # epoch -> pos_enc params
     name: str = ""
+
+    @property
+    def header(self) -> CheckpointHeader:
+        return CheckpointHeader(self.config, self.metrics, tuple(sorted(self.history)), self.name)
+
+
+@dataclass(frozen=True)
+class CheckpointHeader:
+    """What a checkpoint says besides its weights (`read_header`: its file's header alone, no
+    torch): what a page needs before, or without, the model."""
+    config: ViTConfig
+    metrics: dict[str, Any]
+    epochs: tuple[int, ...] = ()          # the epochs `history` recorded
+    name: str = ""
+
+    def with_metrics(self, metrics: dict[str, Any]) -> CheckpointHeader:
+        return dataclasses.replace(self, metrics=metrics)
 
 
 HELD_INFIX = ".parametrizations."      # a held weight's state-dict name: `<layer>.parametrizations.<name>.original`
@@ -114,11 +134,16 @@ def sidecar_path(path: Path) -> Path:
 
 def save_checkpoint(path: str | Path, model: ViT, *, metrics: dict | None = None,
                     history: Mapping[int, Mapping[str, torch.Tensor]] | None = None,
-                    dtype: torch.dtype = torch.float16) -> Path:
-    """Write `path` (.safetensors) and its `.json` sidecar atomically."""
+                    dtype: torch.dtype | None = None) -> Path:
+    """Write `path` (.safetensors) and its `.json` sidecar atomically; floating-point weights in
+    `dtype` (None: `torch.float16`)."""
+    import torch
+    from safetensors.torch import save_file as st_save_file
+
     path = Path(path)
     if path.suffix != SUFFIX:
         raise ValueError(f"checkpoint files end in {SUFFIX}, got {path.name}")
+    dtype = torch.float16 if dtype is None else dtype
     tensors = {}
     for k, v in clean_state_dict(model.state_dict()).items():
         v = v.detach().cpu()
@@ -153,7 +178,7 @@ def read_checkpoint_file(path: str | Path, *, tensors: bool = True
         raise CheckpointError(f"{path.name} is {size / 2**20:.0f} MiB; the limit is "
                               f"{MAX_CHECKPOINT_BYTES / 2**20:.0f} MiB")
     try:
-        with safe_open(str(path), framework="pt") as f:
+        with safe_open(str(path), framework="pt" if tensors else "np") as f:   # "np": no torch for a header
             meta = f.metadata() or {}
             read = {k: f.get_tensor(k) for k in f.keys()} if tensors else {}
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
@@ -199,6 +224,21 @@ def read_config(path: str | Path) -> ViTConfig:
     return _config_of(meta, path.name)
 
 
+def read_header(path: str | Path) -> CheckpointHeader:
+    """`CheckpointHeader` of a vitpe checkpoint file (no tensor is read, no model built, no torch
+    imported); `load_checkpoint` still checks the rest."""
+    path = Path(path)
+    meta, _ = read_checkpoint_file(path, tensors=False)
+    try:
+        with safe_open(str(path), framework="np") as f:
+            keys = list(f.keys())
+    except (SafetensorError, OSError, ValueError, RuntimeError):   # read just above: a file changed meanwhile
+        raise CheckpointError(f"{path.name} could not be read again; retry, or restore the file") from None
+    epochs = {k[len(HISTORY):].partition(".")[0] for k in keys if k.startswith(HISTORY)}
+    return CheckpointHeader(_config_of(meta, path.name), _parse_json(meta, "metrics", path.name),
+                            tuple(sorted(int(e) for e in epochs if e.isdigit())), path.stem)
+
+
 def _config_of(meta: dict[str, str], name: str) -> ViTConfig:
     """The metadata's config, its encoding's parts checked against the registry (a Swin's,
     `"arch": "swin"`, is a `SwinConfig`)."""
@@ -216,8 +256,15 @@ def _config_of(meta: dict[str, str], name: str) -> ViTConfig:
 
 
 def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
-                    dtype: torch.dtype = torch.float32) -> Checkpoint:
-    """Rebuild the model of a vitpe checkpoint and load its weights strictly."""
+                    dtype: torch.dtype | None = None) -> Checkpoint:
+    """Rebuild the model of a vitpe checkpoint and load its weights strictly; floating-point
+    weights in `dtype` (None: `torch.float32`)."""
+    import torch
+
+    from .model import ViT
+    from .swin.model import SwinTransformer
+
+    dtype = torch.float32 if dtype is None else dtype
     path = Path(path)
     meta, tensors = read_checkpoint_file(path)
     cfg = _config_of(meta, path.name)
@@ -280,6 +327,8 @@ def load_weights(model: torch.nn.Module, weights: Mapping[str, torch.Tensor], na
 
 def update_metrics(path: str | Path, updates: dict[str, Any]) -> dict[str, Any]:
     """Merge `updates` into a checkpoint's metrics (file and sidecar), atomically."""
+    from safetensors.torch import save_file as st_save_file
+
     path = Path(path)
     meta, tensors = read_checkpoint_file(path)
     metrics = {**_parse_json(meta, "metrics", path.name), **updates}

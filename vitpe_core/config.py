@@ -18,6 +18,25 @@ ACTS = ("gelu", "gelu_tanh", "quick_gelu", "silu")   # exact GELU; tanh-approxim
 MLPS = ("mlp", "gated")                        # fc2(act(fc1 x)); fc2(act(fc1_g x) * fc1_x x) (SwiGLU with act="silu")
 
 
+# The encodings' names, torch-free: a config is checked against them without importing the encodings (and torch),
+# as the app's first page does. `encodings.register_encoding` adds each (the built-in ones are listed here too).
+ENCODINGS: list[str] = ["none", "ape", "ape2d", "sincos2d", "rpb", "rpb_cls", "rope_axial", "rope_mixed", "rope_dinov3",
+                        "cope", "sape2"]
+
+
+def encoding_parts(name: str) -> list[str]:
+    """The parts of encoding `name` (`a+b` composes); ValueError for an unknown part or one
+    named twice."""
+    parts = [p.strip() for p in name.split("+")]
+    unknown = [p for p in parts if p not in ENCODINGS]
+    if unknown or not parts:
+        raise ValueError(f"unknown encoding {unknown or name!r}; valid: {sorted(ENCODINGS)}, "
+                         "or several joined with '+', e.g. 'sape2+ape'")
+    if len(set(parts)) != len(parts):
+        raise ValueError(f"encoding {name!r} names a part twice")
+    return parts
+
+
 @dataclass(frozen=True)
 class ViTConfig:
     img_size: tuple[int, int] = (32, 32)      # (height, width) in pixels the model is built for
@@ -79,6 +98,10 @@ class ViTConfig:
     def num_prefix(self) -> int:
         """P: prefix tokens before the patches, in the order CLS, distillation, registers."""
         return int(self.class_token) + int(self.dist_token) + self.reg_tokens
+
+    def prefix_names(self) -> list[str]:
+        """A name per prefix token, in token order (for labels: "CLS", "dist", "reg 0", ...)."""
+        return ["CLS"] * self.class_token + ["dist"] * self.dist_token + [f"reg {i}" for i in range(self.reg_tokens)]
 
     @property
     def head_dim(self) -> int:

@@ -31,10 +31,12 @@ import tarfile
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterator, Literal, Union
+from typing import TYPE_CHECKING, Any, Iterator, Literal, Union
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:   # torch is imported where it is used: the app draws its first page before torch is loaded
+    import torch
 
 try:  # numpy >= 2
     from numpy._core.multiarray import _reconstruct as _np_reconstruct
@@ -128,6 +130,8 @@ class ImageDataset:
     label_names: tuple[str, ...]
 
     def __post_init__(self) -> None:
+        import torch
+
         assert self.images.dtype == torch.uint8 and self.images.ndim == 4, self.images.shape
         assert self.labels.dtype == torch.int64 and self.labels.shape == self.images.shape[:1]
 
@@ -363,6 +367,8 @@ def _read_split(spec: CifarSpec, folder: Path, needed: tuple[str, ...], verify: 
     y = np.concatenate(labels)  # (n,)
     if y.size and (y.min() < 0 or y.max() >= spec.num_classes):
         raise ValueError(f"labels in {folder} fall outside 0..{spec.num_classes - 1}.")
+    import torch
+
     images = torch.from_numpy(data).view(-1, 3, 32, 32)  # (n, 3, H, W): flat R|G|B planes, row-major
     return ImageDataset(images=images, labels=torch.from_numpy(y), label_names=label_names)
 
@@ -371,6 +377,8 @@ def subset(ds: ImageDataset, n: int, *, seed: int) -> ImageDataset:
     """`n` images drawn without replacement (seeded), kept in their original order."""
     if not 0 < n <= len(ds):
         raise ValueError(f"subset size must be in 1..{len(ds)}, got {n}.")
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     idx = torch.randperm(len(ds), generator=g)[:n].sort().values  # (n,)
     return ImageDataset(images=ds.images[idx], labels=ds.labels[idx], label_names=ds.label_names)
@@ -406,6 +414,8 @@ def batches(
     total = num_batches(len(ds), batch_size, drop_last=drop_last)
     if not 0 <= start_batch <= total:
         raise ValueError(f"start_batch must be in 0..{total} for this epoch, got {start_batch}.")
+    import torch
+
     n = len(ds)
     order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)  # (n,)
     return _iter_batches(ds, order, batch_size, start_batch, total)
@@ -422,6 +432,8 @@ def _iter_batches(
 
 def normalize(x: torch.Tensor, name: str) -> torch.Tensor:
     """uint8 `(B, 3, H, W)` -> float32 `(B, 3, H, W)`, `(x / 255 - mean) / std` per channel."""
+    import torch
+
     if name not in CIFAR_MEAN:
         raise ValueError(f"no mean/std for '{name}'; valid names: {', '.join(sorted(CIFAR_MEAN))}.")
     if x.dtype != torch.uint8 or x.ndim != 4 or x.shape[1] != 3:

@@ -185,7 +185,7 @@ def bias(m: Model, image=None, patch: tuple[int, int] | None = None, layer: int 
     A model without a bias gets its attention row instead (as the app's bias explorer shows)."""
     img, tr = _trace(m, image)
     patch, layer, head = _view(m, patch, layer, head)
-    parts = views.bias_parts(tr, m.ckpt.model.pos_enc)
+    parts = views.bias_parts(tr)
     if not parts:
         return attention(m, image, patch, layer, head)
     if part is not None and part not in parts:

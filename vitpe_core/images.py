@@ -34,10 +34,13 @@ import logging
 import re
 import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
+
+if TYPE_CHECKING:   # torch is imported where it is used: the app draws its first page before torch is loaded
+    import torch
 
 __all__ = ["ALLOWED_FORMATS", "ImageError", "ImageInfo", "load_image", "load_image_info", "prepare_for_model"]
 
@@ -226,6 +229,8 @@ def prepare_for_model(img: Image.Image, size: tuple[int, int]) -> torch.Tensor:
 
     Returns a float32 tensor of shape (3, H, W) with values in [0, 1].
     """
+    import torch
+
     height, width = size
     if height < 1 or width < 1:
         raise ValueError(f"size must be (height, width) with both >= 1, got {size}")

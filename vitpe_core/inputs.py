@@ -5,16 +5,19 @@ the CLI call them directly."""
 from __future__ import annotations
 
 import hashlib
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
-import torch
 from PIL import Image
 
-from .checkpoint import Checkpoint
 from .data import CIFAR_MEAN, normalize
 from .gallery import CIFAR10_CLASSES
 from .images import prepare_for_model
+
+if TYPE_CHECKING:   # torch is imported where it is used: the app draws its first page before torch is loaded
+    import torch
+
+    from .checkpoint import Checkpoint
 
 
 def dataset_of(ckpt: Checkpoint) -> str:
@@ -53,6 +56,8 @@ def prediction_text(names: Sequence[str], top: int, p: float, truth: str | None,
 
 def model_input(img: Image.Image, size: tuple[int, int], dataset: str) -> torch.Tensor:
     """Centre-crop + resize to `size`, normalise with the dataset's mean/std: `(3, H, W)`."""
+    import torch
+
     x = prepare_for_model(img, size)                                     # (3, H, W) in [0, 1]
     x = (x * 255).round().to(torch.uint8)[None]                          # (1, 3, H, W) uint8
     return normalize(x, dataset)[0]                                      # (3, H, W)
@@ -85,6 +90,8 @@ def checkpoint_input(img: Image.Image, ckpt: Checkpoint) -> torch.Tensor:
     pre = preprocess_of(ckpt)
     if pre is None:
         return model_input(img, ckpt.config.img_size, dataset_of(ckpt))
+    import torch
+
     H, W = ckpt.config.img_size
     x = prepare_for_model(model_crop(img, ckpt), (H, W))                 # (3, H, W) in [0, 1]
     mean = torch.tensor(pre["mean"], dtype=torch.float32)[:, None, None]

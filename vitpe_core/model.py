@@ -211,8 +211,7 @@ class ViT(nn.Module):
 
     def prefix_names(self) -> list[str]:
         """A name per prefix token, in token order (for labels: "CLS", "dist", "reg 0", ...)."""
-        c = self.cfg
-        return ["CLS"] * c.class_token + ["dist"] * c.dist_token + [f"reg {i}" for i in range(c.reg_tokens)]
+        return self.cfg.prefix_names()
 
     def _init_weights(self) -> None:
         for name in ("cls_token", "dist_token", "reg_token"):

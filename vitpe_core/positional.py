@@ -27,14 +27,17 @@ import io
 from dataclasses import dataclass, field
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from torch import Tensor
 
-from .encodings.base import Grid
-from .encodings.grid import grid_coords, relative_index
-from .model import ViT
+# torch, and the modules that import it, are imported in the functions that use them: the app draws
+# its first page before torch is loaded (pages/common/warmup.py loads it in the background).
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from .encodings.base import Grid
+    from .model import ViT
 
 
 @dataclass
@@ -52,6 +55,8 @@ class Kernels:
 def offset_map(kernel: np.ndarray, grid: Grid) -> np.ndarray:
     """`(..., N, N)` -> `(..., 2H-1, 2W-1)`: the mean over patch pairs `(i, n)` of each offset
     `(r_i - r_n, c_i - c_n)`, centred (index `(H-1, W-1)` is offset 0)."""
+    from .encodings.grid import relative_index  # lazily: it imports torch
+
     H, W = grid
     idx = relative_index(grid).numpy().ravel()                                  # (N*N,)
     size = (2 * H - 1) * (2 * W - 1)
@@ -66,6 +71,8 @@ def offset_fit(kernel: np.ndarray, grid: Grid, *, per_query: bool = False, iters
     `f[offset(i, n)]` (the offset means: `offset_map`), or with `per_query` by
     `f[offset(i, n)] + c[i]`, a relative kernel plus a constant per query (which softmax
     ignores), by alternating means (converges: two-way means on an unbalanced design); `(..., N, N)`."""
+    from .encodings.grid import relative_index
+
     idx = relative_index(grid).numpy()                                           # (N, N)
     flat = lambda k: offset_map(k, grid).reshape(*k.shape[:-2], -1)              # (..., offsets)
     c = np.zeros((*kernel.shape[:-1], 1))                                        # (..., N, 1)
@@ -108,15 +115,16 @@ def query_fit(kernel: np.ndarray, grid: Grid, query: int) -> float:
 
 
 # ----------------------------------------------------------------------------- kernels per kind
-@torch.no_grad()
 def _traces(model: ViT, images: Tensor) -> list[dict]:
-    model.eval()
-    rec: list[dict] = []
-    model(images.float(), trace=rec)
-    return rec
+    import torch  # lazily: the app draws its first page before torch is loaded
+
+    with torch.no_grad():
+        model.eval()
+        rec: list[dict] = []
+        model(images.float(), trace=rec)
+        return rec
 
 
-@torch.no_grad()
 def position_kernels(model: ViT, images: Tensor, *, chunk: int = 8,
                      on_trace: Callable[[list[dict]], None] | None = None, progress: str | None = None) -> Kernels:
     """The position-only kernels of `model` on `images (B, 3, H, W)` (normalised, all the same
@@ -126,50 +134,54 @@ def position_kernels(model: ViT, images: Tensor, *, chunk: int = 8,
     One traced forward pass, `chunk` images at a time (memory stays bounded for large models);
     `on_trace(rec)` sees each chunk's trace (`analyze` takes its attention statistics from the
     same pass); `progress`: a tqdm description, or None for no bar."""
+    import torch
     from tqdm.auto import tqdm
 
-    enc, grid, P = model.pos_enc, model.grid_for(images.shape[-2:]), model.num_prefix
-    kind, layers = None, 0
-    s1 = s2 = q_sum = k_sum = None          # running sums over images (bias) or image patches (rotation)
-    angles: list[Tensor] = []
-    for x in tqdm(images.split(chunk), desc=progress, disable=progress is None):
-        rec = _traces(model, x)
-        if on_trace is not None:
-            on_trace(rec)
-        if kind is None:
-            kind = ("bias" if rec[0]["bias"] is not None else "rotation" if "rotation" in enc.hooks
-                    else "table" if "table" in enc.hooks else "none")
-            layers = len(rec)
-            angles = [enc.angles(grid, layer).float() for layer in range(layers)] if kind == "rotation" else []
+    with torch.no_grad():
+        enc, grid, P = model.pos_enc, model.grid_for(images.shape[-2:]), model.num_prefix
+        kind, layers = None, 0
+        s1 = s2 = q_sum = k_sum = None          # running sums over images (bias) or image patches (rotation)
+        angles: list[Tensor] = []
+        for x in tqdm(images.split(chunk), desc=progress, disable=progress is None):
+            rec = _traces(model, x)
+            if on_trace is not None:
+                on_trace(rec)
+            if kind is None:
+                kind = ("bias" if rec[0]["bias"] is not None else "rotation" if "rotation" in enc.hooks
+                        else "table" if "table" in enc.hooks else "none")
+                layers = len(rec)
+                angles = [enc.angles(grid, layer).float() for layer in range(layers)] if kind == "rotation" else []
+            if kind == "bias":
+                b = torch.stack([t["bias"][..., P:, P:].expand(x.shape[0], -1, -1, -1) for t in rec])  # (L, b, h, N, N)
+                b = b.double()
+                s1 = b.sum(1) if s1 is None else s1 + b.sum(1)
+                s2 = (b * b).sum(1) if s2 is None else s2 + (b * b).sum(1)
+            elif kind == "rotation":   # the trace keeps q, k after rotation: undo it per patch for the content's mean
+                q = torch.stack([_unrotate(t["q"][:, :, P:].float(), a).sum((0, 2)) for t, a in zip(rec, angles)])
+                k = torch.stack([_unrotate(t["k"][:, :, P:].float(), a).sum((0, 2)) for t, a in zip(rec, angles)])
+                q_sum = q if q_sum is None else q_sum + q                            # (L, h, d)
+                k_sum = k if k_sum is None else k_sum + k
+        n = len(images)
         if kind == "bias":
-            b = torch.stack([t["bias"][..., P:, P:].expand(x.shape[0], -1, -1, -1) for t in rec])  # (L, b, h, N, N)
-            b = b.double()
-            s1 = b.sum(1) if s1 is None else s1 + b.sum(1)
-            s2 = (b * b).sum(1) if s2 is None else s2 + (b * b).sum(1)
-        elif kind == "rotation":   # the trace keeps q, k after rotation: undo it per patch for the content's mean
-            q = torch.stack([_unrotate(t["q"][:, :, P:].float(), a).sum((0, 2)) for t, a in zip(rec, angles)])
-            k = torch.stack([_unrotate(t["k"][:, :, P:].float(), a).sum((0, 2)) for t, a in zip(rec, angles)])
-            q_sum = q if q_sum is None else q_sum + q                            # (L, h, d)
-            k_sum = k if k_sum is None else k_sum + k
-    n = len(images)
-    if kind == "bias":
-        mean = s1 / n
-        std = (s2 / n - mean * mean).clamp_min(0).sqrt()
-        return Kernels("bias", grid, mean.float().numpy(), std.float().numpy(), list(range(layers)))
-    if kind == "rotation":
-        N = grid[0] * grid[1]
-        return Kernels("rotation", grid, rotation_kernels(q_sum / (n * N), k_sum / (n * N), angles), None,
-                       list(range(layers)))
-    if kind == "table":
-        return Kernels("table", grid, table_kernel(model, images)[None], None, [0])
-    return Kernels("none", grid, np.zeros((layers, model.cfg.heads, grid[0] * grid[1], grid[0] * grid[1])),
-                   None, list(range(layers)))
+            mean = s1 / n
+            std = (s2 / n - mean * mean).clamp_min(0).sqrt()
+            return Kernels("bias", grid, mean.float().numpy(), std.float().numpy(), list(range(layers)))
+        if kind == "rotation":
+            N = grid[0] * grid[1]
+            return Kernels("rotation", grid, rotation_kernels(q_sum / (n * N), k_sum / (n * N), angles), None,
+                           list(range(layers)))
+        if kind == "table":
+            return Kernels("table", grid, table_kernel(model, images)[None], None, [0])
+        return Kernels("none", grid, np.zeros((layers, model.cfg.heads, grid[0] * grid[1], grid[0] * grid[1])),
+                       None, list(range(layers)))
 
 
 def rotation_kernels(q: Tensor, k: Tensor, angles: list[Tensor]) -> np.ndarray:
     """`(L, h, N, N)`: `Re Σ_j z̄q_j conj(z̄k_j) e^{i(φ_ij − φ_nj)} / sqrt d`, with `z̄q, z̄k` the mean
     query and key of the patches (`q, k (L, h, d)`, before rotation, as complex pairs) and `φ`
     the encoding's angles per layer (`(h|1, N, d/2)` each)."""
+    import torch
+
     out = []
     for qm, km, ang in zip(q, k, angles):
         zq = torch.complex(qm[..., 0::2], qm[..., 1::2])                        # (h, d/2)
@@ -183,25 +195,29 @@ def rotation_kernels(q: Tensor, k: Tensor, angles: list[Tensor]) -> np.ndarray:
 
 def _unrotate(x: Tensor, ang: Tensor) -> Tensor:
     """Inverse of `encodings.base.rotate_patches` on patch tokens `(B, h, N, d)`."""
+    import torch
+
     cos, sin = ang.cos(), ang.sin()
     x1, x2 = x[..., 0::2], x[..., 1::2]
     return torch.stack((x1 * cos + x2 * sin, -x1 * sin + x2 * cos), dim=-1).flatten(-2)
 
 
-@torch.no_grad()
 def table_kernel(model: ViT, images: Tensor) -> np.ndarray:
     """`(h, N, N)`: layer 0's logits between the table's rows with content held at the image
     set's mean patch embedding: `q_i = W_q LN(μ + p_i)`, `k_n = W_k LN(μ + p_n)`."""
-    grid = model.grid_for(images.shape[-2:])
-    N = grid[0] * grid[1]
-    patches = model.patch_embed.proj(images.float()).flatten(2).transpose(1, 2)  # (B, N, D)
-    mu = patches.mean((0, 1))                                                    # (D,)
-    table = model.pos_enc.table(grid)                                            # (P'+N, D)
-    x = mu + table[table.shape[0] - N:]                                          # (N, D)
-    x = model.blocks[0].norm1(model.norm_pre(x) if model.cfg.pre_norm else x)    # CLIP: its LayerNorm first
-    attn = model.blocks[0].attn
-    q, k, _ = attn.qkv(x).reshape(N, 3, attn.heads, -1).permute(1, 2, 0, 3)      # (h, N, d) each
-    return ((q * attn.scale) @ k.transpose(-1, -2)).numpy()                      # (h, N, N)
+    import torch
+
+    with torch.no_grad():
+        grid = model.grid_for(images.shape[-2:])
+        N = grid[0] * grid[1]
+        patches = model.patch_embed.proj(images.float()).flatten(2).transpose(1, 2)  # (B, N, D)
+        mu = patches.mean((0, 1))                                                    # (D,)
+        table = model.pos_enc.table(grid)                                            # (P'+N, D)
+        x = mu + table[table.shape[0] - N:]                                          # (N, D)
+        x = model.blocks[0].norm1(model.norm_pre(x) if model.cfg.pre_norm else x)    # CLIP: its LayerNorm first
+        attn = model.blocks[0].attn
+        q, k, _ = attn.qkv(x).reshape(N, 3, attn.heads, -1).permute(1, 2, 0, 3)      # (h, N, d) each
+        return ((q * attn.scale) @ k.transpose(-1, -2)).numpy()                      # (h, N, N)
 
 
 # ----------------------------------------------------------------------------- attention by depth
@@ -209,6 +225,8 @@ def mean_attention_distance(attn: np.ndarray, grid: Grid, num_prefix: int) -> np
     """`attn (..., T, T)` -> `(...)`: the expected distance in patches from each patch query to
     the patches it attends to (weights renormalised over patch keys), averaged over queries
     (the ViT paper's Figure 7, right)."""
+    from .encodings.grid import grid_coords
+
     r, c = (x.numpy() for x in grid_coords(grid))
     dist = np.sqrt((r[:, None] - r[None]) ** 2 + (c[:, None] - c[None]) ** 2)   # (N, N)
     a = attn[..., num_prefix:, num_prefix:]
@@ -265,6 +283,8 @@ def rollout_row(rolled: np.ndarray, grid: Grid, num_prefix: int, token: int) -> 
 def image_set(ckpt) -> Tensor:
     """The fixed image set the statistics are taken on: every gallery image (the CIFAR-10 test
     images, then the photos) as `ckpt`'s model takes it, `(B, 3, H, W)`."""
+    import torch
+
     from .gallery import gallery_ids, gallery_image
     from .inputs import checkpoint_input
     return torch.stack([checkpoint_input(gallery_image(i), ckpt) for i in gallery_ids()])
@@ -282,40 +302,42 @@ def _chunk(model: ViT, grid: Grid) -> int:
     return max(1, min(8, CHUNK_BYTES // per_image))
 
 
-@torch.no_grad()
 def analyze(ckpt, progress: bool = False) -> tuple[dict, dict[str, np.ndarray]]:
     """Summary (JSON-able: the relative score per layer and head and its mean, mean attention
     distance and entropy per layer and head, on `image_set`) and the arrays behind it
     (`kernel`, `spread`, `offset_kernel`, `mean_distance`, `entropy`). One traced forward pass
     over the image set gives both the kernels and the attention statistics."""
-    model, images = ckpt.model.eval(), image_set(ckpt)
-    grid, distances, entropies = model.grid_for(images.shape[-2:]), [], []
+    import torch
 
-    def attention_stats(rec: list[dict]) -> None:
-        # One layer at a time: the temporaries are a layer's (b, h, T, T), not all layers' (a ViT-B/16's
-        # five 22 MB copies made the compare page the big memory walk's peak, issue 47).
-        dist, ent = [], []
-        for t in rec:
-            attn = t["attn"].float().numpy()                                     # (b, h, T, T)
-            dist.append(mean_attention_distance(attn, grid, model.num_prefix))  # (b, h)
-            ent.append(attention_entropy(attn, model.num_prefix))
-        distances.append(np.stack(dist, 1))                                      # (b, L, h)
-        entropies.append(np.stack(ent, 1))
+    with torch.no_grad():
+        model, images = ckpt.model.eval(), image_set(ckpt)
+        grid, distances, entropies = model.grid_for(images.shape[-2:]), [], []
 
-    kern = position_kernels(model, images, on_trace=attention_stats, chunk=_chunk(model, grid),
-                            progress=f"{ckpt.name}: {len(images)} images" if progress else None)
-    dist, ent = np.concatenate(distances).mean(0), np.concatenate(entropies).mean(0)   # (L, h)
-    score = relative_score(kern.kernel, kern.grid)                               # (L', h)
-    summary = {"kind": kern.kind, "layers": kern.layers, "images": int(len(images)),
-               "relative_score": None if kern.kind == "none" else round(float(score.mean()), 4),
-               "relative_score_by_layer_head": np.round(score, 4).tolist(),
-               "mean_distance": np.round(dist, 4).tolist(), "entropy": np.round(ent, 4).tolist()}
-    arrays = {"kind": np.array(kern.kind), "kernel": kern.kernel.astype(np.float32),
-              "offset_kernel": offset_map(kern.kernel, kern.grid).astype(np.float32),
-              "mean_distance": dist, "entropy": ent, "relative_score": score}
-    if kern.spread is not None:
-        arrays["spread"] = kern.spread.astype(np.float32)
-    return summary, arrays
+        def attention_stats(rec: list[dict]) -> None:
+            # One layer at a time: the temporaries are a layer's (b, h, T, T), not all layers' (a ViT-B/16's
+            # five 22 MB copies made the compare page the big memory walk's peak, issue 47).
+            dist, ent = [], []
+            for t in rec:
+                attn = t["attn"].float().numpy()                                     # (b, h, T, T)
+                dist.append(mean_attention_distance(attn, grid, model.num_prefix))  # (b, h)
+                ent.append(attention_entropy(attn, model.num_prefix))
+            distances.append(np.stack(dist, 1))                                      # (b, L, h)
+            entropies.append(np.stack(ent, 1))
+
+        kern = position_kernels(model, images, on_trace=attention_stats, chunk=_chunk(model, grid),
+                                progress=f"{ckpt.name}: {len(images)} images" if progress else None)
+        dist, ent = np.concatenate(distances).mean(0), np.concatenate(entropies).mean(0)   # (L, h)
+        score = relative_score(kern.kernel, kern.grid)                               # (L', h)
+        summary = {"kind": kern.kind, "layers": kern.layers, "images": int(len(images)),
+                   "relative_score": None if kern.kind == "none" else round(float(score.mean()), 4),
+                   "relative_score_by_layer_head": np.round(score, 4).tolist(),
+                   "mean_distance": np.round(dist, 4).tolist(), "entropy": np.round(ent, 4).tolist()}
+        arrays = {"kind": np.array(kern.kind), "kernel": kern.kernel.astype(np.float32),
+                  "offset_kernel": offset_map(kern.kernel, kern.grid).astype(np.float32),
+                  "mean_distance": dist, "entropy": ent, "relative_score": score}
+        if kern.spread is not None:
+            arrays["spread"] = kern.spread.astype(np.float32)
+        return summary, arrays
 
 
 def cache_path(checkpoint: str | Path) -> Path:

@@ -20,11 +20,12 @@ import os
 import re
 import threading
 from pathlib import Path
-from typing import Generic, TypeVar
-
-import torch
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from .membudget import Budget
+
+if TYPE_CHECKING:   # torch is imported where it is used: the app draws its first page before torch is loaded
+    import torch
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -280,6 +281,8 @@ def _load_held(path: Path):
     filled by assignment, a half-precision file's layer weights held in its precision): the file's
     tensors and the model never twice in memory (a ViT-B/16 in float16: 173 MB read, not 830 MB)."""
     import json
+
+    import torch
 
     from .checkpoint import HISTORY, Checkpoint, CheckpointError, read_checkpoint_file, read_config
     from .foreign import assigned_model

@@ -31,14 +31,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from . import analysis
-from .encodings.base import Grid
 from .viewstate import FILLS   # defined there: the app reads it before importing torch
+
+if TYPE_CHECKING:   # torch is imported where it is used: the app draws its first page before torch is loaded
+    import torch
+
+    from .encodings.base import Grid
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,8 @@ def size_options(img_size: tuple[int, int], patch_size: int, lo: float = 0.75, h
 # ----------------------------------------------------------------------------- the input
 def transform_input(x: torch.Tensor, tf: Transform) -> torch.Tensor:
     """`x (3, H, W)` or `(B, 3, H, W)`, normalised -> the same, resized and shifted by `tf`."""
+    import torch.nn.functional as F
+
     if tf.is_identity(tuple(x.shape[-2:])):
         return x
     batched = x.ndim == 4
@@ -123,6 +128,8 @@ def input_norm(ckpt) -> tuple[tuple[float, ...], tuple[float, ...]]:
 
 def input_rgb(x: torch.Tensor, mean, std) -> np.ndarray:
     """A normalised `(3, H, W)` input back to `(H, W, 3)` uint8 (what the model is shown)."""
+    import torch
+
     m = torch.as_tensor(mean, dtype=torch.float32)[:, None, None]
     s = torch.as_tensor(std, dtype=torch.float32)[:, None, None]
     img = ((x.float() * s + m).clamp(0, 1) * 255).round().to(torch.uint8)   # (3, H, W)

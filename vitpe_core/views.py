@@ -13,7 +13,6 @@ import numpy as np
 from . import analysis
 from .checkpoint import group_and_stem
 from .config import ViTConfig
-from .encodings import PositionEncoding
 from .positional import query_fit
 
 PART_LABELS = {"sum": "x + y (the SaPE² bias)", "x": "x part (along the patch's row)",
@@ -38,15 +37,16 @@ class BiasView:
     per_head: np.ndarray
 
 
-def bias_parts(trace: analysis.Trace, pos_enc: PositionEncoding) -> list[str]:
+def bias_parts(trace: analysis.Trace) -> list[str]:
     """The bias components a page can offer: `[]` without a bias; SaPE² `sum`, `x`, `y` (and
     `bias`, the full bias, when another part of the encoding adds to it, e.g. `sape2+rpb`);
-    `row` for any other bias."""
+    `row` for any other bias. The encoding's parts are the trace's record (`Trace.bias_sources`): a
+    trace stored with its checkpoint offers them without the model."""
     if trace.bias is None:
         return []
     if analysis.sape2_part_names(trace.parts) is None:
         return ["row"]
-    others = [p.name for p in getattr(pos_enc, "parts", [pos_enc]) if "bias" in p.hooks and p.name != "sape2"]
+    others = [name for name in trace.bias_sources if name != "sape2"]
     return ["sum", "x", "y"] + (["bias"] if others else [])
 
 

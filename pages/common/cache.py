@@ -30,7 +30,7 @@ import functools
 import logging
 import os
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
 import streamlit as st
@@ -38,17 +38,21 @@ from PIL import Image
 from streamlit.logger import setup_formatter
 
 from vitpe_core import analysis, membudget
-from vitpe_core.checkpoint import (Checkpoint, CheckpointError, group_and_stem, listed_checkpoints, load_checkpoint,
-                                   read_config, resolve_checkpoint)
+from vitpe_core.checkpoint import (Checkpoint, CheckpointError, CheckpointHeader, group_and_stem, listed_checkpoints,
+                                   load_checkpoint, read_config, read_header, resolve_checkpoint)
 from vitpe_core.config import ViTConfig
 from vitpe_core.gallery import gallery_image
 from vitpe_core.inputs import checkpoint_input, class_names, dataset_of, image_key, model_crop  # noqa: F401
 from vitpe_core.metrics import sanitize_metrics
-from vitpe_core.model import ViT
+from vitpe_core.stored_trace import read_trace
 from vitpe_core.swin.explore import SwinTrace, trace_image as swin_trace_image
 from vitpe_core.views import position_hooks
 
+from . import warmup
 from .imported import EVICTED, stored_model, take_turn, uploaded_models
+
+if TYPE_CHECKING:
+    from vitpe_core.model import ViT
 
 # The server log says what the memory budget and the model store keep and evict, and which run waited for a
 # big model's turn (Streamlit's format; the records still propagate, so tests' log capture sees them)
@@ -175,7 +179,9 @@ class ModelEvicted(CheckpointError):
 
 def load_model(ref: ModelRef) -> Checkpoint:
     """The checkpoint `ref` refers to: a file through the model cache, an imported model from
-    the store; raises `CheckpointError` (a ValueError) once the store has evicted it."""
+    the store; raises `CheckpointError` (a ValueError) once the store has evicted it. On a cold
+    server it first waits for the warm-up's torch import (`warmup.wait_for_torch`, said on the page)."""
+    warmup.wait_for_torch()
     if ref.is_file:
         return _load_file(ref.key, ref.mtime_ns)
     take_turn(ref.key)
@@ -196,6 +202,21 @@ def _config_file(path: str, mtime_ns: int) -> ViTConfig:
     return read_config(path)
 
 
+@budgeted("headers", max_items=256)
+def _header_file(path: str, mtime_ns: int) -> CheckpointHeader:
+    header = read_header(path)
+    metrics, problems = sanitize_metrics(header.metrics)     # as `_load_file` does
+    return header.with_metrics({**metrics, "metrics_problems": problems} if problems else metrics)
+
+
+def checkpoint_header(name: str) -> CheckpointHeader:
+    """What a page needs of checkpoint `name` besides its model (config, metrics, recorded
+    epochs), without loading it: a folder file's header only (no torch), an imported model from
+    memory. Raises `CheckpointError` (a ValueError) or OSError."""
+    ref = model_ref(name)
+    return _header_file(ref.key, ref.mtime_ns) if ref.is_file else load_model(ref).header
+
+
 def checkpoint_config(name: str) -> ViTConfig:
     """The model config of checkpoint `name` without loading it (a folder file's header only;
     an imported model is in memory already); raises `CheckpointError` (a ValueError)."""
@@ -209,6 +230,8 @@ TRACE_CACHE_ENTRIES = 64          # traces kept at most (their bytes count again
 
 @budgeted("traces", max_items=TRACE_CACHE_ENTRIES)
 def _trace(ref: ModelRef, key: str, _img: Image.Image | None) -> analysis.Trace:
+    if _img is None and ref.is_file and (stored := read_trace(ref.key, key)) is not None:
+        return stored        # the checkpoint's first gallery image, traced when it was saved: no model, no torch
     ckpt = load_model(ref)
     img = _img if _img is not None else gallery_image(key)
     x = checkpoint_input(img, ckpt)
@@ -225,8 +248,15 @@ def traced_room(model, x):
     return membudget.shared().reserve(min(room, membudget.shared().max_bytes // 2), "tracing a big model")
 
 
+def has_stored_trace(name: str, key: str) -> bool:
+    """Whether folder checkpoint `name` has its trace of gallery image `key` stored beside it (current)."""
+    ref = model_ref(name)
+    return ref.is_file and read_trace(ref.key, key) is not None
+
+
 def trace(name: str, key: str, img: Image.Image | None = None) -> analysis.Trace:
-    """The trace of image `key` (a gallery id, or `image_key(img)` with `img` for uploads)."""
+    """The trace of image `key` (a gallery id, or `image_key(img)` with `img` for uploads); a
+    folder checkpoint's first gallery image from the trace stored beside it (`vitpe_core.stored_trace`)."""
     return _trace(model_ref(name), key, img)
 
 

@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 import streamlit as st
 
-from vitpe_core.checkpoint import Checkpoint
+from vitpe_core.checkpoint import Checkpoint, CheckpointHeader
 from vitpe_core.config import ViTConfig
 
 from . import cache
@@ -16,6 +16,16 @@ def load_checkpoint_or_error(name: str) -> Checkpoint | None:
     """The checkpoint, or None after an st.error saying why it cannot be used."""
     try:
         return cache.get_checkpoint(name)
+    except (ValueError, OSError) as e:   # CheckpointError is a ValueError
+        st.error(f"Checkpoint {name!r} cannot be used: {e}")
+        return None
+
+
+def header_or_error(name: str) -> CheckpointHeader | None:
+    """The checkpoint's config, metrics and recorded epochs without its model (`cache.checkpoint_header`:
+    a folder file's header, no torch), or None after an st.error saying why it cannot be used."""
+    try:
+        return cache.checkpoint_header(name)
     except (ValueError, OSError) as e:   # CheckpointError is a ValueError
         st.error(f"Checkpoint {name!r} cannot be used: {e}")
         return None

@@ -44,7 +44,7 @@ def report_images(current: tuple[Image.Image, str, str] | None = None) -> list:
     return (first + rest)[:DEFAULT_IMAGES]
 
 
-def _build(name: str, ckpt, images: list) -> bytes:
+def _build(name: str, images: list) -> bytes:
     from vitpe_core.html_report import progress_steps, report_bytes
     from vitpe_core.html_report.build import file_sha256
 
@@ -58,9 +58,9 @@ def _build(name: str, ckpt, images: list) -> bytes:
         done[0] += 1
         bar.progress(min(1.0, done[0] / total), text=f"Building the report: {step}")
 
-    data = report_bytes(dataclasses.replace(ckpt, name=name), images=images, path=path, content_hash=sha,
-                        position=cache.position_analysis(name), progress=progress,
-                        command=f"the vitpe app's report button ({name})")
+    ckpt = dataclasses.replace(cache.get_checkpoint(name), name=name)    # the page holds its header only
+    data = report_bytes(ckpt, images=images, path=path, content_hash=sha, position=cache.position_analysis(name),
+                        progress=progress, command=f"the vitpe app's report button ({name})")
     bar.empty()
     return data
 
@@ -78,7 +78,7 @@ def offer(page: str, name: str, ckpt, current: tuple[Image.Image, str, str] | No
             return
         images = report_images(current)
         safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
-        held = st.session_state[BUILT] = {"id": ident, "data": _build(name, ckpt, images),
+        held = st.session_state[BUILT] = {"id": ident, "data": _build(name, images),
                                           "file_name": f"{safe}_report.html"}
     data = held["data"]                                    # handed over on the click (not re-sent every rerun)
     st.download_button(f"Save {held['file_name']} ({len(data) / 1e6:.1f} MB)", data=lambda: data,

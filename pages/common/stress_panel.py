@@ -136,7 +136,7 @@ def stress_section(page: str, ckpt, tr: analysis.Trace, name: str, key: str, cus
         st.caption("Move a control to run the model on a shifted or resized copy of the image.")
         return
     after, rgb = transformed(name, key, tf, custom)
-    parts = views.bias_parts(tr, ckpt.model.pos_enc)
+    parts = views.bias_parts(tr)
     part = st.session_state.get(f"{page}_part") if len(parts) > 1 else None
     part = part if part in parts else (parts[0] if parts else None)
     sv = stress.stress_view(tr, after, tf, tuple(cfg.img_size), cfg.patch_size, patch, layer, head, part)

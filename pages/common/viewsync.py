@@ -86,7 +86,7 @@ def dims_of(name: str) -> Dims | None:
     if not name:
         return None
     try:
-        cfg = cache.get_checkpoint(name).config
+        cfg = cache.checkpoint_config(name)
     except (CheckpointError, OSError):
         return None
     return cfg.grid, cfg.depth, cfg.heads
@@ -97,7 +97,7 @@ def epochs_of(name: str) -> list[int]:
     if not name:
         return []
     try:
-        return sorted(cache.get_checkpoint(name).history)
+        return list(cache.checkpoint_header(name).epochs)
     except (CheckpointError, OSError):
         return []
 
@@ -110,15 +110,14 @@ def stress_limits_of(name: str) -> StressLimits:
     if not name:
         return StressLimits()
     try:
-        ckpt = cache.get_checkpoint(name)
+        cfg = cache.checkpoint_config(name)
     except (CheckpointError, OSError):
         return StressLimits()
-    cfg = ckpt.config
     native = tuple(cfg.img_size)
     return StressLimits(shifts=tuple(stress.shift_options(cfg.patch_size)),
                         heights=tuple(h for h, _ in stress.size_options(native, cfg.patch_size)), native=native[0],
                         sources=tuple(positional.rollout_sources(getattr(cfg, "num_prefix", 0),  # Swin: none
-                                                                 ckpt.model.prefix_names())))
+                                                                 getattr(cfg, "prefix_names", list)())))
 
 
 def history_navigation() -> bool:

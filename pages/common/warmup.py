@@ -1,26 +1,31 @@
-"""Do the first visitor's slow work once at server start, before anyone arrives.
+"""Do the first visitor's slow work at server start, around the first page rather than before it.
 
-On a cold start the first script run used to import pandas, torch, Plotly and vitpe_core
-(about 2 s of its 5), then load the default checkpoint and trace the default image, all after
-the browser had connected, while the server had sat idle for the second or so the browser
-spends loading Streamlit's JavaScript. `streamlit run app.py` finds the `st.App` in app.py
-(made only when the file is imported as a module, not in a visitor's run), whose lifespan
-calls `start`: one daemon thread does those imports, loads (or first compiles) the fused C++
-kernel, runs one forward pass of a tiny model, and puts the default view's checkpoint and trace
-in the app's caches (`pages.common.cache`). A visitor's first run calls `wait` before its own
-imports, so the two never import the same modules at once (a half-imported module seen from
-another thread broke Plotly once; RELIABILITY.md).
+On a cold start the first page used to wait for torch's import (1 s of CPU, 2 s beside the
+browser loading Streamlit's and Plotly's code on 2 cores), the fused kernel and the default
+view's trace. `streamlit run app.py` finds the `st.App` in app.py (made only when the file is
+imported as a module, not in a visitor's run), whose lifespan calls `start`: one daemon thread
 
-A visitor who arrives before it is done sees what it waits for (`wait_visibly`: "Preparing the
-app: compiling the fused SaPE²/CoPE attention kernel (once per install, 10–30 s)… 12 s"
-under the title, replaced by the page when ready), not a blank page: on a fresh install (an
-empty torch extension cache, or a cached build torch finds out of date) the warm-up compiles the
-fused C++ kernel, 10–15 s on 2 cores (a minute under load). The server log says when that build starts and ends
-("warm-up: compiling the fused SaPE²/CoPE kernel …", "… built in 41.2 s"), and how long the whole
-warm-up took ("warm-up done in 2.9 s").
+1. imports Plotly, pandas and the pages' modules (`CHARTING`, `PAGE_MODULES`: none imports torch,
+   tests/test_app.py checks it) and reads the default view's checkpoint header and the trace
+   stored beside it (`vitpe_core.stored_trace`): the first page is drawn from these, no torch;
+2. waits until the first visitor's first page was sent and `SETTLE_S` has passed for the browser
+   to draw it (`page_sent`), or until a run needs a model (`wait_for_torch`, called by
+   `cache.load_model`), or `VISITOR_GRACE_S` from the start when no visitor came;
+3. imports torch, loads (or first compiles) the fused C++ kernel, runs one forward pass of a
+   tiny model, and puts the default view's checkpoint and trace in the app's caches.
 
-Where nothing calls `start` (AppTest; `VITPE_WARMUP=0` turns it off), `wait` returns at once.
-Nothing heavy is imported here: app.py imports this module on every run.
+A visitor's run calls `wait_visibly` (step 1) before its own imports, so that the two never
+import the same modules at once (a half-imported module seen from another thread broke Plotly
+once; RELIABILITY.md), and `wait_for_torch` before its first model (step 3's torch, kernel and
+forward pass): what it waits for is said on the page ("Preparing the app: compiling the fused
+SaPE²/CoPE attention kernel (once per install, 10–30 s)… 12 s"), replaced by the page when
+ready. On a fresh install (an empty torch extension cache, or a cached build torch finds out of
+date) the kernel compiles in 10–15 s on 2 cores (a minute under load): the log says when that
+build starts and ends ("warm-up: compiling the fused SaPE²/CoPE kernel …", "… built in 41.2 s"),
+and how long the whole warm-up took ("warm-up done in 2.9 s").
+
+Where nothing calls `start` (AppTest; `VITPE_WARMUP=0` turns it off), `wait` and `wait_for_torch`
+return at once. Nothing heavy is imported here: app.py imports this module on every run.
 """
 from __future__ import annotations
 
@@ -37,26 +42,29 @@ from streamlit.logger import get_logger   # the server's log format and level
 
 log = get_logger(__name__)
 
-# In the order a page's first run imports them (app.py, then the pages through pages.common). Kept by hand;
-# tests/test_app.py checks that it covers every module the pages import at module level.
-# Imported first, so that a visitor's first run can draw a chart (`prefetch_frontend`) while torch loads.
+# Imported first, so that a visitor's first run can draw a chart (`prefetch_frontend`).
 CHARTING = ("pandas", "plotly.graph_objects", "plotly.io", "plotly.tools", "plotly.offline")
-MODULES = ("pandas", "torch", "plotly.graph_objects", "vitpe_core.model", "vitpe_core.analysis",
-           "vitpe_core.figures", "vitpe_core.figures.picker", "vitpe_core.views", "vitpe_core.positional",
-           "vitpe_core.stress",
-           "pages.common.cache", "pages.common.messages", "pages.common.viewsync", "pages.common.status",
-           "pages.common.widgets", "pages.common.explain", "pages.common.loading", "pages.common.output",
-           "pages.common.picker", "pages.common.uploads", "pages.common.import_form",
-           "pages.common.position_panel", "pages.common.stress_panel", "pages.common.film",
-           "pages.common.report_button", "pages.common.prediction", "pages.common.resolution",
-           "pages.common.swin_view", "pages.common.model_import")
+# In the order a page's first run imports them (app.py, then the pages through pages.common), none of them torch:
+# the first page is drawn before torch is imported (from a stored trace, `vitpe_core.stored_trace`). Kept by hand;
+# tests/test_app.py checks that it covers every module the pages import at module level, and without torch.
+PAGE_MODULES = ("vitpe_core.analysis", "vitpe_core.figures", "vitpe_core.figures.picker", "vitpe_core.views",
+                "vitpe_core.positional", "vitpe_core.stress", "vitpe_core.stored_trace",
+                "pages.common.cache", "pages.common.messages", "pages.common.viewsync", "pages.common.status",
+                "pages.common.widgets", "pages.common.explain", "pages.common.loading", "pages.common.output",
+                "pages.common.picker", "pages.common.uploads", "pages.common.import_form",
+                "pages.common.position_panel", "pages.common.stress_panel", "pages.common.film",
+                "pages.common.report_button", "pages.common.prediction", "pages.common.resolution",
+                "pages.common.swin_view", "pages.common.model_import")
+# What any model needs: imported after the first visitor's first page is drawn (`_run`), or when a run needs it.
+TORCH_MODULES = ("torch", "vitpe_core.model", "vitpe_core.swin.model")
 THREAD = "vitpe-warmup"
 WAIT_S = 120.0                  # a visitor waits at most this long; the imports then run in its own script
 BUILD_WAIT_S = 900.0            # ... or this long while the kernel compiles (its own run would wait for it too)
 SHOW_EVERY_S = 0.5              # how often the waiting page's message is brought up to date
 
 # What the warm-up is doing, as the waiting page says it ("Preparing the app: <stage>… 12 s").
-IMPORTING = "loading PyTorch, Plotly and the app's modules"
+IMPORTING = "loading Plotly and the app's modules"
+TORCH = "loading PyTorch"
 KERNEL = "loading the fused SaPE²/CoPE attention kernel"
 COMPILING = "compiling the fused SaPE²/CoPE attention kernel (once per install, 10–30 s)"
 FORWARD = "running a first forward pass"
@@ -64,8 +72,13 @@ DEFAULT_VIEW = "loading the default checkpoint and tracing its image"
 
 _done = threading.Event()
 _charting = threading.Event()   # CHARTING imported: a visitor's run may draw a Plotly chart
+_pages = threading.Event()      # PAGE_MODULES imported, the default view's stored trace read: a page may run
 _visitor = threading.Event()    # a visitor's first run has drawn its title and the prefetch
-VISITOR_GRACE_S = 2.0           # after Plotly, the warm-up waits this long from its start for a first visitor
+_go = threading.Event()         # torch may be imported now: the first page is drawn, or a run needs a model
+_torch = threading.Event()      # torch imported, the kernel loaded, a first forward pass run: a run may use a model
+VISITOR_GRACE_S = 5.0           # the warm-up waits this long from its start for a first visitor, then imports torch
+SETTLE_S = 2.5                  # ... or this long after that visitor's first page was sent (the browser draws it)
+FIRST_PAGE_WAIT_S = 30.0        # ... but no longer than this for that page
 _started = False
 _lock = threading.Lock()
 _stage: tuple[str, float] = (IMPORTING, time.monotonic())   # (what it does now, since when: time.monotonic())
@@ -86,22 +99,34 @@ def _run() -> None:
         for name in CHARTING:
             importlib.import_module(name)
         _charting.set()
+        for name in PAGE_MODULES:
+            importlib.import_module(name)
+        _stored_view()
+        _pages.set()
         # A browser that connects now loads Streamlit's page and Plotly's code (about 2 s of CPU on
-        # its side); torch's import (1 s of CPU, most of it holding the GIL) slowed both, and the
-        # server's own answers, by about as much. So torch waits until that visitor's first run
-        # has drawn its title and the prefetch, or VISITOR_GRACE_S from the start when none came.
-        _visitor.wait(max(0.0, VISITOR_GRACE_S - (time.perf_counter() - t0)))
-        for name in MODULES:
+        # its side); torch's import (1 s of CPU, most of it holding the GIL, so that the server
+        # answers the browser late) slowed both by about as much, and the first page waited for it.
+        # Now that page is drawn from the trace stored with the checkpoint, and torch waits until
+        # it was sent and drawn (SETTLE_S), or until a run needs a model (`wait_for_torch`), or
+        # VISITOR_GRACE_S from the start when no visitor came.
+        if not _visitor.wait(max(0.0, VISITOR_GRACE_S - (time.perf_counter() - t0))):
+            _go.set()
+        _go.wait(FIRST_PAGE_WAIT_S)
+        _set_stage(TORCH)
+        for name in TORCH_MODULES:
             importlib.import_module(name)
         _load_kernel()
         _set_stage(FORWARD)
         _first_forward()
+        _torch.set()    # before the default view: a run waiting for torch may hold a cache entry that one needs
         _set_stage(DEFAULT_VIEW)
         _default_view()
     except Exception:  # noqa: BLE001 — the visitor's own run then meets it where the page shows it
         log.exception("warm-up failed; the first page run does that work instead")
     finally:
         _charting.set()
+        _pages.set()
+        _torch.set()
         seconds = time.perf_counter() - t0
         log.info("warm-up done in %.2f s (imports, a first forward pass, the default view's checkpoint and trace)",
                  seconds)
@@ -215,19 +240,39 @@ class _NotFromWarmup(logging.Filter):
         return record.threadName != THREAD
 
 
-def _default_view() -> None:
-    """The default view's checkpoint and the trace of its image into the app's caches (what the
-    first visitor's bias page asks for first)."""
+def _default() -> tuple[str, str]:
+    """(checkpoint, image) of the default view: what the first visitor's bias page shows first."""
     from pages.common import cache
     from vitpe_core.checkpoint import listed_checkpoints
     from vitpe_core.gallery import gallery_ids
-    from vitpe_core.swin.explore import is_swin_model
     from vitpe_core.viewstate import default_view
 
     view = default_view(checkpoints=listed_checkpoints(cache.checkpoint_root()), images=gallery_ids())
-    if view.ckpt:
-        swin = is_swin_model(cache.checkpoint_config(view.ckpt))
-        (cache.swin_trace if swin else cache.trace)(view.ckpt, view.image)
+    return view.ckpt, view.image
+
+
+def _stored_view() -> None:
+    """The default view's checkpoint header and its stored trace into the app's caches, where
+    the checkpoint has one (`vitpe_core.stored_trace`): the first page, without torch."""
+    from pages.common import cache
+
+    name, image = _default()
+    if name and cache.has_stored_trace(name, image):
+        cache.checkpoint_header(name)
+        cache.trace(name, image)
+
+
+def _default_view() -> None:
+    """The default view's checkpoint and the trace of its image into the app's caches (what the
+    first visitor's other views ask for: the model)."""
+    from pages.common import cache
+    from vitpe_core.swin.explore import is_swin_model
+
+    name, image = _default()
+    if name:
+        swin = is_swin_model(cache.checkpoint_config(name))
+        cache.get_checkpoint(name)
+        (cache.swin_trace if swin else cache.trace)(name, image)
 
 
 def start() -> None:
@@ -250,14 +295,17 @@ def message() -> str | None:
     return f"Preparing the app: {text}… {time.monotonic() - since:.0f} s"
 
 
-def wait(timeout: float = WAIT_S, show: Callable[[str], Any] | None = None) -> None:
-    """Block until the warm-up is done (at once if none was started), at most `timeout` s (at
-    least `BUILD_WAIT_S` while the kernel compiles). `show(text)`, if given, is called at once
-    and then whenever `message()` changes (every `SHOW_EVERY_S` s at most) while it waits."""
+def wait(timeout: float = WAIT_S, show: Callable[[str], Any] | None = None,
+         until: threading.Event | None = None) -> None:
+    """Block until the warm-up is done (`until`: or has reached that stage; at once if none was
+    started), at most `timeout` s (at least `BUILD_WAIT_S` while the kernel compiles). `show(text)`,
+    if given, is called at once and then whenever `message()` changes (every `SHOW_EVERY_S` s at
+    most) while it waits."""
     if not _started:
         return
+    until = _done if until is None else until
     t0, shown = time.monotonic(), None
-    while not _done.is_set():
+    while not until.is_set():
         waited = time.monotonic() - t0
         limit = max(timeout, BUILD_WAIT_S) if _stage[0] == COMPILING else timeout
         if waited >= limit:
@@ -266,12 +314,41 @@ def wait(timeout: float = WAIT_S, show: Callable[[str], Any] | None = None) -> N
         if show is not None and text is not None and text != shown:
             show(text)
             shown = text
-        _done.wait(min(SHOW_EVERY_S, limit - waited))
+        until.wait(min(SHOW_EVERY_S, limit - waited))
+
+
+def wait_for_torch() -> None:
+    """Before a run's first use of a model: let the warm-up import torch now if it still waits for
+    the first page to be drawn, and wait until torch, the kernel and a first forward pass are
+    done (not the default view: this run may be computing an entry of the caches it fills),
+    saying so in the page where the run is drawn (a visitor's model-free first page never calls
+    it). At once where nothing is to wait for, and in the warm-up's own thread."""
+    if not _started or _torch.is_set() or threading.current_thread().name == THREAD:
+        return
+    _go.set()
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    if get_script_run_ctx(suppress_warning=True) is None:
+        wait(until=_torch)
+        return
+    import streamlit as st
+
+    note = st.empty()
+    wait(show=lambda text: note.info(text, icon=":material/hourglass_top:"), until=_torch)
+    note.empty()
+
+
+def page_sent() -> None:
+    """A visitor's run ended (app.py): after the first one, the warm-up imports torch once the
+    browser has had `SETTLE_S` to draw the page."""
+    if _started and not _go.is_set() and _visitor.is_set():
+        threading.Timer(SETTLE_S, _go.set).start()
 
 
 def wait_visibly() -> None:
-    """`wait`, with its message on the page (an info box under the title; the page replaces it
-    when the warm-up is done). A visitor's run calls it; nothing is drawn when nothing is to wait for.
+    """`wait` for the page modules (`PAGE_MODULES`, not torch), with its message on the page (an
+    info box under the title; the page replaces it when ready). A visitor's run calls it; nothing
+    is drawn when nothing is to wait for.
     Where a warm-up was started, every run keeps the (empty) slot: had only the runs that waited
     drawn it, the next run's page would sit one element higher, and Streamlit would mount every
     widget again, dropping a file the visitor was uploading into it (a second uploader's file
@@ -281,9 +358,9 @@ def wait_visibly() -> None:
     import streamlit as st
 
     note = st.empty()
-    if _done.is_set():
+    if _pages.is_set():
         return
-    wait(show=lambda text: note.info(text, icon=":material/hourglass_top:"))
+    wait(show=lambda text: note.info(text, icon=":material/hourglass_top:"), until=_pages)
     note.empty()
 
 

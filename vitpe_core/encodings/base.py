@@ -29,6 +29,8 @@ import torch
 from torch import Tensor, nn
 import torch.nn.functional as F
 
+from ..config import ENCODINGS, encoding_parts  # noqa: F401  (re-exported: the one check of an encoding name)
+
 Grid = tuple[int, int]
 
 
@@ -119,6 +121,8 @@ def register_encoding(name: str) -> Callable[[type[PositionEncoding]], type[Posi
             raise ValueError(f"cannot register encoding {name!r}")
         cls.name = name
         _REGISTRY[name] = cls
+        if name not in ENCODINGS:
+            ENCODINGS.append(name)
         return cls
     return deco
 
@@ -130,19 +134,6 @@ def available_encodings() -> list[str]:
 def _options_of(cls: type[PositionEncoding]) -> set[str]:
     sig = inspect.signature(cls.__init__)
     return {p.name for p in sig.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY}
-
-
-def encoding_parts(name: str) -> list[str]:
-    """The registered parts of encoding `name` (`a+b` composes); ValueError for an unknown part
-    or one named twice."""
-    parts = [p.strip() for p in name.split("+")]
-    unknown = [p for p in parts if p not in _REGISTRY]
-    if unknown or not parts:
-        raise ValueError(f"unknown encoding {unknown or name!r}; valid: {sorted(_REGISTRY)}, "
-                         "or several joined with '+', e.g. 'sape2+ape'")
-    if len(set(parts)) != len(parts):
-        raise ValueError(f"encoding {name!r} names a part twice")
-    return parts
 
 
 def build_encoding(name: str, ctx: EncodingContext, **options) -> PositionEncoding:

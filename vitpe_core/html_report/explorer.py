@@ -57,7 +57,7 @@ def image_trace(ckpt: Checkpoint, image: ReportImage) -> ImageTrace:
     tr = analysis.trace_image(ckpt.model, checkpoint_input(image.image, ckpt))
     P = tr.num_prefix
     rows = {"attn": tr.attn[:, :, P:, P:]}
-    parts = views.bias_parts(tr, ckpt.model.pos_enc)
+    parts = views.bias_parts(tr)
     sape = analysis.sape2_part_names(tr.parts)
     if "row" in parts or "bias" in parts:
         rows["bias"] = tr.bias[:, :, P:, P:]
@@ -145,7 +145,7 @@ def part_texts(t: ImageTrace, ckpt: Checkpoint) -> dict[str, dict[str, str]]:
     `views.bias_caption`; they depend on the part alone)."""
     tr, out = t.trace, {}
     maps = analysis.patch_maps(tr, (0, 0))
-    for part in views.bias_parts(tr, ckpt.model.pos_enc):
+    for part in views.bias_parts(tr):
         bv = views.bias_view(tr, maps, ckpt.config.encoding, 0, None, part)
         caption = views.bias_caption(bv).replace("; the NPY download holds the raw values.", ".")  # the app's only
         out[part] = {"short": views.bias_short(bv), "caption": caption, "label": views.PART_LABELS[part]}
@@ -187,7 +187,7 @@ def explorer_figures(ckpt: Checkpoint, t: ImageTrace, patch: tuple[int, int]) ->
     The picture itself is left out here (each image's is in the data)."""
     tr, grid = t.trace, ckpt.config.grid
     maps = analysis.patch_maps(tr, patch)
-    parts = views.bias_parts(tr, ckpt.model.pos_enc)
+    parts = views.bias_parts(tr)
     out: dict[str, object] = {}
     if parts:
         bv = views.bias_view(tr, maps, ckpt.config.encoding, 0, None, parts[0])

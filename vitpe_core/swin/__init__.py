@@ -13,7 +13,27 @@ other family's (`vitpe_core/importers/swin.py`, `timm_swin.py`); nothing here im
 """
 from __future__ import annotations
 
-from .config import SwinConfig
-from .model import SwinTransformer
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:   # the same names, for type checkers and editors
+    from .config import SwinConfig
+    from .model import SwinTransformer
+
+# Imported on first use (PEP 562), as `vitpe_core`'s names are: `vitpe_core.swin.config` and
+# `vitpe_core.swin.explore` import without torch (the app draws its first page before torch is loaded).
+_LAZY = {"SwinConfig": "config", "SwinTransformer": "model"}
 
 __all__ = ["SwinConfig", "SwinTransformer"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -18,15 +18,18 @@ no Plotly; like `vitpe_core.views` for the ViT pages).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from ..analysis import COMPACT_ABOVE
 from .config import ARCH, SwinConfig
-from .model import SwinTransformer
 from .windows import WindowRows
+
+if TYPE_CHECKING:   # torch is imported where it is used: the app draws its first page before torch is loaded
+    import torch
+
+    from .model import SwinTransformer
 
 SKIPPED = ("Attention rollout and the stress test are not drawn for Swin: rollout multiplies one grid's token-to-"
            "token attention through the layers, and Swin's patch merging changes the grid at every stage.")
@@ -64,12 +67,16 @@ class SwinTrace:
 
     @property
     def nbytes(self) -> int:
+        import torch
+
         return sum(v.numel() * v.element_size() for t in self.blocks for v in t.values() if torch.is_tensor(v))
 
 
 def trace_image(model: SwinTransformer, x: torch.Tensor, compact_above: int = COMPACT_ABOVE) -> SwinTrace:
     """The `SwinTrace` of one image `(C, H, W)` or `(1, C, H, W)`: a trace of more than
     `compact_above` bytes keeps its attention in float16 (window_rows reads it as float32)."""
+    import torch
+
     x = x if x.ndim == 4 else x[None]
     if x.shape[0] != 1:
         raise ValueError(f"one image at a time, got a batch of {x.shape[0]}")

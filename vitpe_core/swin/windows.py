@@ -13,11 +13,14 @@ Torch in, numpy out, no Streamlit (like `analysis`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-from .model import SwinTransformer
+if TYPE_CHECKING:   # torch is imported where it is used: the app draws its first page before torch is loaded
+    import torch
+
+    from .model import SwinTransformer
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,8 @@ def stage_token(patch: tuple[int, int], stage: int, grid0: tuple[int, int]) -> t
 
 def trace_of(model: SwinTransformer, image: torch.Tensor) -> list[dict]:
     """`model`'s trace of one image `(C, H, W)` or `(1, C, H, W)`."""
+    import torch
+
     x = image if image.ndim == 4 else image[None]
     trace: list[dict] = []
     with torch.no_grad():
