@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 LIGHT_MODULES = (
@@ -74,3 +76,16 @@ def test_importing_the_first_page_modules_leaves_torch_unloaded():
     leave torch out of `sys.modules`: pages/common/warmup.py is the one to import it, after
     the first page is drawn."""
     assert _run(IMPORT_ALL) == "False"
+
+
+def test_the_torch_free_encoding_names_are_the_registered_ones():
+    """`config.BUILT_IN_ENCODINGS` lets a checkpoint's config be checked without importing the
+    encodings (torch): it must name exactly the encodings vitpe_core.encodings registers."""
+    from vitpe_core.config import BUILT_IN_ENCODINGS, ENCODINGS, encoding_parts
+    from vitpe_core.encodings.base import _REGISTRY
+
+    built_in = {n for n, cls in _REGISTRY.items() if cls.__module__.startswith("vitpe_core.encodings.")}
+    assert built_in == set(BUILT_IN_ENCODINGS) and set(_REGISTRY) <= set(ENCODINGS)
+    assert encoding_parts("sape2+ape") == ["sape2", "ape"]
+    with pytest.raises(ValueError, match="unknown encoding"):
+        encoding_parts("sape9")

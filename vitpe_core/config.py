@@ -19,9 +19,11 @@ MLPS = ("mlp", "gated")                        # fc2(act(fc1 x)); fc2(act(fc1_g 
 
 
 # The encodings' names, torch-free: a config is checked against them without importing the encodings (and torch),
-# as the app's first page does. `encodings.register_encoding` adds each (the built-in ones are listed here too).
-ENCODINGS: list[str] = ["none", "ape", "ape2d", "sincos2d", "rpb", "rpb_cls", "rope_axial", "rope_mixed", "rope_dinov3",
-                        "cope", "sape2"]
+# as the app's first page does. The built-in ones are listed here (tests/test_light_imports.py checks them against
+# vitpe_core.encodings); `encodings.register_encoding` adds any other.
+BUILT_IN_ENCODINGS = ("none", "ape", "ape2d", "sincos2d", "rpb", "rpb_cls", "rope_axial", "rope_mixed", "rope_dinov3",
+                      "cope", "sape2")
+ENCODINGS: list[str] = list(BUILT_IN_ENCODINGS)
 
 
 def encoding_parts(name: str) -> list[str]:
