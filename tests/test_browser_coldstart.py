@@ -125,3 +125,40 @@ def test_a_fresh_install_says_what_it_prepares_then_shows_the_page(browser, app_
     assert built and built.start() > starts, text
     assert "warm-up done in" in text and "Traceback" not in text, text
     assert list(extensions.glob("vitpe_attend_*/*.so")), f"the kernel was not built into {extensions}"
+
+
+@pytest.mark.timeout(600)
+def test_a_fresh_install_draws_the_shipped_first_page_before_torch_and_the_kernel(browser, tmp_path):
+    """The shipped checkpoints' first page (the default view, its trace stored beside the
+    checkpoint: vitpe_core/stored_trace.py) needs neither torch nor the fused kernel: on a fresh
+    install its charts are drawn while the kernel has not even started compiling, with no
+    "Preparing the app" note; the warm-up imports torch and builds the kernel after it."""
+    shipped = lt.REPO / "checkpoints"
+    if not (shipped / "sape2+ape.trace.npz").is_file():
+        pytest.skip("no stored traces in checkpoints/")
+    reason = _compiler_or_reason()
+    if reason:
+        pytest.skip(reason)
+    extensions = tmp_path / "torch_extensions"          # empty: this server would compile the kernel
+    extensions.mkdir()
+    log = tmp_path / "server.log"
+    env = {"TORCH_EXTENSIONS_DIR": str(extensions), "VITPE_WARMUP": "1"}
+    with lt.streamlit_server(shipped, log=log, timeout=120, env=env) as server:
+        ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+        try:
+            page = ctx.new_page()
+            page.goto(server.url)
+            lt.wait_charts_drawn(page, 120)
+            at_charts = log.read_text(errors="replace")
+            assert "built in" not in at_charts and "warm-up done" not in at_charts, at_charts
+            assert page.get_by_text(NOTE).count() == 0
+            assert page.locator(".js-plotly-plot").count() >= 5                 # picker, bias, attention ×2, rollout
+            expect(page.locator("h1").first).to_have_text("Bias explorer")
+            assert page.locator("[data-testid='stException']").count() == 0
+            # ... and torch's turn comes after it, without a visitor asking (`warmup.SETTLE_S`)
+            deadline = time.monotonic() + 300
+            while "warm-up: compiling the fused" not in log.read_text(errors="replace"):
+                assert time.monotonic() < deadline, log.read_text(errors="replace")
+                time.sleep(0.2)
+        finally:
+            ctx.close()
