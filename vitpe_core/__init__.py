@@ -12,8 +12,9 @@ draws its first element before that import.
 """
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .lazy import lazy_names
 
 if TYPE_CHECKING:   # the same names, for type checkers and editors
     from .config import PRESETS, ViTConfig, preset_config
@@ -29,13 +30,4 @@ __all__ = ["PRESETS", "ViT", "ViTConfig", "available_encodings", "build_encoding
 __version__ = "0.3.0"   # the one place: pyproject.toml reads it
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'vitpe_core' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)

@@ -13,8 +13,9 @@ other family's (`vitpe_core/importers/swin.py`, `timm_swin.py`); nothing here im
 """
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy_names
 
 if TYPE_CHECKING:   # the same names, for type checkers and editors
     from .config import SwinConfig
@@ -27,13 +28,4 @@ _LAZY = {"SwinConfig": "config", "SwinTransformer": "model"}
 __all__ = ["SwinConfig", "SwinTransformer"]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)
