@@ -38,7 +38,9 @@ def main() -> None:
     if swin_view.is_swin(cfg):          # windows, patch merging: pages/common/swin_view.py
         return swin_view.bias_explorer(PAGE, cache.get_checkpoint(view.ckpt), view, (img, key, caption, custom), layer,
                                        head)
-    tr = cache.trace(view.ckpt, key, custom)
+    tr = loading.trace_or_error(view.ckpt, key, custom)
+    if tr is None:
+        return
     left, right = st.columns([2, 3])
     with left:
         display = picker.image_column(PAGE, ckpt, view, (img, key, caption), tr)

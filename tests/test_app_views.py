@@ -209,3 +209,24 @@ def test_the_checkpoints_page_charts_the_encoding_scale_by_layer_or_says_why_not
         at = run({"page": "checkpoints", "ckpt": name})
         assert not [c for c in at.get("plotly_chart") if c.proto.id.endswith("checkpoints_encoding_scale")]
         assert any("No encoding-scale record" in c.value and why in c.value for c in at.caption), name
+
+
+def test_the_bias_page_says_a_checkpoint_with_a_sound_header_and_bad_weights_cannot_be_used(folder, tmp_path,
+                                                                                          monkeypatch):
+    """The bias explorer reads a checkpoint's header first (its model only where the view needs
+    it: not for a stored trace); weights that do not fit the header's config are said as the
+    other pages say them, not a traceback."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    root = tmp_path / "ckpts"
+    shutil.copytree(folder, root)
+    with safe_open(str(root / "ape.safetensors"), framework="pt") as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    meta["config"] = json.dumps({**json.loads(meta["config"]), "encoding": "none"})   # ape's table: unexpected
+    save_file(tensors, root / "odd.safetensors", metadata=meta)
+    monkeypatch.setenv("VITPE_CHECKPOINTS", str(root))
+    at = run({"page": "bias", "ckpt": "odd"})
+    assert not at.exception, [e.value for e in at.exception]
+    [error] = [e.value for e in at.error]
+    assert "'odd' cannot be used" in error

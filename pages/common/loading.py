@@ -31,6 +31,19 @@ def header_or_error(name: str) -> CheckpointHeader | None:
         return None
 
 
+def trace_or_error(name: str, key: str, img=None):
+    """`cache.trace` of image `key` through checkpoint `name`, or None after an st.error saying
+    why the checkpoint cannot be used (a sound header over weights that do not fit its config is
+    found only here, where the page needs the model: `header_or_error` read the header alone)."""
+    try:
+        return cache.trace(name, key, img)
+    except cache.ModelEvicted:      # the router says what happened (app.py)
+        raise
+    except (ValueError, OSError) as e:   # CheckpointError is a ValueError
+        st.error(f"Checkpoint {name!r} cannot be used: {e}")
+        return None
+
+
 def checkpoint_configs(names: Sequence[str]) -> dict[str, ViTConfig]:
     """name -> model config for every checkpoint whose header reads (no model is loaded); an
     st.error for each that does not."""
