@@ -61,6 +61,15 @@ def estimate_bytes(obj: Any) -> int:
     return _Sizer().size(obj)
 
 
+def _imported(name: str) -> Any:
+    """Module `name` if it is imported and initialized, else None. Another thread may be importing
+    it right now (the app's warm-up imports torch while visitors' runs size their cache entries):
+    `sys.modules` then holds it half made ("partially initialized module 'torch' has no attribute
+    'Tensor'"), and no object of its types can exist yet."""
+    module = sys.modules.get(name)
+    return None if getattr(getattr(module, "__spec__", None), "_initializing", False) else module
+
+
 class _Sizer:
     def __init__(self) -> None:
         self.seen: set[int] = set()
@@ -73,7 +82,7 @@ class _Sizer:
         self.seen.add(id(obj))
         if isinstance(obj, (bytes, bytearray, memoryview, str)):
             return sys.getsizeof(obj)
-        np = sys.modules.get("numpy")
+        np = _imported("numpy")
         if np is not None and isinstance(obj, np.ndarray):
             base = obj
             while isinstance(base.base, np.ndarray):
@@ -82,7 +91,7 @@ class _Sizer:
                 return 0
             self.seen.add(id(base))
             return int(base.nbytes) + 112
-        torch = sys.modules.get("torch")
+        torch = _imported("torch")
         if torch is not None:
             if isinstance(obj, torch.Tensor):
                 storage = obj.untyped_storage()
@@ -93,10 +102,10 @@ class _Sizer:
                 return int(storage.nbytes()) + 200
             if isinstance(obj, torch.nn.Module):
                 return sum(self.size(t) for t in (*obj.parameters(), *obj.buffers())) + 1000
-        pil = sys.modules.get("PIL.Image")
+        pil = _imported("PIL.Image")
         if pil is not None and isinstance(obj, pil.Image):
             return obj.width * obj.height * max(1, len(obj.getbands())) + 500
-        go = sys.modules.get("plotly.graph_objects")
+        go = _imported("plotly.graph_objects")
         if go is not None and isinstance(obj, go.Figure):
             return self.size(obj.to_plotly_json())
         if isinstance(obj, dict):
@@ -358,7 +367,7 @@ def freeze_key(value: Any) -> Hashable:
     if isinstance(value, (bytes, bytearray, memoryview)):
         data = bytes(value)
         return data if len(data) <= 64 else ("sha1", hashlib.sha1(data).hexdigest())
-    np = sys.modules.get("numpy")
+    np = _imported("numpy")
     if np is not None and isinstance(value, np.ndarray):
         return ("array", value.shape, str(value.dtype), hashlib.sha1(np.ascontiguousarray(value).data).hexdigest())
     if isinstance(value, dict):
@@ -372,7 +381,7 @@ def freeze_key(value: Any) -> Hashable:
 
 
 def _freeze_arrays(obj: Any, depth: int = 0) -> None:
-    np = sys.modules.get("numpy")
+    np = _imported("numpy")
     if np is None or depth > 4:
         return
     if isinstance(obj, np.ndarray):
