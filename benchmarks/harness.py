@@ -222,16 +222,34 @@ _IDLE_WITH_TEXT_JS = "(t) => document.body.innerText.includes(t) && (" + IDLE_JS
 
 
 # The first page is ready for a person when its charts are drawn, not when the script went idle:
-# every Plotly plot in the DOM holds its drawn traces (`_fullData`, set by Plotly.newPlot), at
-# least one is there, and the script run is over.
-CHARTS_DRAWN_JS = ("() => { const p = [...document.querySelectorAll('.js-plotly-plot')];"
-                   " return p.length > 0 && p.every(e => e._fullData && e._fullData.length > 0) && ("
-                   + IDLE_JS + ")(); }")
+# [Plotly plots in the DOM, those holding their drawn traces (`_fullData`, set by Plotly.newPlot),
+# whether the script run is over].
+CHARTS_JS = ("() => { const p = [...document.querySelectorAll('.js-plotly-plot')];"
+             " return [p.length, p.filter(e => e._fullData && e._fullData.length > 0).length, ("
+             + IDLE_JS + ")()]; }")
+CHARTS_SETTLE_S = 0.5
 
 
-def wait_charts_drawn(page: Any, timeout_s: float = 180.0) -> Any:
-    """Until the page's Plotly charts are drawn and the script run is over (`CHARTS_DRAWN_JS`)."""
-    return page.wait_for_function(CHARTS_DRAWN_JS, timeout=timeout_s * 1e3, polling=50)
+def wait_charts_drawn(page: Any, timeout_s: float = 180.0, settle_s: float = CHARTS_SETTLE_S) -> float:
+    """Until the page's Plotly charts are drawn, the script run is over and no other chart came
+    for `settle_s` (a page's charts can reach the DOM in more than one batch: a test once saw 2 of
+    the first page's 6 there, both drawn, the script idle). Returns the `time.perf_counter()` at
+    which the last of them was drawn (polled every 50 ms)."""
+    deadline = time.perf_counter() + timeout_s
+    done_at, count = None, -1
+    while True:
+        n, drawn, idle = page.evaluate(CHARTS_JS)
+        now = time.perf_counter()
+        if n > 0 and drawn == n and idle:
+            if n != count:
+                done_at, count = now, n
+            elif now - done_at >= settle_s:
+                return done_at
+        else:
+            done_at, count = None, -1
+        if now > deadline:
+            raise TimeoutError(f"the page's charts were not all drawn within {timeout_s:.0f} s ({drawn} of {n})")
+        time.sleep(0.05)
 
 
 def wait_script_run(page: Any, timeout_s: float = 180.0, text: str | None = None) -> Any:
