@@ -527,3 +527,19 @@ def test_gpu_benchmark_says_it_needs_a_gpu_and_its_smoke_run_covers_every_sectio
     assert {r["encoding"] for r in res["training"]} == set(gpu.ENCODINGS)
     assert all(r["finite"] for r in res["bf16"])
     assert [r["encoding"] for r in res["trainer"]] == ["ape", "sape2", "cope+ape"]     # train() itself ran
+
+
+def test_coldstart_profile_adds_up_the_main_threads_samples_by_script():
+    """`benchmarks.coldstart_profile` names the browser's work by script file (Plotly's chunk, the
+    highlighter, ...): samples' time deltas summed per file, hashes dropped, idle time left out."""
+    from benchmarks.coldstart_profile import _busy_by_script
+
+    def node(i, fn, url):
+        return {"id": i, "callFrame": {"functionName": fn, "url": url}}
+
+    profile = {"nodes": [node(1, "(idle)", ""), node(2, "newPlot", "http://x/static/js/PlotlyChart.D9Z0_fxz.js"),
+                         node(3, "(program)", ""), node(4, "e", "http://x/static/js/StreamlitSyntaxHighlighter.BUg.js"),
+                         node(5, "f", "")],
+               "samples": [1, 2, 2, 3, 4, 5, 1], "timeDeltas": [500, 1000, 2000, 300, 400, 100, 9000]}
+    assert _busy_by_script(profile) == {"PlotlyChart": 3.0, "(program)": 0.3, "StreamlitSyntaxHighlighter": 0.4,
+                                        "(native)": 0.1}
