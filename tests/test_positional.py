@@ -198,12 +198,17 @@ def test_analyze_cli_records_caches_and_invalidates(tmp_path, capsys):
     cached = Pos.read_cache(path)
     assert cached is not None and cached["kernel"].shape == (1, 2, 16, 16)
     assert cached["offset_kernel"].shape == (1, 2, 7, 7)
+    from vitpe_core.gallery import gallery_ids
+    from vitpe_core.stored_trace import read_trace, trace_path
+    assert line["trace"] == str(trace_path(path))       # the app's first page of it, written after --record's rewrite
+    stored = read_trace(path, gallery_ids()[0])
+    assert stored is not None and stored.attn.shape == (1, 2, 17, 17) and stored.bias_sources == ("rpb",)
     st = path.stat()
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))             # touched, same content: still valid
     assert Pos.read_cache(path) is not None
     save_checkpoint(path, build_model(ViTConfig(img_size=(32, 32), patch_size=8, dim=32, depth=1, heads=2,
                                                 mlp_dim=32, encoding="rpb")))   # retrained: another content
-    assert Pos.read_cache(path) is None
+    assert Pos.read_cache(path) is None and read_trace(path, gallery_ids()[0]) is None
 
 
 def test_kernel_views_and_figures_from_the_analysis():
