@@ -55,16 +55,21 @@ def compile_bytecode() -> float:
 
 
 def first_page(browser, server: Server) -> tuple[Any, dict[str, float]]:
-    """Open the server's `/` in a new tab of `browser`: (the page, seconds from the server's
-    process start to the first `h1` shown and to the end of the first script run)."""
+    """Open the server's `/` in a new tab of `browser`: (the page, `page_times`)."""
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    return page, page_times(page, server)
+
+
+def page_times(page, server: Server) -> dict[str, float]:
+    """Open the server's `/` in `page`: seconds from the server's process start to the first `h1`
+    shown, to the end of the first script run and to its charts drawn."""
     page.goto(server.url + "/")
     page.locator("h1").first.wait_for(state="visible", timeout=180_000)
     times = {"first_element_s": time.perf_counter() - server.started}
     wait_script_run(page)
     times["first_run_s"] = time.perf_counter() - server.started
     times["first_chart_s"] = wait_charts_drawn(page) - server.started   # what a person waits for (the target)
-    return page, times
+    return times
 
 
 def e2e_patch_changes(page, n: int, grid: tuple[int, int], start: tuple[int, int], prefix: str = "bias") -> list[float]:

@@ -17,12 +17,10 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from benchmarks.app import FLOOR_APP, compile_bytecode
-from benchmarks.harness import (REPO, chromium_or_reason, launch_chromium, streamlit_server, wait_charts_drawn,
-                                wait_script_run)
+from benchmarks.app import FLOOR_APP, compile_bytecode, page_times
+from benchmarks.harness import REPO, chromium_or_reason, launch_chromium, streamlit_server
 
 IDLE = ("(idle)", "(program)", "(garbage collector)")
 VARIANTS = {"app": ("app.py", {}), "app, VITPE_WARMUP=0": ("app.py", {"VITPE_WARMUP": "0"}), "floor": (None, {})}
@@ -52,12 +50,7 @@ def cold_start(browser, script: str, env: dict[str, str], log: Path) -> dict:
             cdp.send("Profiler.enable")
             cdp.send("Profiler.setSamplingInterval", {"interval": 500})
             cdp.send("Profiler.start")
-            page.goto(server.url + "/")
-            page.locator("h1").first.wait_for(state="visible", timeout=180_000)
-            out = {"first_element_s": time.perf_counter() - server.started}
-            wait_script_run(page)
-            out["first_run_s"] = time.perf_counter() - server.started
-            out["first_chart_s"] = wait_charts_drawn(page) - server.started
+            out: dict = page_times(page, server)
             out["busy_ms"] = _busy_by_script(cdp.send("Profiler.stop")["profile"])
         finally:
             ctx.close()

@@ -336,6 +336,7 @@ def _analyze(args: argparse.Namespace) -> int:
     from .checkpoint import load_checkpoint, update_metrics
     from .positional import analyze, cache_path, write_cache
     from .stored_trace import trace_first_image, write_trace
+    from .swin.explore import is_swin_model
     for path in map(Path, args.checkpoint):
         if not path.is_file():
             raise ValueError(f"no file at {path}")
@@ -344,7 +345,7 @@ def _analyze(args: argparse.Namespace) -> int:
         if args.record:                      # first: rewriting the file changes the cache's stamp
             update_metrics(path, {"position": summary})
         write_cache(path, arrays)
-        stored = write_trace(path, *trace_first_image(ckpt)) if hasattr(ckpt.model, "pos_enc") else None  # not Swin
+        stored = None if is_swin_model(ckpt) else write_trace(path, *trace_first_image(ckpt))
         print(json.dumps({"checkpoint": path.stem, "cache": str(cache_path(path)),
                           "trace": str(stored) if stored else None,
                           **{k: summary[k] for k in ("kind", "images", "relative_score")}}))

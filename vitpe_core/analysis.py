@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .lazy import no_grad
 from .positional import attention_entropy, mean_attention_distance
 
-# torch, and the modules that import it, are imported in the functions that use them: the app draws
-# its first page before torch is loaded (pages/common/warmup.py loads it in the background).
+# torch, and the modules that import it, are imported in the functions that use them (`no_grad`: torch's, at
+# the call): the app draws its first page before torch is loaded (pages/common/warmup.py loads it in the background).
 if TYPE_CHECKING:
     from torch import Tensor
 
@@ -29,19 +30,17 @@ if TYPE_CHECKING:
 
 
 # ----------------------------------------------------------------------------- tables
+@no_grad
 def position_table(model: ViT, grid: Grid | None = None, params: dict[str, Tensor] | None = None) -> Tensor | None:
     """`(N, D)` patch rows of the model's absolute table (None if it has none). `params`
     replaces the encoding's parameters (a `history` snapshot from a checkpoint)."""
-    import torch
-
-    with torch.no_grad():
-        enc = model.pos_enc
-        if params is not None:
-            enc = copy.deepcopy(enc)
-            enc.load_state_dict({k: v.float() for k, v in params.items()}, strict=False)
-        grid = grid or model.cfg.grid
-        table = enc.table(grid)                              # (P'+N, D): P' = 0 for a patches-only table
-        return None if table is None else table[table.shape[0] - grid[0] * grid[1]:].detach().float().cpu()
+    enc = model.pos_enc
+    if params is not None:
+        enc = copy.deepcopy(enc)
+        enc.load_state_dict({k: v.float() for k, v in params.items()}, strict=False)
+    grid = grid or model.cfg.grid
+    table = enc.table(grid)                                  # (P'+N, D): P' = 0 for a patches-only table
+    return None if table is None else table[table.shape[0] - grid[0] * grid[1]:].detach().float().cpu()
 
 
 def cosine_similarity(table: Tensor | np.ndarray) -> np.ndarray:
@@ -120,42 +119,40 @@ class Trace:
         return e / e.sum()
 
 
+@no_grad
 def trace_image(model: ViT, image: Tensor, compact: bool = False) -> Trace:
     """Run `image: (3, H_img, W_img)` (already normalised) through the trace path. `compact`: the
     trace the app keeps (`compact_trace`, the same values), each layer's maps converted as they are
     gathered and its float32 record let go: a ViT-B/16's trace never whole in float32 twice over."""
-    import torch
+    model.eval()
+    rec: list[dict] = []
+    logits = model(image[None].float(), trace=rec)
+    grid = model.grid_for(image.shape[-2:])
+    shape = tuple(rec[0]["attn"].shape[1:])
+    names = list(rec[0]["parts"] or {})
+    float32_bytes = 4 * len(rec) * math.prod(shape) * (1 + (rec[0]["bias"] is not None)) + sum(
+        4 * len(rec) * math.prod(rec[0]["parts"][n].shape[1:]) for n in names)
+    dtype = np.float16 if compact and float32_bytes > COMPACT_ABOVE else np.float32
 
-    with torch.no_grad():
-        model.eval()
-        rec: list[dict] = []
-        logits = model(image[None].float(), trace=rec)
-        grid = model.grid_for(image.shape[-2:])
-        shape = tuple(rec[0]["attn"].shape[1:])
-        names = list(rec[0]["parts"] or {})
-        float32_bytes = 4 * len(rec) * math.prod(shape) * (1 + (rec[0]["bias"] is not None)) + sum(
-            4 * len(rec) * math.prod(rec[0]["parts"][n].shape[1:]) for n in names)
-        dtype = np.float16 if compact and float32_bytes > COMPACT_ABOVE else np.float32
+    def gather(get) -> np.ndarray:           # (L, ...) in `dtype`, one layer at a time
+        out = None
+        for i, t in enumerate(rec):
+            layer = get(t).float().numpy()
+            if out is None:
+                out = np.empty((len(rec), *layer.shape), dtype)
+            out[i] = layer
+        return out
 
-        def gather(get) -> np.ndarray:           # (L, ...) in `dtype`, one layer at a time
-            out = None
-            for i, t in enumerate(rec):
-                layer = get(t).float().numpy()
-                if out is None:
-                    out = np.empty((len(rec), *layer.shape), dtype)
-                out[i] = layer
-            return out
-
-        bias = None
-        if rec[0]["bias"] is not None:
-            bias = gather(lambda t: t["bias"].expand(1, *shape)[0])
-        parts = {n: gather(lambda t, n=n: t["parts"][n].expand(1, *t["parts"][n].shape[1:])[0]) for n in names}
-        for t in rec:                            # what is left of the float32 record: the attention
-            t["bias"] = t["parts"] = None
-        attn = gather(lambda t: t.pop("attn")[0])
-        enc = model.pos_enc
-        return Trace(grid, model.num_prefix, logits[0].numpy(), attn, bias, parts, tuple(model.prefix_names()),
-                     tuple(enc.hooks), tuple(p.name for p in getattr(enc, "parts", [enc]) if "bias" in p.hooks))
+    bias = None
+    if rec[0]["bias"] is not None:
+        bias = gather(lambda t: t["bias"].expand(1, *shape)[0])
+    parts = {n: gather(lambda t, n=n: t["parts"][n].expand(1, *t["parts"][n].shape[1:])[0]) for n in names}
+    for t in rec:                            # what is left of the float32 record: the attention
+        t["bias"] = t["parts"] = None
+    attn = gather(lambda t: t.pop("attn")[0])
+    enc = model.pos_enc
+    return Trace(grid, model.num_prefix, logits[0].numpy(), attn, bias, parts, tuple(model.prefix_names()),
+                 tuple(enc.hooks), tuple(p.name for p in getattr(enc, "parts", [enc]) if "bias" in p.hooks))
 
 
 COMPACT_ABOVE = 4 * 2**20   # a trace whose maps take more (a 224-px model's: 21–85 MiB) is kept in float16
@@ -237,19 +234,19 @@ def attention_stats(trace: Trace) -> dict[str, np.ndarray]:
     return {"mean_distance": np.stack(mean_distance), "entropy": np.stack(entropy)}   # (L, h) each
 
 
+@no_grad
 def rope_kernel(model: ViT, grid: Grid, layer: int, patch: tuple[int, int]) -> np.ndarray | None:
     """`(h, H, W)`: the positional kernel of a rotation encoding seen from `patch`,
     `mean_k cos(θ_ik − θ_jk)` (1 where rotation leaves q·k unchanged)."""
     import torch
 
-    with torch.no_grad():
-        ang = model.pos_enc.angles(grid, layer)           # (h|1, N, d/2) or None
-        if ang is None:
-            return None
-        i = patch_index(patch, grid)
-        k = torch.cos(ang[:, i:i + 1] - ang).mean(-1)     # (h|1, N)
-        k = k.expand(model.cfg.heads, -1)
-        return k.reshape(-1, *grid).float().numpy()
+    ang = model.pos_enc.angles(grid, layer)               # (h|1, N, d/2) or None
+    if ang is None:
+        return None
+    i = patch_index(patch, grid)
+    k = torch.cos(ang[:, i:i + 1] - ang).mean(-1)         # (h|1, N)
+    k = k.expand(model.cfg.heads, -1)
+    return k.reshape(-1, *grid).float().numpy()
 
 
 def positional_component(model: ViT, trace: Trace, patch: tuple[int, int]) -> tuple[str, np.ndarray] | None:
@@ -282,6 +279,7 @@ def reduce_head(m: np.ndarray, head: int | None) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- how loud is the bias
+@no_grad
 def encoding_scale(model: ViT, images: Tensor) -> dict[str, float]:
     """Per layer `l`, how large the encoding's attention bias is next to the content logits,
     on `images (B, 3, H, W)` (normalised): `enc_bias_ratio_L{l}` = std of the bias / std of
@@ -289,28 +287,25 @@ def encoding_scale(model: ViT, images: Tensor) -> dict[str, float]:
     attention). For SaPE² also `enc_ex_norm_L{l}`, `enc_ey_norm_L{l}`: Frobenius norms of its
     read-out tables E_x, E_y. Empty for encodings without a bias. Training records these per
     epoch (`curves`)."""
-    import torch
-
-    with torch.no_grad():
-        was_training = model.training
-        model.eval()
-        rec: list[dict] = []
-        model(images.float(), trace=rec)
-        model.train(was_training)
-        out: dict[str, float] = {}
-        if rec[0]["bias"] is None:
-            return out
-        P = model.num_prefix
-        for layer, t in enumerate(rec):
-            q, k = t["q"][:, :, P:].float(), t["k"][:, :, P:].float()
-            logits = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)                    # (B, h, N, N)
-            bias = t["bias"][..., P:, P:].float().expand_as(logits)
-            ratio = bias.std(dim=(-2, -1)) / logits.std(dim=(-2, -1)).clamp_min(1e-12)  # (B, h)
-            out[f"enc_bias_ratio_L{layer}"] = round(float(ratio.mean()), 5)
-        parts = getattr(model.pos_enc, "parts", [model.pos_enc])
-        for part in parts:
-            if hasattr(part, "sape_x"):
-                for layer in range(part.sape_x.shape[0]):
-                    out[f"enc_ex_norm_L{layer}"] = round(float(part.sape_x[layer].norm()), 5)
-                    out[f"enc_ey_norm_L{layer}"] = round(float(part.sape_y[layer].norm()), 5)
+    was_training = model.training
+    model.eval()
+    rec: list[dict] = []
+    model(images.float(), trace=rec)
+    model.train(was_training)
+    out: dict[str, float] = {}
+    if rec[0]["bias"] is None:
         return out
+    P = model.num_prefix
+    for layer, t in enumerate(rec):
+        q, k = t["q"][:, :, P:].float(), t["k"][:, :, P:].float()
+        logits = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)                    # (B, h, N, N)
+        bias = t["bias"][..., P:, P:].float().expand_as(logits)
+        ratio = bias.std(dim=(-2, -1)) / logits.std(dim=(-2, -1)).clamp_min(1e-12)  # (B, h)
+        out[f"enc_bias_ratio_L{layer}"] = round(float(ratio.mean()), 5)
+    parts = getattr(model.pos_enc, "parts", [model.pos_enc])
+    for part in parts:
+        if hasattr(part, "sape_x"):
+            for layer in range(part.sape_x.shape[0]):
+                out[f"enc_ex_norm_L{layer}"] = round(float(part.sape_x[layer].norm()), 5)
+                out[f"enc_ey_norm_L{layer}"] = round(float(part.sape_y[layer].norm()), 5)
+    return out

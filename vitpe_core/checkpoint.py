@@ -20,7 +20,6 @@ vitpe checkpoint by `importers` (`python -m vitpe_core import FILE --out NAME.sa
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -80,9 +79,6 @@ class CheckpointHeader:
     metrics: dict[str, Any]
     epochs: tuple[int, ...] = ()          # the epochs `history` recorded
     name: str = ""
-
-    def with_metrics(self, metrics: dict[str, Any]) -> CheckpointHeader:
-        return dataclasses.replace(self, metrics=metrics)
 
 
 HELD_INFIX = ".parametrizations."      # a held weight's state-dict name: `<layer>.parametrizations.<name>.original`
@@ -167,9 +163,10 @@ def history_params(model: ViT) -> dict[str, torch.Tensor]:
 
 
 def read_checkpoint_file(path: str | Path, *, tensors: bool = True
-                         ) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+                         ) -> tuple[dict[str, str], dict[str, torch.Tensor | None]]:
     """Metadata and tensors of a vitpe checkpoint, with every failure a CheckpointError;
-    `tensors=False` reads the header only (no tensor is read: `{}` in their place)."""
+    `tensors=False` reads the header only (no tensor is read, nor torch imported: the tensors'
+    names map to None)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no checkpoint file at {path}")
@@ -180,7 +177,7 @@ def read_checkpoint_file(path: str | Path, *, tensors: bool = True
     try:
         with safe_open(str(path), framework="pt" if tensors else "np") as f:   # "np": no torch for a header
             meta = f.metadata() or {}
-            read = {k: f.get_tensor(k) for k in f.keys()} if tensors else {}
+            read = {k: f.get_tensor(k) if tensors else None for k in f.keys()}
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         log.info("safetensors could not read %s: %s", path, e)      # the library's words, for the log only
         raise CheckpointError(f"{path.name} is not a readable safetensors file (truncated, its header damaged, or "
@@ -228,13 +225,8 @@ def read_header(path: str | Path) -> CheckpointHeader:
     """`CheckpointHeader` of a vitpe checkpoint file (no tensor is read, no model built, no torch
     imported); `load_checkpoint` still checks the rest."""
     path = Path(path)
-    meta, _ = read_checkpoint_file(path, tensors=False)
-    try:
-        with safe_open(str(path), framework="np") as f:
-            keys = list(f.keys())
-    except (SafetensorError, OSError, ValueError, RuntimeError):   # read just above: a file changed meanwhile
-        raise CheckpointError(f"{path.name} could not be read again; retry, or restore the file") from None
-    epochs = {k[len(HISTORY):].partition(".")[0] for k in keys if k.startswith(HISTORY)}
+    meta, names = read_checkpoint_file(path, tensors=False)
+    epochs = {k[len(HISTORY):].partition(".")[0] for k in names if k.startswith(HISTORY)}
     return CheckpointHeader(_config_of(meta, path.name), _parse_json(meta, "metrics", path.name),
                             tuple(sorted(int(e) for e in epochs if e.isdigit())), path.stem)
 

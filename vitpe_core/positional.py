@@ -31,8 +31,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-# torch, and the modules that import it, are imported in the functions that use them: the app draws
-# its first page before torch is loaded (pages/common/warmup.py loads it in the background).
+from .lazy import no_grad
+
+# torch, and the modules that import it, are imported in the functions that use them (`no_grad`: torch's, at
+# the call): the app draws its first page before torch is loaded (pages/common/warmup.py loads it in the background).
 if TYPE_CHECKING:
     from torch import Tensor
 
@@ -115,16 +117,15 @@ def query_fit(kernel: np.ndarray, grid: Grid, query: int) -> float:
 
 
 # ----------------------------------------------------------------------------- kernels per kind
+@no_grad
 def _traces(model: ViT, images: Tensor) -> list[dict]:
-    import torch  # lazily: the app draws its first page before torch is loaded
-
-    with torch.no_grad():
-        model.eval()
-        rec: list[dict] = []
-        model(images.float(), trace=rec)
-        return rec
+    model.eval()
+    rec: list[dict] = []
+    model(images.float(), trace=rec)
+    return rec
 
 
+@no_grad
 def position_kernels(model: ViT, images: Tensor, *, chunk: int = 8,
                      on_trace: Callable[[list[dict]], None] | None = None, progress: str | None = None) -> Kernels:
     """The position-only kernels of `model` on `images (B, 3, H, W)` (normalised, all the same
@@ -137,43 +138,42 @@ def position_kernels(model: ViT, images: Tensor, *, chunk: int = 8,
     import torch
     from tqdm.auto import tqdm
 
-    with torch.no_grad():
-        enc, grid, P = model.pos_enc, model.grid_for(images.shape[-2:]), model.num_prefix
-        kind, layers = None, 0
-        s1 = s2 = q_sum = k_sum = None          # running sums over images (bias) or image patches (rotation)
-        angles: list[Tensor] = []
-        for x in tqdm(images.split(chunk), desc=progress, disable=progress is None):
-            rec = _traces(model, x)
-            if on_trace is not None:
-                on_trace(rec)
-            if kind is None:
-                kind = ("bias" if rec[0]["bias"] is not None else "rotation" if "rotation" in enc.hooks
-                        else "table" if "table" in enc.hooks else "none")
-                layers = len(rec)
-                angles = [enc.angles(grid, layer).float() for layer in range(layers)] if kind == "rotation" else []
-            if kind == "bias":
-                b = torch.stack([t["bias"][..., P:, P:].expand(x.shape[0], -1, -1, -1) for t in rec])  # (L, b, h, N, N)
-                b = b.double()
-                s1 = b.sum(1) if s1 is None else s1 + b.sum(1)
-                s2 = (b * b).sum(1) if s2 is None else s2 + (b * b).sum(1)
-            elif kind == "rotation":   # the trace keeps q, k after rotation: undo it per patch for the content's mean
-                q = torch.stack([_unrotate(t["q"][:, :, P:].float(), a).sum((0, 2)) for t, a in zip(rec, angles)])
-                k = torch.stack([_unrotate(t["k"][:, :, P:].float(), a).sum((0, 2)) for t, a in zip(rec, angles)])
-                q_sum = q if q_sum is None else q_sum + q                            # (L, h, d)
-                k_sum = k if k_sum is None else k_sum + k
-        n = len(images)
+    enc, grid, P = model.pos_enc, model.grid_for(images.shape[-2:]), model.num_prefix
+    kind, layers = None, 0
+    s1 = s2 = q_sum = k_sum = None          # running sums over images (bias) or image patches (rotation)
+    angles: list[Tensor] = []
+    for x in tqdm(images.split(chunk), desc=progress, disable=progress is None):
+        rec = _traces(model, x)
+        if on_trace is not None:
+            on_trace(rec)
+        if kind is None:
+            kind = ("bias" if rec[0]["bias"] is not None else "rotation" if "rotation" in enc.hooks
+                    else "table" if "table" in enc.hooks else "none")
+            layers = len(rec)
+            angles = [enc.angles(grid, layer).float() for layer in range(layers)] if kind == "rotation" else []
         if kind == "bias":
-            mean = s1 / n
-            std = (s2 / n - mean * mean).clamp_min(0).sqrt()
-            return Kernels("bias", grid, mean.float().numpy(), std.float().numpy(), list(range(layers)))
-        if kind == "rotation":
-            N = grid[0] * grid[1]
-            return Kernels("rotation", grid, rotation_kernels(q_sum / (n * N), k_sum / (n * N), angles), None,
-                           list(range(layers)))
-        if kind == "table":
-            return Kernels("table", grid, table_kernel(model, images)[None], None, [0])
-        return Kernels("none", grid, np.zeros((layers, model.cfg.heads, grid[0] * grid[1], grid[0] * grid[1])),
-                       None, list(range(layers)))
+            b = torch.stack([t["bias"][..., P:, P:].expand(x.shape[0], -1, -1, -1) for t in rec])  # (L, b, h, N, N)
+            b = b.double()
+            s1 = b.sum(1) if s1 is None else s1 + b.sum(1)
+            s2 = (b * b).sum(1) if s2 is None else s2 + (b * b).sum(1)
+        elif kind == "rotation":   # the trace keeps q, k after rotation: undo it per patch for the content's mean
+            q = torch.stack([_unrotate(t["q"][:, :, P:].float(), a).sum((0, 2)) for t, a in zip(rec, angles)])
+            k = torch.stack([_unrotate(t["k"][:, :, P:].float(), a).sum((0, 2)) for t, a in zip(rec, angles)])
+            q_sum = q if q_sum is None else q_sum + q                            # (L, h, d)
+            k_sum = k if k_sum is None else k_sum + k
+    n = len(images)
+    if kind == "bias":
+        mean = s1 / n
+        std = (s2 / n - mean * mean).clamp_min(0).sqrt()
+        return Kernels("bias", grid, mean.float().numpy(), std.float().numpy(), list(range(layers)))
+    if kind == "rotation":
+        N = grid[0] * grid[1]
+        return Kernels("rotation", grid, rotation_kernels(q_sum / (n * N), k_sum / (n * N), angles), None,
+                       list(range(layers)))
+    if kind == "table":
+        return Kernels("table", grid, table_kernel(model, images)[None], None, [0])
+    return Kernels("none", grid, np.zeros((layers, model.cfg.heads, grid[0] * grid[1], grid[0] * grid[1])),
+                   None, list(range(layers)))
 
 
 def rotation_kernels(q: Tensor, k: Tensor, angles: list[Tensor]) -> np.ndarray:
@@ -202,22 +202,20 @@ def _unrotate(x: Tensor, ang: Tensor) -> Tensor:
     return torch.stack((x1 * cos + x2 * sin, -x1 * sin + x2 * cos), dim=-1).flatten(-2)
 
 
+@no_grad
 def table_kernel(model: ViT, images: Tensor) -> np.ndarray:
     """`(h, N, N)`: layer 0's logits between the table's rows with content held at the image
     set's mean patch embedding: `q_i = W_q LN(μ + p_i)`, `k_n = W_k LN(μ + p_n)`."""
-    import torch
-
-    with torch.no_grad():
-        grid = model.grid_for(images.shape[-2:])
-        N = grid[0] * grid[1]
-        patches = model.patch_embed.proj(images.float()).flatten(2).transpose(1, 2)  # (B, N, D)
-        mu = patches.mean((0, 1))                                                    # (D,)
-        table = model.pos_enc.table(grid)                                            # (P'+N, D)
-        x = mu + table[table.shape[0] - N:]                                          # (N, D)
-        x = model.blocks[0].norm1(model.norm_pre(x) if model.cfg.pre_norm else x)    # CLIP: its LayerNorm first
-        attn = model.blocks[0].attn
-        q, k, _ = attn.qkv(x).reshape(N, 3, attn.heads, -1).permute(1, 2, 0, 3)      # (h, N, d) each
-        return ((q * attn.scale) @ k.transpose(-1, -2)).numpy()                      # (h, N, N)
+    grid = model.grid_for(images.shape[-2:])
+    N = grid[0] * grid[1]
+    patches = model.patch_embed.proj(images.float()).flatten(2).transpose(1, 2)  # (B, N, D)
+    mu = patches.mean((0, 1))                                                    # (D,)
+    table = model.pos_enc.table(grid)                                            # (P'+N, D)
+    x = mu + table[table.shape[0] - N:]                                          # (N, D)
+    x = model.blocks[0].norm1(model.norm_pre(x) if model.cfg.pre_norm else x)    # CLIP: its LayerNorm first
+    attn = model.blocks[0].attn
+    q, k, _ = attn.qkv(x).reshape(N, 3, attn.heads, -1).permute(1, 2, 0, 3)      # (h, N, d) each
+    return ((q * attn.scale) @ k.transpose(-1, -2)).numpy()                      # (h, N, N)
 
 
 # ----------------------------------------------------------------------------- attention by depth
@@ -302,42 +300,40 @@ def _chunk(model: ViT, grid: Grid) -> int:
     return max(1, min(8, CHUNK_BYTES // per_image))
 
 
+@no_grad
 def analyze(ckpt, progress: bool = False) -> tuple[dict, dict[str, np.ndarray]]:
     """Summary (JSON-able: the relative score per layer and head and its mean, mean attention
     distance and entropy per layer and head, on `image_set`) and the arrays behind it
     (`kernel`, `spread`, `offset_kernel`, `mean_distance`, `entropy`). One traced forward pass
     over the image set gives both the kernels and the attention statistics."""
-    import torch
+    model, images = ckpt.model.eval(), image_set(ckpt)
+    grid, distances, entropies = model.grid_for(images.shape[-2:]), [], []
 
-    with torch.no_grad():
-        model, images = ckpt.model.eval(), image_set(ckpt)
-        grid, distances, entropies = model.grid_for(images.shape[-2:]), [], []
+    def attention_stats(rec: list[dict]) -> None:
+        # One layer at a time: the temporaries are a layer's (b, h, T, T), not all layers' (a ViT-B/16's
+        # five 22 MB copies made the compare page the big memory walk's peak, issue 47).
+        dist, ent = [], []
+        for t in rec:
+            attn = t["attn"].float().numpy()                                     # (b, h, T, T)
+            dist.append(mean_attention_distance(attn, grid, model.num_prefix))  # (b, h)
+            ent.append(attention_entropy(attn, model.num_prefix))
+        distances.append(np.stack(dist, 1))                                      # (b, L, h)
+        entropies.append(np.stack(ent, 1))
 
-        def attention_stats(rec: list[dict]) -> None:
-            # One layer at a time: the temporaries are a layer's (b, h, T, T), not all layers' (a ViT-B/16's
-            # five 22 MB copies made the compare page the big memory walk's peak, issue 47).
-            dist, ent = [], []
-            for t in rec:
-                attn = t["attn"].float().numpy()                                     # (b, h, T, T)
-                dist.append(mean_attention_distance(attn, grid, model.num_prefix))  # (b, h)
-                ent.append(attention_entropy(attn, model.num_prefix))
-            distances.append(np.stack(dist, 1))                                      # (b, L, h)
-            entropies.append(np.stack(ent, 1))
-
-        kern = position_kernels(model, images, on_trace=attention_stats, chunk=_chunk(model, grid),
-                                progress=f"{ckpt.name}: {len(images)} images" if progress else None)
-        dist, ent = np.concatenate(distances).mean(0), np.concatenate(entropies).mean(0)   # (L, h)
-        score = relative_score(kern.kernel, kern.grid)                               # (L', h)
-        summary = {"kind": kern.kind, "layers": kern.layers, "images": int(len(images)),
-                   "relative_score": None if kern.kind == "none" else round(float(score.mean()), 4),
-                   "relative_score_by_layer_head": np.round(score, 4).tolist(),
-                   "mean_distance": np.round(dist, 4).tolist(), "entropy": np.round(ent, 4).tolist()}
-        arrays = {"kind": np.array(kern.kind), "kernel": kern.kernel.astype(np.float32),
-                  "offset_kernel": offset_map(kern.kernel, kern.grid).astype(np.float32),
-                  "mean_distance": dist, "entropy": ent, "relative_score": score}
-        if kern.spread is not None:
-            arrays["spread"] = kern.spread.astype(np.float32)
-        return summary, arrays
+    kern = position_kernels(model, images, on_trace=attention_stats, chunk=_chunk(model, grid),
+                            progress=f"{ckpt.name}: {len(images)} images" if progress else None)
+    dist, ent = np.concatenate(distances).mean(0), np.concatenate(entropies).mean(0)   # (L, h)
+    score = relative_score(kern.kernel, kern.grid)                               # (L', h)
+    summary = {"kind": kern.kind, "layers": kern.layers, "images": int(len(images)),
+               "relative_score": None if kern.kind == "none" else round(float(score.mean()), 4),
+               "relative_score_by_layer_head": np.round(score, 4).tolist(),
+               "mean_distance": np.round(dist, 4).tolist(), "entropy": np.round(ent, 4).tolist()}
+    arrays = {"kind": np.array(kern.kind), "kernel": kern.kernel.astype(np.float32),
+              "offset_kernel": offset_map(kern.kernel, kern.grid).astype(np.float32),
+              "mean_distance": dist, "entropy": ent, "relative_score": score}
+    if kern.spread is not None:
+        arrays["spread"] = kern.spread.astype(np.float32)
+    return summary, arrays
 
 
 def cache_path(checkpoint: str | Path) -> Path:

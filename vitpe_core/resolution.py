@@ -28,12 +28,12 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
-from typing import TYPE_CHECKING
 
 from . import analysis
+from .lazy import no_grad
 from .positional import mean_attention_distance, position_kernels, relative_score
 from .stress import Transform, transform_input
 from .swin.explore import is_swin_model
@@ -94,20 +94,18 @@ def check_sizes(sizes: Sequence[tuple[int, int]], patch: int) -> list[tuple[int,
     return sorted(set(out))
 
 
+@no_grad
 def _outputs(model: ViT | SwinTransformer, x: Tensor) -> tuple[Tensor, Tensor]:
     """(logits, pooled features) of `x`, as the model's `forward` computes them."""
-    import torch  # lazily: the app imports this module before torch
-
-    with torch.no_grad():
-        tokens = model.forward_features(x)
-        if is_swin_model(model):
-            feat = tokens.mean(1)
-            return model.head(feat), feat
-        feat = model.pool(tokens)
-        logits = model.head(feat)
-        if model.cfg.dist_token:
-            logits = (logits + model.head_dist(tokens[:, 1])) / 2
-        return logits, feat
+    tokens = model.forward_features(x)
+    if is_swin_model(model):
+        feat = tokens.mean(1)
+        return model.head(feat), feat
+    feat = model.pool(tokens)
+    logits = model.head(feat)
+    if model.cfg.dist_token:
+        logits = (logits + model.head_dist(tokens[:, 1])) / 2
+    return logits, feat
 
 
 def _resampled(model):
@@ -153,35 +151,34 @@ def _chunk(model: ViT, grid: Grid, budget: int = 24 * 2**20) -> int:
     return max(1, min(16, budget // max(per_image, 1)))
 
 
+@no_grad
 def measure(model: ViT | SwinTransformer, images: Tensor, size: tuple[int, int]) -> dict:
     """The raw figures of `images (B, 3, H, W)` (normalised, native size) at input `size`: the
     logits and pooled features, the position-only kernel's relative score, the attention distance
     by depth and the table's 2D-structure score (see the module doc). A Swin (windows; no table, no
     global kernel): the logits and features only."""
-    import torch  # lazily: the app imports this module before torch
+    import torch
 
-    with torch.no_grad():
-        model.eval()
-        x = transform_input(images.float(), Transform(tuple(size)))
-        grid = model.grid_for(tuple(size))
-        if is_swin_model(model):
-            logits, feats = zip(*(_outputs(model, c) for c in x.split(16)))
-            return {"logits": torch.cat(logits), "features": torch.cat(feats), "grid": grid, "structure": None,
-                    "relative_score": None, "distance": np.zeros(0)}
-        distances: list[np.ndarray] = []
-
-        def on_trace(rec: list[dict]) -> None:       # one layer's (b, h, T, T) at a time, as positional.analyze
-            distances.append(np.stack([mean_attention_distance(t["attn"].float().numpy(), grid,
-                                                               model.num_prefix).mean(-1) for t in rec], 1))  # (b, L)
-
-        kern = position_kernels(model, x, chunk=_chunk(model, grid), on_trace=on_trace)
+    model.eval()
+    x = transform_input(images.float(), Transform(tuple(size)))
+    grid = model.grid_for(tuple(size))
+    if is_swin_model(model):
         logits, feats = zip(*(_outputs(model, c) for c in x.split(16)))
-        table = analysis.position_table(model, grid)
-        structure = (None if table is None
-                     else analysis.structure_score(analysis.cosine_similarity(table), grid)["spearman"])
-        rel = None if kern.kind == "none" else float(relative_score(kern.kernel, kern.grid).mean())
-        return {"logits": torch.cat(logits), "features": torch.cat(feats), "grid": grid, "structure": structure,
-                "relative_score": rel, "distance": np.concatenate(distances).mean(0)}
+        return {"logits": torch.cat(logits), "features": torch.cat(feats), "grid": grid, "structure": None,
+                "relative_score": None, "distance": np.zeros(0)}
+    distances: list[np.ndarray] = []
+
+    def on_trace(rec: list[dict]) -> None:       # one layer's (b, h, T, T) at a time, as positional.analyze
+        distances.append(np.stack([mean_attention_distance(t["attn"].float().numpy(), grid, model.num_prefix).mean(-1)
+                                   for t in rec], 1))                                   # (b, L)
+
+    kern = position_kernels(model, x, chunk=_chunk(model, grid), on_trace=on_trace)
+    logits, feats = zip(*(_outputs(model, c) for c in x.split(16)))
+    table = analysis.position_table(model, grid)
+    structure = None if table is None else analysis.structure_score(analysis.cosine_similarity(table), grid)["spearman"]
+    rel = None if kern.kind == "none" else float(relative_score(kern.kernel, kern.grid).mean())
+    return {"logits": torch.cat(logits), "features": torch.cat(feats), "grid": grid, "structure": structure,
+            "relative_score": rel, "distance": np.concatenate(distances).mean(0)}
 
 
 def sweep(model: ViT | SwinTransformer, images: Tensor, sizes: Sequence[tuple[int, int]], *,

@@ -72,6 +72,17 @@ def write_trace(checkpoint: str | Path, image_id: str, trace: Trace) -> Path:
     return path
 
 
+def is_current(checkpoint: str | Path, image_id: str) -> bool:
+    """Whether a trace of gallery image `image_id` is stored for this version of the checkpoint
+    (its stamp alone is read, not its arrays)."""
+    path = trace_path(checkpoint)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return str(z["stamp"]) == _stamp(Path(checkpoint), image_id)
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):   # missing or damaged
+        return False
+
+
 def read_trace(checkpoint: str | Path, image_id: str) -> Trace | None:
     """The stored trace of gallery image `image_id`, or None when there is none for this image
     and this version of the checkpoint (missing, unreadable, stale: the caller traces it)."""

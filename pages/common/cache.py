@@ -26,6 +26,7 @@ The checkpoint folder is `$VITPE_CHECKPOINTS`, default `checkpoints/` in the rep
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -37,14 +38,13 @@ import streamlit as st
 from PIL import Image
 from streamlit.logger import setup_formatter
 
-from vitpe_core import analysis, membudget
+from vitpe_core import analysis, membudget, stored_trace
 from vitpe_core.checkpoint import (Checkpoint, CheckpointError, CheckpointHeader, group_and_stem, listed_checkpoints,
                                    load_checkpoint, read_config, read_header, resolve_checkpoint)
 from vitpe_core.config import ViTConfig
 from vitpe_core.gallery import gallery_image
 from vitpe_core.inputs import checkpoint_input, class_names, dataset_of, image_key, model_crop  # noqa: F401
 from vitpe_core.metrics import sanitize_metrics
-from vitpe_core.stored_trace import read_trace
 from vitpe_core.swin.explore import SwinTrace, trace_image as swin_trace_image
 from vitpe_core.views import position_hooks
 
@@ -131,10 +131,17 @@ def budget_sizes() -> tuple[int, int, dict[str, dict[str, int]]]:
 @budgeted("checkpoints", max_items=16, spinner="Loading checkpoint…")
 def _load_file(path: str, mtime_ns: int) -> Checkpoint:
     ckpt = load_checkpoint(path)
-    ckpt.metrics, problems = sanitize_metrics(ckpt.metrics)   # pages may rely on the shapes train writes
-    if problems:
-        ckpt.metrics["metrics_problems"] = problems
+    ckpt.metrics = _sanitized(ckpt.metrics)
     return ckpt
+
+
+def _sanitized(metrics: dict) -> dict:
+    """A file's metrics in the shapes train writes (pages may rely on them); what did not fit is
+    said in `metrics_problems`."""
+    metrics, problems = sanitize_metrics(metrics)
+    if problems:
+        metrics["metrics_problems"] = problems
+    return metrics
 
 
 class ModelRef(NamedTuple):
@@ -205,8 +212,7 @@ def _config_file(path: str, mtime_ns: int) -> ViTConfig:
 @budgeted("headers", max_items=256)
 def _header_file(path: str, mtime_ns: int) -> CheckpointHeader:
     header = read_header(path)
-    metrics, problems = sanitize_metrics(header.metrics)     # as `_load_file` does
-    return header.with_metrics({**metrics, "metrics_problems": problems} if problems else metrics)
+    return dataclasses.replace(header, metrics=_sanitized(header.metrics))
 
 
 def checkpoint_header(name: str) -> CheckpointHeader:
@@ -230,7 +236,7 @@ TRACE_CACHE_ENTRIES = 64          # traces kept at most (their bytes count again
 
 @budgeted("traces", max_items=TRACE_CACHE_ENTRIES)
 def _trace(ref: ModelRef, key: str, _img: Image.Image | None) -> analysis.Trace:
-    if _img is None and ref.is_file and (stored := read_trace(ref.key, key)) is not None:
+    if _img is None and ref.is_file and (stored := stored_trace.read_trace(ref.key, key)) is not None:
         return stored        # the checkpoint's first gallery image, traced when it was saved: no model, no torch
     ckpt = load_model(ref)
     img = _img if _img is not None else gallery_image(key)
@@ -251,7 +257,7 @@ def traced_room(model, x):
 def has_stored_trace(name: str, key: str) -> bool:
     """Whether folder checkpoint `name` has its trace of gallery image `key` stored beside it (current)."""
     ref = model_ref(name)
-    return ref.is_file and read_trace(ref.key, key) is not None
+    return ref.is_file and stored_trace.is_current(ref.key, key)
 
 
 def trace(name: str, key: str, img: Image.Image | None = None) -> analysis.Trace:

@@ -333,8 +333,12 @@ def wait_for_torch() -> None:
         return
     import streamlit as st
 
-    note = st.empty()
-    wait(show=lambda text: note.info(text, icon=":material/hourglass_top:"), until=_torch)
+    _wait_in(st.empty(), _torch)
+
+
+def _wait_in(note: Any, until: threading.Event) -> None:
+    """`wait` for `until`, saying what it waits for in `note` (an `st.empty`), then empty it."""
+    wait(show=lambda text: note.info(text, icon=":material/hourglass_top:"), until=until)
     note.empty()
 
 
@@ -360,8 +364,7 @@ def wait_visibly() -> None:
     note = st.empty()
     if _pages.is_set():
         return
-    wait(show=lambda text: note.info(text, icon=":material/hourglass_top:"), until=_pages)
-    note.empty()
+    _wait_in(note, _pages)
 
 
 PREFETCHED = "_vitpe_prefetched"   # session_state: this browser session was sent the prefetch
