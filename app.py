@@ -43,14 +43,13 @@ def main() -> None:
     # The page's title first. Then, while the server's warm-up still imports the pages' modules,
     # what it waits for ("Preparing the app: loading Plotly…"), replaced by the page when they are
     # in (torch is not among them: a page run that needs a model waits for it in `cache.load_model`,
-    # "Preparing the app: compiling ...… 12 s" on a fresh install). Then pandas before any page script:
-    # Plotly uses a half-imported pandas that another session's page script is still importing
-    # (partially initialized module; load test).
+    # "Preparing the app: compiling ...… 12 s" on a fresh install). No pandas here: a page that
+    # shows a table imports it, and vitpe_core.figures keeps Plotly from using it half-imported
+    # (figures.threadsafe; it broke charts under the load test once).
     name = next(n for n, p in pages.items() if p.url_path == nav.url_path)
     st.title(HEADINGS.get(name, NAV[name][0]))
     prefetch = warmup.prefetch_frontend()   # a session's first run: the browser loads Plotly's code meanwhile
     warmup.wait_visibly()
-    import pandas  # noqa: F401
     from pages.common import cache, imported, status, viewsync
 
     with imported.model_turns().scope():  # a big imported model's turn, taken in the run, is given back at its end

@@ -79,9 +79,10 @@ BIAS_TAB_CHARTS = {"On the image": "bias_bias_overlay", "Heatmap": "bias_bias_ma
 
 
 def open_bias_tab(page, label: str, timeout_s: float = 90.0) -> None:
-    """Open the bias explorer's tab `label` and wait until its chart is drawn: only the open tab
-    runs (a switch reruns the page), so the other tabs' charts are not on the page."""
-    page.get_by_role("tab", name=label, exact=True).click()
+    """Open the bias explorer's tab `label` (of the bias map's tabs, key `bias_bias_tab`; the
+    attention row has its own) and wait until its chart is drawn: only the open tab runs (a switch
+    reruns the page), so the other tabs' charts are not on the page."""
+    page.locator(".st-key-bias_bias_tab").get_by_role("tab", name=label, exact=True).click()
     page.wait_for_function("(sel) => { const e = document.querySelector(sel); return !!(e && e.data); }",
                            arg=picker_selector(BIAS_TAB_CHARTS[label]), timeout=timeout_s * 1e3)
 

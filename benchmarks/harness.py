@@ -282,6 +282,36 @@ def wait_quiet(page: Any, still_ms: int = 1000, timeout_s: float = 180.0) -> Non
     raise AssertionError(f"the app did not settle in {timeout_s:g} s")
 
 
+SHARE_CODE = "[data-testid='stPopoverBody'] [data-testid='stCode']"   # the share popover's link (a portal)
+
+
+def share_link(page: Any, timeout_s: float = 60.0, contains: str | None = None) -> str:
+    """The sidebar's link to the view (`viewsync.render_share`, a popover drawn when opened): open
+    the popover, read the link (waiting until it holds `contains`, if given), close it again."""
+    code = page.locator(SHARE_CODE).first
+    if not code.is_visible():
+        page.locator(".st-key-share button").first.click()
+    code.wait_for(state="visible", timeout=timeout_s * 1e3)
+    if contains is not None:
+        page.wait_for_function("([sel, text]) => (document.querySelector(sel)?.innerText || '').includes(text)",
+                               arg=[SHARE_CODE, contains], timeout=timeout_s * 1e3)
+    link = code.inner_text().strip()
+    page.keyboard.press("Escape")
+    code.wait_for(state="hidden", timeout=timeout_s * 1e3)
+    return link
+
+
+def open_section(page: Any, key: str, timeout_s: float = 180.0) -> None:
+    """Open the expander with key `key` (the bias page's `bias_rollout_open`, `bias_stress_open`:
+    sections computed only while open, `stress_panel.section`) and wait for its run."""
+    details = page.locator(f".st-key-{key} details").first
+    details.wait_for(state="attached", timeout=timeout_s * 1e3)
+    if details.get_attribute("open") is None:
+        details.locator("summary").first.click()
+        page.wait_for_function("el => el.open", arg=details.element_handle(), timeout=timeout_s * 1e3)
+    wait_quiet(page, still_ms=500, timeout_s=timeout_s)
+
+
 def picker_area(page: Any, key: str = "bias_click") -> Any:
     """The patch picker's clickable plot area on a playwright page (sync or async locator)."""
     return page.locator(PICKER_AREA.format(key=key)).first

@@ -47,7 +47,7 @@ def main() -> None:
     maps = analysis.patch_maps(tr, view.patch)                      # name -> (L, h, H, W)
     with right:            # a model without a bias shows its attention row here, not empty space
         if not (has_bias := show_bias(ckpt, tr, maps, display, view, layer, head)):
-            show_attention(tr, maps, display, view, layer, head, grid, stacked=True)
+            show_attention(tr, maps, display, view, layer, head, grid)
     if has_bias:
         show_attention(tr, maps, display, view, layer, head, grid)
     stress_panel.rollout_section(PAGE, ckpt, tr, view.ckpt, key, display, view.patch)
@@ -97,7 +97,7 @@ def show_bias(ckpt, tr, maps, display, view, layer, head) -> bool:
     return True
 
 
-def show_attention(tr, maps, display, view, layer, head, grid, stacked: bool = False) -> None:
+def show_attention(tr, maps, display, view, layer, head, grid) -> None:
     st.subheader("Attention row of the full model")
     attn = views.attention_view(maps, layer, head)                           # (H, W)
     title = f"Attention, layer {layer}, {head_text(head)}"
@@ -106,17 +106,19 @@ def show_attention(tr, maps, display, view, layer, head, grid, stacked: bool = F
     st.caption(f"Softmax weights from the query patch (r={view.patch[0]}, c={view.patch[1]}) to every patch; the "
                f"prefix tokens are left out of the map" + (f" (attention to them: {prefix})." if prefix else "."))
     base = f"{view.ckpt}_attention_p{view.patch[0]}-{view.patch[1]}_l{layer}_{head_text(head)}"
-    a, b = (st.container(), st.container()) if stacked else st.columns(2)
-    with a:
-        chart(figures.overlay_fig(display, attn, grid, patch=view.patch, title=title, colorbar_title="attention",
-                                  colorscale=figures.ATTENTION_SCALE, zmin=0, zmax=None),
-              base + "_overlay", key=f"{PAGE}_attn_overlay")
-    with b:
-        chart(figures.patch_map_fig(attn, title=title, colorbar_title="attention", patch=view.patch,
-                                    colorscale=figures.ATTENTION_SCALE, zmin=0),
-              base, key=f"{PAGE}_attn_map")
-        downloads(base, attn, key=f"{PAGE}_attn_dl", full=maps["attn"], shown_what="shown attention row",
-                  full_what="attention rows, all layers × heads")
-
+    # As the bias above: only the open tab runs, and the first page draws one chart here, not two.
+    tabs = st.tabs(["On the image", "Heatmap"], key=f"{PAGE}_attn_tab", on_change="rerun")
+    with tabs[0]:
+        if tabs[0].open:
+            chart(figures.overlay_fig(display, attn, grid, patch=view.patch, title=title, colorbar_title="attention",
+                                      colorscale=figures.ATTENTION_SCALE, zmin=0, zmax=None),
+                  base + "_overlay", key=f"{PAGE}_attn_overlay")
+    with tabs[1]:
+        if tabs[1].open:
+            chart(figures.patch_map_fig(attn, title=title, colorbar_title="attention", patch=view.patch,
+                                        colorscale=figures.ATTENTION_SCALE, zmin=0),
+                  base, key=f"{PAGE}_attn_map")
+    downloads(base, attn, key=f"{PAGE}_attn_dl", full=maps["attn"], shown_what="shown attention row",
+              full_what="attention rows, all layers × heads")
 
 main()

@@ -9,6 +9,7 @@ import hashlib
 import io
 import json
 import os
+import re
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -72,9 +73,14 @@ def chart_spec(at: AppTest, key: str) -> dict:
     return json.loads(chart.proto.spec)
 
 
-def z_of(spec: dict) -> np.ndarray:
-    """The first trace's z; Plotly >= 6 sends numpy arrays as base64 typed arrays."""
-    z = spec["data"][0]["z"]
+def attention_row(at: AppTest) -> np.ndarray:
+    """The bias page's attention row as drawn on its default tab (the overlay's heatmap, trace 1)."""
+    return z_of(chart_spec(at, "bias_attn_overlay"), trace=1)
+
+
+def z_of(spec: dict, trace: int = 0) -> np.ndarray:
+    """The first trace's z (or trace `trace`'s); Plotly >= 6 sends numpy arrays as base64 typed arrays."""
+    z = spec["data"][trace]["z"]
     if isinstance(z, dict):
         shape = [int(s) for s in str(z.get("shape", "-1")).split(",")]
         return np.frombuffer(base64.b64decode(z["bdata"]), dtype=np.dtype(z["dtype"])).reshape(shape)
@@ -180,7 +186,8 @@ def test_only_the_open_bias_tab_builds_its_figure(with_ckpts):
     hidden small-multiples grids); the tabs now rerun on a switch and only the open one runs."""
     at = ok(run({"ckpt": "sape2+ape"}))
     assert chart_keys(at) == {"bias_bias_overlay"}
-    assert [t.label for t in at.tabs] == ["On the image", "Heatmap", "All layers", "All heads"]
+    assert [t.label for t in at.tabs] == ["On the image", "Heatmap", "All layers", "All heads",   # the bias
+                                          "On the image", "Heatmap"]                              # the attention row
     for label, key in (("All layers", "bias_bias_layers"), ("All heads", "bias_bias_heads"),
                        ("Heatmap", "bias_bias_map")):
         at.session_state["bias_bias_tab"] = label
@@ -190,6 +197,12 @@ def test_only_the_open_bias_tab_builds_its_figure(with_ckpts):
     ok(at.run())
     assert chart_keys(at) == {"bias_bias_map"}                      # the tab stays open across a click
     assert len(chart_spec(at, "bias_bias_map")["layout"]["shapes"]) == 1
+    attention = lambda: {k for c in at.get("plotly_chart") for k in ("bias_attn_overlay", "bias_attn_map")  # noqa: E731
+                         if c.proto.id.endswith(k)}
+    assert attention() == {"bias_attn_overlay"}                     # the attention row's tabs: the same rule
+    at.session_state["bias_attn_tab"] = "Heatmap"
+    ok(at.run())
+    assert attention() == {"bias_attn_map"} and chart_keys(at) == {"bias_bias_map"}
 
 
 def test_widgets_by_key_update_view_and_url(with_ckpts):
@@ -282,12 +295,12 @@ def test_a_shared_upload_opens_in_another_session(with_ckpts, upload_dir):
     ok(at.run())
     link = {k: _qp(at, k) for k in ("page", "ckpt", "image", "patch", "layer", "head")}
     assert link["image"].startswith("upload:") and link["patch"] == "2,5" and link["layer"] == "1"
-    mine = chart_spec(at, "bias_attn_map")["data"][0]["z"]
+    mine = attention_row(at)
     other = ok(run(link))                                          # a new AppTest = a new browser session
     assert not other.warning, [w.value for w in other.warning]
     assert other.session_state["image"] == link["image"] and other.session_state["patch"] == (2, 5)
     assert other.session_state["layer"] == 1
-    assert chart_spec(other, "bias_attn_map")["data"][0]["z"] == mine    # the same image through the model
+    np.testing.assert_array_equal(attention_row(other), mine)    # the same image through the model
     assert any("Patch (2, 5)" in t for t in patch_texts(other))
     gone = ok(run({**link, "image": "upload:" + "0" * 64}))
     assert any("not on this server" in w.value for w in gone.warning)
@@ -361,12 +374,12 @@ def test_a_share_link_of_an_imported_model_opens_that_model_in_another_session(w
     ok(at.run())
     link = {k: _qp(at, k) for k in ("page", "ckpt", "image", "patch", "layer", "head", "model")}
     assert link["ckpt"] == "shared-upload" and link["model"] == hashlib.sha256(data).hexdigest(), link
-    mine = chart_spec(at, "bias_attn_map")["data"][0]["z"]
+    mine = attention_row(at)
     other = ok(run(link))                                          # another visitor, another session
     assert not other.warning, [w.value for w in other.warning]
     assert other.session_state["ckpt"] == "shared-upload" and other.session_state["patch"] == (2, 6)
     assert other.selectbox(key="bias_ckpt").value == "shared-upload"
-    assert chart_spec(other, "bias_attn_map")["data"][0]["z"] == mine
+    np.testing.assert_array_equal(attention_row(other), mine)
     renamed = ok(run({**link, "ckpt": "sape2+ape"}))               # a link cannot name it as something else
     assert renamed.session_state["ckpt"] == "shared-upload"
     gone = ok(run({**link, "model": "0" * 64}))
@@ -471,7 +484,7 @@ def test_the_real_vit_tiny_on_every_page_at_14x14(shared_dir, tmp_path, monkeypa
         assert not at.error and not at.warning, (page, [w.value for w in at.warning])
     at = ok(run({"page": "bias", "ckpt": "vit_tiny", "patch": "13,13", "layer": "11", "image": "photo-astronaut"}))
     assert any("Patch (13, 13)" in t for t in patch_texts(at))
-    assert z_of(chart_spec(at, "bias_attn_map")).shape == (14, 14)
+    assert attention_row(at).shape == (14, 14)
     assert any("CLS" in c.value for c in at.caption)                     # the prefix token is named
     at = ok(run({"page": "similarity", "ckpt": "vit_tiny"}))
     assert any("0.573" in str(m.value) for m in at.metric)
@@ -564,12 +577,12 @@ def test_a_wide_image_says_what_the_crop_leaves_out_and_can_be_padded(with_ckpts
     at = ok(run({"ckpt": "sape2+ape", "image": "photo-rocket"}))                        # 640 x 427
     [note] = [i.value for i in at.info if "left out" in i.value]
     assert "centred 427×427 px of this 640×427 px image" in note and "33 %" in note and "left and right" in note
-    cropped = z_of(chart_spec(at, "bias_attn_map"))
+    cropped = attention_row(at)
     at.radio(key="bias_fit").set_value("pad")
     ok(at.run())
     assert not [i for i in at.info if "left out" in i.value]
     assert any("Padded: the whole 640×427 px image" in c.value for c in at.caption)
-    assert not np.allclose(cropped, z_of(chart_spec(at, "bias_attn_map")))             # the model sees another input
+    assert not np.allclose(cropped, attention_row(at))             # the model sees another input
     at.switch_page("pages/compare.py")                                                  # the choice holds on every page
     ok(at.run())
     assert at.radio(key="compare_fit").value == "pad"
@@ -805,36 +818,49 @@ _PAGE_IMPORTS_CHECK = r'''
 import ast, importlib, importlib.util, sys
 from pathlib import Path
 from pages.common import warmup
+
+
+def module_level_imports(files):
+    """Import what `files` import at module level (what a page run imports first); the modules that were new."""
+    before = set(sys.modules)
+    for f in files:
+        package = "pages.common" if f.parent.name == "common" else "pages"
+        for node in ast.parse(f.read_text()).body:
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
+                spec = importlib.util.find_spec(base)
+                targets = [base] + ([f"{base}.{a.name}" for a in node.names]
+                                    if spec.submodule_search_locations is not None else [])
+            else:
+                continue
+            for name in targets:
+                if importlib.util.find_spec(name) is not None:
+                    importlib.import_module(name)
+    return sorted(m for m in set(sys.modules) - before if not m.startswith("_"))
+
+
 for name in warmup.CHARTING + warmup.PAGE_MODULES:
     importlib.import_module(name)
-assert "torch" not in sys.modules, "a module of warmup.PAGE_MODULES imports torch: the first page would wait for it"
-before = set(sys.modules)
-for f in [*sorted(Path("pages").glob("*.py")), *sorted(Path("pages/common").glob("*.py"))]:
-    package = "pages.common" if f.parent.name == "common" else "pages"
-    for node in ast.parse(f.read_text()).body:                 # module level: what a page run imports first
-        if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
-            spec = importlib.util.find_spec(base)
-            targets = [base] + ([f"{base}.{a.name}" for a in node.names]
-                                if spec.submodule_search_locations is not None else [])
-        else:
-            continue
-        for name in targets:
-            if importlib.util.find_spec(name) is not None:
-                importlib.import_module(name)
-print(sorted(m for m in set(sys.modules) - before if not m.startswith("_")))
+for heavy in ("torch", "pandas"):
+    assert heavy not in sys.modules, f"a module of warmup.PAGE_MODULES imports {heavy}: the first page would wait"
+print("first page:", module_level_imports([Path("pages/bias.py")]))
+for name in warmup.LATER_MODULES:
+    importlib.import_module(name)
+pages = [*sorted(Path("pages").glob("*.py")), *sorted(Path("pages/common").glob("*.py"))]
+print("other pages:", module_level_imports(pages))
 '''
 
 
 @pytest.mark.slow
 def test_the_warmup_imports_every_module_the_pages_import_first():
-    """warmup.PAGE_MODULES is kept by hand: a module a page imports at module level and the list
-    leaves out would be imported by the first visitor instead of the warm-up; none of them may
-    import torch (the first page is drawn before it: a page importing it at module level shows up
-    here as torch's modules). Imports inside functions (the import form's importers, say) are lazy
-    on purpose and not checked."""
+    """warmup.PAGE_MODULES is kept by hand: a module the default page (pages/bias.py)
+    imports at module level and the list leaves out would be imported by the first visitor instead
+    of the warm-up; none of them may import torch or pandas (the first page is drawn before them: a
+    page importing them at module level shows up here as their modules). With LATER_MODULES (pandas,
+    imported after the first page) the warm-up covers every page. Imports inside functions (the
+    import form's importers, say) are lazy on purpose and not checked."""
     import subprocess
     import sys
 
@@ -842,9 +868,11 @@ def test_the_warmup_imports_every_module_the_pages_import_first():
     out = subprocess.run([sys.executable, "-c", _PAGE_IMPORTS_CHECK], cwd=root, capture_output=True, text=True,
                          timeout=600, env={**os.environ, "PYTHONPATH": str(root)})
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().splitlines()[-1] == "[]", (
-        f"imported by the pages but not by the warm-up (add them to pages/common/warmup.py PAGE_MODULES, or import "
-        f"torch lazily): {out.stdout}")
+    first, other = out.stdout.strip().splitlines()[-2:]
+    assert first == "first page: []", (
+        f"imported by the default page but not by the warm-up's first step (add them to pages/common/warmup.py "
+        f"PAGE_MODULES, or import torch and pandas lazily): {out.stdout}")
+    assert other == "other pages: []", f"imported by a page but not by the warm-up (LATER_MODULES): {out.stdout}"
 
 
 @pytest.mark.parametrize("path, query, base, target", [
@@ -1015,6 +1043,12 @@ def test_a_cifar10_models_prediction_keeps_the_true_class(with_ckpts):
     at = ok(run({"ckpt": "sape2+ape"}))
     text = _prediction(at)
     assert text.endswith("— true class: cat") and "another set" not in text and "labels file" not in text
+    # the top-5 as bars (no chart), the most probable first: the predicted class and its probability
+    bars = [(p.proto.text, p.value) for p in at.get("progress")]
+    assert len(bars) == 5 and [v for _, v in bars] == sorted((v for _, v in bars), reverse=True), bars
+    top, p = re.match(r"Prediction: \*\*(.+?)\*\* \(([\d.]+) %\)", text).groups()
+    assert bars[0][0] == f"{top} — {p} %" and bars[0][1] == int(float(p))        # the bar's length: whole percent
+    assert not [c for c in at.get("plotly_chart") if c.proto.id.endswith("bias_top5")]
 
 
 def test_the_encoding_column_keeps_the_shipped_rows_after_an_import(with_ckpts):
@@ -1032,13 +1066,17 @@ def test_a_model_without_a_bias_shows_its_attention_row_beside_the_image(with_ck
     at = ok(run({"ckpt": "ape"}))
     [right] = [c for c in at.columns if any("adds no attention bias" in i.value for i in c.info)]
     keys = [getattr(ch, "key", None) or ch.proto.id for ch in right.get("plotly_chart")]
-    assert any(str(k).endswith("bias_attn_overlay") for k in keys) and any(str(k).endswith("bias_attn_map")
-                                                                           for k in keys), keys
+    assert any(str(k).endswith("bias_attn_overlay") for k in keys), keys
     assert any(s.value == "Attention row of the full model" for s in right.subheader)
-    assert len([c for c in at.get("plotly_chart") if c.proto.id.endswith("bias_attn_map")]) == 1   # drawn once
+    assert len([c for c in at.get("plotly_chart") if c.proto.id.endswith("bias_attn_overlay")]) == 1   # drawn once
+    at.session_state["bias_attn_tab"] = "Heatmap"                     # its other tab: the heatmap, in the same place
+    ok(at.run())
+    [right] = [c for c in at.columns if any("adds no attention bias" in i.value for i in c.info)]
+    keys = [getattr(ch, "key", None) or ch.proto.id for ch in right.get("plotly_chart")]
+    assert any(str(k).endswith("bias_attn_map") for k in keys) and not any("attn_overlay" in str(k) for k in keys)
     biased = ok(run({"ckpt": "rpb"}))                                    # a bias: the attention row stays below
     [right] = [c for c in biased.columns if any("bias_bias_overlay" in ch.proto.id for ch in c.get("plotly_chart"))]
-    assert not any("bias_attn_map" in ch.proto.id for ch in right.get("plotly_chart"))
+    assert not any("bias_attn" in ch.proto.id for ch in right.get("plotly_chart"))
 
 
 def test_a_shrunk_upload_says_so(with_ckpts):
@@ -1126,7 +1164,7 @@ def test_a_checkpoint_without_a_table_survives_the_similarity_compare_and_checkp
             assert "ape" in chart_spec(at, "similarity_patch_map")["layout"]["title"]["text"]
         assert at.session_state["ckpt"] == "rpb", page
         assert at.query_params["ckpt"] in ("rpb", ["rpb"]), page
-    assert "rpb" in chart_spec(at, "bias_attn_map")["layout"]["title"]["text"] or not at.warning
+    assert "rpb" in chart_spec(at, "bias_attn_overlay")["layout"]["title"]["text"] or not at.warning
     at.switch_page("pages/similarity.py")
     ok(at.run())
     at.selectbox(key="similarity_ckpt").select("sape2+ape")            # a visitor's own pick does switch

@@ -122,7 +122,7 @@ def test_share_link_restores_the_view(page, app_url):
     expect(page.locator("[data-testid='stAlertContentWarning']")).to_have_count(0)
     assert lt.url_params(page.url) == {"page": "bias", "ckpt": "sape2+ape", "image": "cifar10-test-0008",
                                        "patch": "2,5", "layer": "1", "head": "0"}
-    expect(page.locator("[data-testid='stCode']").first).to_contain_text("patch=2,5")
+    assert "patch=2,5" in lt.share_link(page, contains="patch=2,5")
     no_exception(page)
     shot(page, "share_1_restored")
 
@@ -224,7 +224,7 @@ def test_import_real_vit_tiny_then_similarity_and_bias_pages(page, app_url, shar
     expect(page.get_by_text("of 14×14")).to_be_visible(timeout=IMPORT_TIMEOUT_MS)         # the patch text
     page.wait_for_function(lt.IDLE_JS, timeout=IMPORT_TIMEOUT_MS)
     expect(page.get_by_text("adds no attention bias")).to_be_visible()          # ape: no bias, attention only
-    _, z = heatmap(page, "bias_attn_map")
+    _, z = heatmap(page, "bias_attn_overlay", "e => JSON.stringify(e.data[1].z)")   # the default tab: on the image
     assert z.shape == (14, 14)
     no_exception(page)
     assert lt.url_params(page.url).get("ckpt") == name

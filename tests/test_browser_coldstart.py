@@ -122,7 +122,9 @@ def test_a_fresh_install_says_what_it_prepares_then_shows_the_page(browser, app_
             assert page.locator("[data-testid='stException']").count() == 0
         finally:
             ctx.close()
-        text = log.read_text(errors="replace")
+        deadline = time.monotonic() + 120        # the warm-up's last steps (the default view, pandas) follow the page
+        while "warm-up done in" not in (text := log.read_text(errors="replace")) and time.monotonic() < deadline:
+            time.sleep(0.2)
     starts = text.index("warm-up: compiling the fused SaPE²/CoPE kernel")
     built = re.search(r"fused SaPE²/CoPE kernel built in (\d+\.\d) s", text)
     assert built and built.start() > starts, text
@@ -155,7 +157,7 @@ def test_a_fresh_install_draws_the_shipped_first_page_before_torch_and_the_kerne
             at_charts = log.read_text(errors="replace")
             assert "built in" not in at_charts and "warm-up done" not in at_charts, at_charts
             assert page.get_by_text(NOTE).count() == 0
-            assert page.locator(".js-plotly-plot").count() >= 5                 # picker, bias, attention ×2, rollout
+            assert page.locator(".js-plotly-plot").count() >= 3                 # picker, bias, attention
             expect(page.locator("h1").first).to_have_text("Bias explorer")
             assert page.locator("[data-testid='stException']").count() == 0
             # ... and torch's turn comes after it, without a visitor asking (`warmup.SETTLE_S`)

@@ -74,7 +74,7 @@ def test_an_uploaded_photo_is_shared_by_link(tabs, server):
     click_patch(page, "bias_click", (2, 5), (8, 8), where=(0.8, 0.2))
     expect(page.get_by_text("Patch (2, 5)", exact=True)).to_be_visible()
     lt.wait_script_run(page, TIMEOUT_MS / 1e3)
-    link = page.locator("[data-testid='stSidebar'] [data-testid='stCode']").first.inner_text().strip()
+    link = lt.share_link(page)
     digest = re.search(r"image=upload(?::|%3A)([0-9a-f]{64})", link).group(1)
     assert (uploads / f"{digest}.png").is_file()
     assert "patch=2,5" in link and "layer=1" in link and "head=1" in link
@@ -113,9 +113,7 @@ def _remove_and_share(tabs, page, chip: str, url_re: str, link_text: str, kept: 
     page.wait_for_function(f"() => /{url_re}/.test(location.search)", timeout=TIMEOUT_MS)
     lt.wait_script_run(page, TIMEOUT_MS / 1e3)
     expect(_chips(page)).to_have_text(kept)
-    code = page.locator("[data-testid='stSidebar'] [data-testid='stCode']").first
-    expect(code).to_contain_text(link_text)
-    link = code.inner_text().strip()
+    link = lt.share_link(page, contains=link_text)
     page.goto("about:blank")
 
     page2 = _open(tabs, "another visitor", link, "Per checkpoint")

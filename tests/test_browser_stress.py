@@ -83,10 +83,14 @@ def test_shift_control_moves_the_maps_and_the_number(browser, shipped_url, tmp_p
     expect.set_options(timeout=TIMEOUT_MS)
     page.goto(lt.share_url(shipped_url, ckpt="sape2", image="cifar10-test-0008", patch=(3, 4), layer=0,
                            head="mean"))
-    expect(page.get_by_role("heading", name="Stress test: shift and resize")).to_be_visible()
+    expect(page.locator(".st-key-bias_stress_open summary")).to_contain_text("Stress test: shift and resize")
     settle(page)
-    expect(page.locator("[data-testid='stMetric']")).to_have_count(0)          # the default view: no stress run
+    expect(page.locator(f".st-key-{KEY}")).to_have_count(0)                  # closed on a first visit: not computed
+    expect(page.locator(".st-key-bias_rollout .js-plotly-plot")).to_have_count(0)
+    lt.open_section(page, "bias_rollout_open")
     expect(page.locator(".st-key-bias_rollout .js-plotly-plot")).to_be_attached()
+    lt.open_section(page, "bias_stress_open")
+    expect(page.locator("[data-testid='stMetric']")).to_have_count(0)          # the default view: no stress run
 
     thumb = page.locator(f".st-key-{KEY} input[type=range]")
     step_slider(page, thumb, "ArrowRight", 4)                                  # 0 -> +4 px: one patch right
@@ -103,7 +107,7 @@ def test_shift_control_moves_the_maps_and_the_number(browser, shipped_url, tmp_p
     if target:
         shutil.copy(shot, REPO / target)
 
-    link = page.locator("[data-testid='stCode']").first.inner_text().strip()   # the sidebar's share link
+    link = lt.share_link(page)   # the sidebar's share link
     assert lt.url_params(link)["shift"] == "0,4" and lt.url_params(page.url)["shift"] == "0,4"
     other = browser.new_context(viewport={"width": 1700, "height": 1000}).new_page()   # another visitor
     other.set_default_timeout(TIMEOUT_MS)
@@ -129,12 +133,12 @@ def test_shift_control_moves_the_maps_and_the_number(browser, shipped_url, tmp_p
 
 
 def section_screenshot(page, path: Path) -> None:
-    """From the "Attention rollout" heading to the end of the page, the main area only."""
+    """From the "Attention rollout" section to the end of the page, the main area only."""
     vp = page.viewport_size
     height = int(page.evaluate(lt.CONTENT_HEIGHT_JS))
     page.set_viewport_size({"width": vp["width"], "height": height})
     page.wait_for_timeout(800)                                                 # charts re-layout
-    top = page.get_by_role("heading", name="Attention rollout").bounding_box()["y"] - 16
+    top = page.locator(".st-key-bias_rollout_open").bounding_box()["y"] - 16
     left = page.locator("[data-testid='stMain']").bounding_box()["x"]        # leave the sidebar out
     page.screenshot(path=str(path), clip={"x": left, "y": top, "width": vp["width"] - left, "height": height - top},
                     full_page=True)

@@ -62,7 +62,7 @@ def shown_view(page) -> dict[str, str]:
             "slider": page.locator(".st-key-bias_layer input[type=range]").input_value(),
             "head": page.locator(".st-key-bias_head input").input_value(),
             "title": page.locator(".st-key-bias_bias_map .gtitle").first.text_content(),
-            "link": page.locator("[data-testid='stCode']").first.inner_text()}
+            "link": lt.share_link(page)}
 
 
 # ----------------------------------------------------------------------------- quick key presses

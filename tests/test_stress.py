@@ -187,6 +187,9 @@ def _app(params: dict, session: dict | None = None):
     return _ok(at.run())
 
 
+OPEN = {"bias_rollout_open": True, "bias_stress_open": True}   # both sections opened (stress_panel.section)
+
+
 def _ok(at):
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
@@ -221,7 +224,7 @@ def test_the_page_rollout_is_positional_rollout(with_app_ckpts):
     from vitpe_core.checkpoint import load_checkpoint
     from vitpe_core.gallery import gallery_image
     from vitpe_core.inputs import checkpoint_input
-    at = _app({"page": "bias", "ckpt": "sape2+ape", "patch": "2,5", "image": "cifar10-test-0008"})
+    at = _app({"page": "bias", "ckpt": "sape2+ape", "patch": "2,5", "image": "cifar10-test-0008"}, OPEN)
     model = load_checkpoint(with_app_ckpts / "sape2+ape.safetensors").model
     tr = analysis.trace_image(model, checkpoint_input(gallery_image("cifar10-test-0008"), load_checkpoint(
         with_app_ckpts / "sape2+ape.safetensors")))
@@ -236,6 +239,22 @@ def test_the_page_rollout_is_positional_rollout(with_app_ckpts):
     assert not _has(at, "bias_stress_bias_diff") and not at.metric      # the default view computes no stress test
 
 
+def test_rollout_and_stress_run_only_once_opened(with_app_ckpts):
+    """Closed on a first visit (the first page sends neither their controls nor their charts);
+    opened, each is computed; a link asking for one opens it (test below)."""
+    view = {"page": "bias", "ckpt": "sape2+ape", "patch": "2,5", "image": "cifar10-test-0008"}
+    at = _app(view)
+    assert {"Attention rollout", "Stress test: shift and resize"} <= {e.label for e in at.expander}
+    shifts = lambda: [w for w in at.get("select_slider") if "_shift_" in str(w.key)]   # noqa: E731
+    assert not _has(at, "bias_rollout") and not shifts() and not at.get("metric")
+    at.session_state["bias_rollout_open"] = True
+    _ok(at.run())
+    assert _has(at, "bias_rollout") and not shifts()
+    at.session_state["bias_stress_open"] = True
+    _ok(at.run())
+    assert at.select_slider(key="bias_shift_x_32x32p4").value == 0
+
+
 @pytest.fixture
 def with_app_ckpts(app_checkpoint_dir, monkeypatch):
     monkeypatch.setenv("VITPE_CHECKPOINTS", str(app_checkpoint_dir))
@@ -247,7 +266,7 @@ def test_shift_and_size_controls_on_the_shipped_sape2(shipped_sape2):
     from vitpe_core.gallery import gallery_image
     from vitpe_core.inputs import checkpoint_input
     image = "cifar10-test-0008"
-    at = _app({"page": "bias", "ckpt": "sape2", "patch": "3,4", "image": image}, {"bias_bias_tab": "Heatmap"})
+    at = _app({"page": "bias", "ckpt": "sape2", "patch": "3,4", "image": image}, {"bias_bias_tab": "Heatmap", **OPEN})
     before = _z(_chart(at, "bias_bias_map")["data"][0])
     assert not at.metric
     at.select_slider(key="bias_shift_x_32x32p4").set_value(4)             # one patch to the right
@@ -286,7 +305,7 @@ def test_rollout_and_stress_on_a_model_with_several_prefix_tokens_and_a_wide_gri
                                   encoding="sape2+ape", dist_token=True, reg_tokens=2))
     save_checkpoint(tmp_path / "wide.safetensors", model, metrics={"recipe": {"dataset": "cifar10"}})
     monkeypatch.setenv("VITPE_CHECKPOINTS", str(tmp_path))
-    at = _app({"page": "bias", "ckpt": "wide", "patch": "1,2"})
+    at = _app({"page": "bias", "ckpt": "wide", "patch": "1,2"}, OPEN)
     radio = at.radio(key="bias_rollout_of_4")
     assert list(radio.options) == ["the query patch (1, 2)", "CLS", "dist", "reg 0", "reg 1"]
     radio.set_value("reg 1")

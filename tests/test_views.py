@@ -219,3 +219,9 @@ def test_encoding_scale_series_reads_what_training_records():
     s = views.encoding_scale_series(curves)
     assert {q: list(v) for q, v in s.items()} == {q: ["L0", "L1", "L2"] for q in views.SCALE_SERIES.values()}
     assert s["bias std / logit std"]["L1"] == ([1, 2], [rec["enc_bias_ratio_L1"], 2 * rec["enc_bias_ratio_L1"]])
+
+
+def test_top_k_names_the_most_probable_classes_first():
+    probs = np.array([0.1, 0.5, 0.05, 0.3, 0.05])
+    assert views.top_k(probs, ["a", "b", "c", "d"], k=3) == [("b", 0.5), ("d", 0.3), ("a", 0.1)]
+    assert views.top_k(probs, ["a", "b"], k=2)[1] == ("class 3", 0.3)          # a class without a name

@@ -7,6 +7,7 @@ patch grid, stacks `(L, h, H, W)` (layers, heads), as `analysis.patch_maps` give
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -131,6 +132,13 @@ def top_class(trace: analysis.Trace) -> tuple[int, float]:
     probs = trace.probs
     top = int(np.argmax(probs))
     return top, float(probs[top])
+
+
+def top_k(probs: np.ndarray, class_names: Sequence[str], k: int = 5) -> list[tuple[str, float]]:
+    """The `k` most probable classes as (name, probability), the most probable first; a class
+    without a name is "class i"."""
+    probs = np.asarray(probs, dtype=np.float64)
+    return [(class_names[i] if i < len(class_names) else f"class {i}", float(probs[i])) for i in np.argsort(-probs)[:k]]
 
 
 def accuracy_runs(metrics: dict[str, dict]) -> dict[str, tuple[list, list]]:

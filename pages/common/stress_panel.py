@@ -11,6 +11,10 @@ and `vitpe_core.stress`, which compute everything shown.
 * The controls are bound to the view (`shift`, `size`, `fill`, `rollout`, `fusion` in
   session_state and the share link, see `viewsync` and `viewstate`): a link reopens the same stress
   view and rollout.
+* Each section is an expander that runs only while open (`section`): closed on a first visit, so
+  that the first page sends and draws only its core (BENCHMARKS.md section 4), and open by
+  default where the view asks for it (a link with a shift, a size, a fill, a rollout source or a
+  fusion off their defaults).
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from PIL import Image
 from vitpe_core import analysis, figures, positional, stress, views
 from vitpe_core.gallery import gallery_image
 from vitpe_core.inputs import checkpoint_input
+from vitpe_core.viewstate import FILLS, PATCH_SOURCE
 
 from . import cache
 from .output import chart
@@ -42,6 +47,12 @@ ERROR_HELP = ("The README's *bias shift err*: Σ over layers of mean |b′ − b
               "resizes are compared by the nearest patch centre, so even a perfect map scores above 0 there.")
 
 
+def section(page: str, what: str, label: str, asked: bool, icon: str):
+    """The expander of section `what` (key `<page>_<what>_open`; `.open`: whether to compute it),
+    open by default where `asked`."""
+    return st.expander(label, expanded=asked, key=f"{page}_{what}_open", on_change="rerun", icon=icon)
+
+
 # ----------------------------------------------------------------------------- rollout
 @cache.budgeted("rollouts", max_items=16)
 def _rollout(ref: cache.ModelRef, key: str, fusion: str, _tr: analysis.Trace):
@@ -56,8 +67,16 @@ def rollout(name: str, key: str, fusion: str, tr: analysis.Trace):
 
 def rollout_section(page: str, ckpt, tr: analysis.Trace, name: str, key: str, display, patch: tuple[int, int]
                     ) -> None:
+    ss = st.session_state
+    box = section(page, "rollout", "Attention rollout", icon=":material/account_tree:",
+                  asked=ss.get("rollout", PATCH_SOURCE) != PATCH_SOURCE or ss.get("fusion", FUSIONS[0]) != FUSIONS[0])
+    if box.open:
+        with box:
+            _rollout_body(page, ckpt, tr, name, key, display, patch)
+
+
+def _rollout_body(page: str, ckpt, tr: analysis.Trace, name: str, key: str, display, patch: tuple[int, int]) -> None:
     grid = tr.grid
-    st.subheader("Attention rollout")
     st.markdown(ROLLOUT_TEXT)
     sources = positional.rollout_sources(tr.num_prefix, tr.prefix)
     a, b = st.columns(2)
@@ -128,8 +147,18 @@ def transform_controls(page: str, cfg) -> stress.Transform:
 
 def stress_section(page: str, ckpt, tr: analysis.Trace, name: str, key: str, custom, patch: tuple[int, int],
                    layer: int, head: int | None) -> None:
+    ss = st.session_state
+    asked = (tuple(ss.get("shift") or (0, 0)) != (0, 0) or ss.get("size") is not None
+             or ss.get("fill", FILLS[0]) != FILLS[0])
+    box = section(page, "stress", "Stress test: shift and resize", asked=asked, icon=":material/open_with:")
+    if box.open:
+        with box:
+            _stress_body(page, ckpt, tr, name, key, custom, patch, layer, head)
+
+
+def _stress_body(page: str, ckpt, tr: analysis.Trace, name: str, key: str, custom, patch: tuple[int, int],
+                 layer: int, head: int | None) -> None:
     cfg = ckpt.config
-    st.subheader("Stress test: shift and resize")
     st.markdown(STRESS_TEXT)
     tf = transform_controls(page, cfg)
     if tf.is_identity(tuple(cfg.img_size)):

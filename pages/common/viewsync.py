@@ -46,6 +46,7 @@ PER_MODEL_KEYS = ("patch", "layer", "head", *STRESS_KEYS)
 SYNCED = "_vitpe_synced_query"                  # the query string this session last wrote
 LINK_MODEL_NOTES = "_vitpe_link_model_notes"   # open_link_model's note, shown by current_view
 DEFAULT_URL = "http://localhost:8501/"
+SHARE_KEY = "share"   # the share popover's key: `.st-key-share` in the page (benchmarks.harness.share_link)
 
 Dims = tuple[tuple[int, int], int, int]   # (grid, depth, heads)
 
@@ -199,7 +200,6 @@ def commit(view: ViewState) -> None:
         st.query_params.from_dict(q)
     ss[SYNCED] = q
 
-
 def share_link(view: ViewState, url: str | None = None) -> str:
     """The full link that reopens `view`: the app's root with `?page=...&ckpt=...`."""
     url = url or getattr(st.context, "url", None) or DEFAULT_URL
@@ -215,9 +215,13 @@ def share_link(view: ViewState, url: str | None = None) -> str:
 
 
 def render_share(view: ViewState, *, upload_active: bool = False) -> None:
-    """The sidebar's link to `view` (an uploaded image included: `image=upload:<sha256>`)."""
-    with st.sidebar:
-        st.markdown("**Link to this view**")
+    """The sidebar's "Share this view" button: a popover with the link to `view` (an uploaded image
+    included: `image=upload:<sha256>`) and its copy button. In a popover, whose content the
+    browser draws only when opened, the code block's highlighter (1.5 MB of JavaScript, 0.25 s of
+    the browser's main thread on 2 cores) is not part of the first page (BENCHMARKS.md section 4)."""
+    with st.sidebar, st.popover("Share this view", icon=":material/link:", key=SHARE_KEY, width="stretch"):
+        st.markdown("**Link to this view** — it reopens this page with the same checkpoint, image, patch, "
+                    "layer and head:")
         st.code(share_link(view), language=None, wrap_lines=True)
         if upload_active:
             st.caption("The link opens your uploaded image for anyone on this server, as long as the server "

@@ -5,14 +5,15 @@ browser loading Streamlit's and Plotly's code on 2 cores), the fused kernel and 
 view's trace. `streamlit run app.py` finds the `st.App` in app.py (made only when the file is
 imported as a module, not in a visitor's run), whose lifespan calls `start`: one daemon thread
 
-1. imports Plotly, pandas and the pages' modules (`CHARTING`, `PAGE_MODULES`: none imports torch,
-   tests/test_app.py checks it) and reads the default view's checkpoint header and the trace
+1. imports Plotly and the default page's modules (`CHARTING`, `PAGE_MODULES`: none imports torch
+   or pandas, tests/test_app.py checks it) and reads the default view's checkpoint header and the trace
    stored beside it (`vitpe_core.stored_trace`): the first page is drawn from these, no torch;
 2. waits until the first visitor's first page was sent and `SETTLE_S` has passed for the browser
    to draw it (`page_sent`), or until a run needs a model (`wait_for_torch`, called by
    `cache.load_model`), or `VISITOR_GRACE_S` from the start when no visitor came;
 3. imports torch, loads (or first compiles) the fused C++ kernel, runs one forward pass of a
-   tiny model, and puts the default view's checkpoint and trace in the app's caches.
+   tiny model, puts the default view's checkpoint and trace in the app's caches, and imports
+   pandas and the other pages' modules (`LATER_MODULES`).
 
 A visitor's run calls `wait_visibly` (step 1) before its own imports, so that the two never
 import the same modules at once (a half-imported module seen from another thread broke Plotly
@@ -43,18 +44,23 @@ from streamlit.logger import get_logger   # the server's log format and level
 log = get_logger(__name__)
 
 # Imported first, so that a visitor's first run can draw a chart (`prefetch_frontend`).
-CHARTING = ("pandas", "plotly.graph_objects", "plotly.io", "plotly.tools", "plotly.offline")
-# In the order a page's first run imports them (app.py, then the pages through pages.common), none of them torch:
-# the first page is drawn before torch is imported (from a stored trace, `vitpe_core.stored_trace`). Kept by hand;
-# tests/test_app.py checks that it covers every module the pages import at module level, and without torch.
+# vitpe_core.figures makes Plotly's "is pandas loaded?" safe while another thread imports pandas (figures.threadsafe):
+# so no page waits for pandas (0.3 s of CPU) before its first chart.
+CHARTING = ("plotly.graph_objects", "plotly.io", "plotly.tools", "plotly.offline", "vitpe_core.figures")
+# In the order the default page's first run imports them (app.py, then pages/bias.py through pages.common), neither
+# torch nor pandas: the first page is drawn before either is imported (from a stored trace, vitpe_core.stored_trace).
+# Kept by hand; tests/test_app.py checks that it covers every module the default page imports at module level, and
+# with LATER_MODULES every module of the other pages.
 PAGE_MODULES = ("vitpe_core.analysis", "vitpe_core.figures", "vitpe_core.figures.picker", "vitpe_core.views",
                 "vitpe_core.positional", "vitpe_core.stress", "vitpe_core.stored_trace",
                 "pages.common.cache", "pages.common.messages", "pages.common.viewsync", "pages.common.status",
                 "pages.common.widgets", "pages.common.explain", "pages.common.loading", "pages.common.output",
                 "pages.common.picker", "pages.common.uploads", "pages.common.import_form",
-                "pages.common.position_panel", "pages.common.stress_panel", "pages.common.film",
-                "pages.common.report_button", "pages.common.prediction", "pages.common.resolution",
-                "pages.common.swin_view", "pages.common.model_import")
+                "pages.common.stress_panel", "pages.common.film", "pages.common.report_button",
+                "pages.common.prediction", "pages.common.swin_view", "pages.common.model_import")
+# The other pages' tables (pandas): imported last, after the first page and torch (a page that needs them first
+# imports them in its own run).
+LATER_MODULES = ("pandas", "pages.common.position_panel", "pages.common.resolution")
 # What any model needs: imported after the first visitor's first page is drawn (`_run`), or when a run needs it.
 TORCH_MODULES = ("torch", "vitpe_core.model", "vitpe_core.swin.model")
 THREAD = "vitpe-warmup"
@@ -121,6 +127,8 @@ def _run() -> None:
         _torch.set()    # before the default view: a run waiting for torch may hold a cache entry that one needs
         _set_stage(DEFAULT_VIEW)
         _default_view()
+        for name in LATER_MODULES:
+            importlib.import_module(name)
     except Exception:  # noqa: BLE001 — the visitor's own run then meets it where the page shows it
         log.exception("warm-up failed; the first page run does that work instead")
     finally:
@@ -372,15 +380,16 @@ CHARTING_WAIT_S = 5.0
 
 
 def prefetch_frontend() -> Any:
-    """The slot (`st.empty`) of a hidden Plotly chart and code block drawn in a session's first
-    run, right under the title; app.py empties it after the page. Streamlit's browser code loads
-    each kind of element's JavaScript when the first such element arrives: Plotly's is 4.7 MB
-    (about a second to parse and compile on 2 cores), the code block's highlighter 1.5 MB. Sent
-    here, the browser loads both while the server still warms up or computes the page, instead
-    of after the page's first chart arrives: on a cold start the charts were drawn 2 s after the
-    script run ended, with this 0.4 s (BENCHMARKS.md section 4). Waits (at most
-    `CHARTING_WAIT_S`) until the warm-up has imported Plotly (`CHARTING`), so that no two threads
-    import it at once. Only where a warm-up was started (a server; not AppTest); None elsewhere."""
+    """The slot (`st.empty`) of a hidden Plotly chart drawn in a session's first run, right under
+    the title; app.py empties it after the page. Streamlit's browser code loads each kind of
+    element's JavaScript when the first such element arrives: Plotly's is 4.7 MB (about a second
+    to parse and compile on 2 cores). Sent here, the browser loads it while the server still warms
+    up or computes the page, instead of after the page's first chart arrives: on a cold start the
+    charts were drawn 2 s after the script run ended, with this 0.4 s (BENCHMARKS.md section 4).
+    (The first page has no code block: the share link's is in a popover, drawn when opened.)
+    Waits (at most `CHARTING_WAIT_S`) until the warm-up has imported Plotly (`CHARTING`), so that
+    no two threads import it at once. Only where a warm-up was started (a server; not AppTest);
+    None elsewhere."""
     if not _started:
         return None
     import streamlit as st
@@ -397,7 +406,6 @@ def prefetch_frontend() -> Any:
                 "overflow: hidden; }</style>")
         st.plotly_chart(go.Figure(go.Scatter(x=[0], y=[0])), height=100, key="vitpe_prefetch_chart",
                         config={"staticPlot": True})
-        st.code(".", language=None)
     _visitor.set()                     # the warm-up goes on with torch (`_run`)
     return slot
 

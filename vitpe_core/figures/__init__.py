@@ -22,6 +22,9 @@ import overlay_fig`):
   `patch_centres`, `picker_spec`, `with_outline` (a Plotly spec as a dict).
 * `windows`: Swin's windows — `window_map_fig` (a patch's row over its window, with the block's
   shifted window grid), `window_lines_path`.
+* `threadsafe`: `patch_plotly` (`plotly_patched` checks it), applied on import: Plotly's "is pandas
+  loaded?" no longer sees a pandas that another thread is still importing (a Streamlit server's
+  sessions are threads of one process).
 * `resolution`: the input-size sweep (`vitpe_core.resolution`) — `resolution_fig` (what each size
   keeps), `distance_by_size_fig`.
 
@@ -47,6 +50,7 @@ from .picker import MAX_HEIGHT_PX, patch_centres, picker_spec, with_outline
 from .resolution import RESOLUTION_SERIES, distance_by_size_fig, resolution_fig
 from .raster import display_image, figure7_image, figure7_pixel_to_patch, grid_image, pixel_to_patch
 from .windows import window_lines_path, window_map_fig
+from .threadsafe import patch_plotly, plotly_patched
 
 __all__ = [
     # common
@@ -73,4 +77,8 @@ __all__ = [
     "window_map_fig", "window_lines_path",
     # resolution
     "RESOLUTION_SERIES", "resolution_fig", "distance_by_size_fig",
+    # threadsafe
+    "patch_plotly", "plotly_patched",
 ]
+
+patch_plotly()   # before any figure of this process: see threadsafe
