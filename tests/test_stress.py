@@ -253,6 +253,12 @@ def test_rollout_and_stress_run_only_once_opened(with_app_ckpts):
     at.session_state["bias_stress_open"] = True
     _ok(at.run())
     assert at.select_slider(key="bias_shift_x_32x32p4").value == 0
+    at.select_slider(key="bias_shift_x_32x32p4").set_value(4)
+    _ok(at.run())
+    assert at.metric                                                   # a stress view, computed
+    at.select_slider(key="bias_shift_x_32x32p4").set_value(0)          # back to none: the section stays open
+    _ok(at.run())
+    assert not at.metric and shifts() and at.session_state["bias_stress_open"]
 
 
 @pytest.fixture

@@ -49,8 +49,13 @@ ERROR_HELP = ("The README's *bias shift err*: Σ over layers of mean |b′ − b
 
 def section(page: str, what: str, label: str, asked: bool, icon: str):
     """The expander of section `what` (key `<page>_<what>_open`; `.open`: whether to compute it),
-    open by default where `asked`."""
-    return st.expander(label, expanded=asked, key=f"{page}_{what}_open", on_change="rerun", icon=icon)
+    opened where `asked` when this session draws it first (a link with its settings). Not through
+    `expanded=`: a keyed expander whose `expanded` changes is a new widget, and the section closed
+    under the visitor's hands when a shift went back to none."""
+    key = f"{page}_{what}_open"
+    if asked and key not in st.session_state:
+        st.session_state[key] = True
+    return st.expander(label, key=key, on_change="rerun", icon=icon)
 
 
 # ----------------------------------------------------------------------------- rollout
