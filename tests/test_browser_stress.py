@@ -91,6 +91,7 @@ def test_shift_control_moves_the_maps_and_the_number(browser, shipped_url, tmp_p
     expect(page.locator(".st-key-bias_rollout .js-plotly-plot")).to_be_attached()
     lt.open_section(page, "bias_stress_open")
     expect(page.locator("[data-testid='stMetric']")).to_have_count(0)          # the default view: no stress run
+    assert lt.url_params(page.url)["open"] == "rollout,stress"                 # the view says which are open
 
     thumb = page.locator(f".st-key-{KEY} input[type=range]")
     step_slider(page, thumb, "ArrowRight", 4)                                  # 0 -> +4 px: one patch right
@@ -109,10 +110,12 @@ def test_shift_control_moves_the_maps_and_the_number(browser, shipped_url, tmp_p
 
     link = lt.share_link(page)   # the sidebar's share link
     assert lt.url_params(link)["shift"] == "0,4" and lt.url_params(page.url)["shift"] == "0,4"
+    assert lt.url_params(link)["open"] == "rollout,stress"
     other = browser.new_context(viewport={"width": 1700, "height": 1000}).new_page()   # another visitor
     other.set_default_timeout(TIMEOUT_MS)
     other.goto(link)
     expect(other.get_by_text("patch (3, 4) → (3, 5)", exact=False)).to_be_visible()   # the same stress view
+    expect(other.locator(".st-key-bias_rollout .js-plotly-plot")).to_be_attached()     # and the rollout, open
     expect(other.locator(f".st-key-{KEY} input[type=range]")).to_have_attribute("aria-valuetext", "+4 px (1 patch)")
     settle(other)
     assert metric(other, ERROR) == first

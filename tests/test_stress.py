@@ -187,7 +187,7 @@ def _app(params: dict, session: dict | None = None):
     return _ok(at.run())
 
 
-OPEN = {"bias_rollout_open": True, "bias_stress_open": True}   # both sections opened (stress_panel.section)
+OPEN = {"open": ("rollout", "stress")}   # both sections open (the view's `open`, stress_panel.section)
 
 
 def _ok(at):
@@ -241,24 +241,32 @@ def test_the_page_rollout_is_positional_rollout(with_app_ckpts):
 
 def test_rollout_and_stress_run_only_once_opened(with_app_ckpts):
     """Closed on a first visit (the first page sends neither their controls nor their charts);
-    opened, each is computed; a link asking for one opens it (test below)."""
+    opened, each is computed, and the view (URL, share link) says which are open; a link asking for
+    one opens it (test below)."""
     view = {"page": "bias", "ckpt": "sape2+ape", "patch": "2,5", "image": "cifar10-test-0008"}
     at = _app(view)
     assert {"Attention rollout", "Stress test: shift and resize"} <= {e.label for e in at.expander}
     shifts = lambda: [w for w in at.get("select_slider") if "_shift_" in str(w.key)]   # noqa: E731
     assert not _has(at, "bias_rollout") and not shifts() and not at.get("metric")
-    at.session_state["bias_rollout_open"] = True
+    assert "open" not in at.query_params
+    at.session_state["open"] = ("rollout",)
     _ok(at.run())
     assert _has(at, "bias_rollout") and not shifts()
-    at.session_state["bias_stress_open"] = True
+    assert at.query_params["open"] == "rollout" and "open=rollout" in at.code[0].value
+    at.session_state["open"] = ("rollout", "stress")
     _ok(at.run())
-    assert at.select_slider(key="bias_shift_x_32x32p4").value == 0
+    assert at.select_slider(key="bias_shift_x_32x32p4").value == 0 and at.query_params["open"] == "rollout,stress"
     at.select_slider(key="bias_shift_x_32x32p4").set_value(4)
     _ok(at.run())
     assert at.metric                                                   # a stress view, computed
     at.select_slider(key="bias_shift_x_32x32p4").set_value(0)          # back to none: the section stays open
     _ok(at.run())
     assert not at.metric and shifts() and at.session_state["bias_stress_open"]
+
+    linked = _app({**view, "open": "rollout"})                         # another visitor opens the link
+    assert _has(linked, "bias_rollout") and not [w for w in linked.get("select_slider") if "_shift_" in str(w.key)]
+    bad = _app({**view, "open": "rollout,nonsense"})
+    assert _has(bad, "bias_rollout") and any("Ignored open=" in w.value for w in bad.warning)
 
 
 @pytest.fixture

@@ -161,8 +161,22 @@ def test_any_query_gives_a_valid_view(params, grid, depth, heads, epochs):
 def test_every_view_field_is_a_query_key():
     from dataclasses import fields
     full = ViewState(ckpt="a", image="b", epoch=0, shift=(1, 0), size=40, fill="reflect", rollout="CLS", fusion="max",
-                     show=("a",), model="f" * 64)
+                     show=("a",), open=("rollout",), model="f" * 64)
     assert KEYS == tuple(f.name for f in fields(ViewState)) == tuple(to_query(full))
+
+
+def test_open_sections_round_trip_and_odd_ones_are_refused():
+    names = dict(checkpoints=["a"], images=["b"])
+    for value, expected in (("stress", ("stress",)), ("stress,rollout", ("rollout", "stress")),
+                            ("rollout,rollout", ("rollout",)), ("", ())):
+        view, notes = parse_view({"open": value}, **names)
+        assert view.open == expected and not notes, value
+        assert parse_view(to_query(view), **names)[0] == view
+    view, notes = parse_view({"open": "rollout,<script>"}, **names)       # the known one is kept, with a note
+    assert view.open == ("rollout",) and notes == ["Ignored open='rollout,<script>': valid sections: rollout, "
+                                                   "stress; using open='rollout'."]
+    view, notes = parse_view({"open": "all"}, **names)
+    assert view.open == () and "using open='none'" in notes[0]
 
 
 def test_model_ids_round_trip_and_odd_ones_are_refused():

@@ -7,7 +7,9 @@ over heads) and the training epoch whose recorded table the similarity page show
 the final weights; left out of links), and the bias explorer's stress test and rollout: the
 shift `(dy, dx)` in pixels of the model's input, the input height (`None` = native), the fill,
 the rollout's source token and head fusion (each left out of links at its default: no shift,
-native size, zero fill, the query patch, mean; old links open as before), and the checkpoints
+native size, zero fill, the query patch, mean; old links open as before), which of the bias
+explorer's sections computed only when open are open (`open=rollout,stress`; none by default,
+left out of links), and the checkpoints
 the compare page shows (`None` = its default, left out of links; `()` = none, `show=-`). `parse_view` turns a
 query string (as `st.query_params` or `urllib.parse.parse_qs` give it) into a valid `ViewState`
 plus one human-readable note for every value it had to replace by its default; `to_query` is its
@@ -62,6 +64,7 @@ FILLS: tuple[str, ...] = ("zero", "reflect")         # stress test fills; vitpe_
 FUSIONS: tuple[str, ...] = ("mean", "max")
 NATIVE_SIZE = "native"
 PATCH_SOURCE = "patch"
+SECTIONS: tuple[str, ...] = ("rollout", "stress")   # the bias explorer's sections that run only while open
 
 Grid = tuple[int, int]
 
@@ -92,6 +95,7 @@ class ViewState:
     rollout: str = PATCH_SOURCE         # rollout of the query patch or of a prefix token (CLS, ...)
     fusion: str = FUSIONS[0]            # rollout's head fusion
     show: tuple[str, ...] | None = None  # compare page's checkpoints, in order; None = the page's default
+    open: tuple[str, ...] = ()          # the bias explorer's open sections (SECTIONS), in SECTIONS' order
     model: str = ""                     # SHA-256 of the imported model file `ckpt` names; "" for the folder's
 
     @property
@@ -132,6 +136,7 @@ def to_query(view: ViewState) -> dict[str, str]:
          "rollout": "" if view.rollout == PATCH_SOURCE else view.rollout,
          "fusion": "" if view.fusion == FUSIONS[0] else view.fusion,
          "show": "" if view.show is None else show_value(view.show),
+         "open": ",".join(view.open),
          "model": view.model}
     return {k: v for k, v in q.items() if v != ""}
 
@@ -300,6 +305,14 @@ def _show_list(value: str, lim: _Limits) -> tuple[str, ...]:
     return tuple(names)
 
 
+def _sections(value: str, lim: _Limits) -> tuple[str, ...]:
+    names = {n.strip() for n in value.split(",") if n.strip()}
+    known = tuple(s for s in SECTIONS if s in names)
+    if names - set(SECTIONS):
+        raise _Invalid(f"valid sections: {', '.join(SECTIONS)}", keep=known or None)
+    return known
+
+
 def _choice(options: Callable[[_Limits], Sequence[str]]) -> Callable[[str, _Limits], str]:
     def parse(value: str, lim: _Limits) -> str:
         valid = list(options(lim))
@@ -347,6 +360,7 @@ _KEYS: dict[str, _Key] = {
     "rollout": _Key(_choice(lambda lim: lim.stress.sources), lambda lim: PATCH_SOURCE),
     "fusion": _Key(_choice(lambda lim: FUSIONS), lambda lim: FUSIONS[0]),
     "show": _Key(_show_list, lambda lim: None, blank_is_none=True, max_chars=MAX_SHOW_CHARS),
+    "open": _Key(_sections, lambda lim: (), blank_is_none=True),
     "model": _Key(_model, lambda lim: "", blank_is_none=True),
 }
 STRESS_KEYS: tuple[str, ...] = ("shift", "size", "fill", "rollout", "fusion")
@@ -458,7 +472,7 @@ def _show(value: str) -> str:
 
 
 _DEFAULT_TEXT = {"epoch": FINAL_EPOCH, "shift": "0,0", "size": NATIVE_SIZE, "fill": FILLS[0], "rollout": PATCH_SOURCE,
-                 "fusion": FUSIONS[0], "show": "the page's default"}
+                 "fusion": FUSIONS[0], "show": "the page's default", "open": "none"}
 
 
 def _default_text(view: ViewState, key: str) -> str:

@@ -12,9 +12,9 @@ and `vitpe_core.stress`, which compute everything shown.
   session_state and the share link, see `viewsync` and `viewstate`): a link reopens the same stress
   view and rollout.
 * Each section is an expander that runs only while open (`section`): closed on a first visit, so
-  that the first page sends and draws only its core (BENCHMARKS.md section 4), and open by
-  default where the view asks for it (a link with a shift, a size, a fill, a rollout source or a
-  fusion off their defaults).
+  that the first page sends and draws only its core (BENCHMARKS.md section 4). Which are open is
+  part of the view (`open`, in the share link); a link from before it opens a section whose
+  settings it moves off their defaults.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from PIL import Image
 from vitpe_core import analysis, figures, positional, stress, views
 from vitpe_core.gallery import gallery_image
 from vitpe_core.inputs import checkpoint_input
-from vitpe_core.viewstate import FILLS, PATCH_SOURCE
+from vitpe_core.viewstate import SECTIONS
 
 from . import cache
 from .output import chart
@@ -47,15 +47,23 @@ ERROR_HELP = ("The README's *bias shift err*: Σ over layers of mean |b′ − b
               "resizes are compared by the nearest patch centre, so even a perfect map scores above 0 there.")
 
 
-def section(page: str, what: str, label: str, asked: bool, icon: str):
+def section(page: str, what: str, label: str, icon: str):
     """The expander of section `what` (key `<page>_<what>_open`; `.open`: whether to compute it),
-    opened where `asked` when this session draws it first (a link with its settings). Not through
-    `expanded=`: a keyed expander whose `expanded` changes is a new widget, and the section closed
-    under the visitor's hands when a shift went back to none."""
-    key = f"{page}_{what}_open"
-    if asked and key not in st.session_state:
-        st.session_state[key] = True
-    return st.expander(label, key=key, on_change="rerun", icon=icon)
+    open where the view's `open` names it (a link: `open=rollout,stress`; older links' settings,
+    `viewsync.implied_sections`). Opening or closing it writes the view before the rerun (`_toggled`),
+    so that the address bar and the share link carry it. (Not through `expanded=`: a keyed expander
+    whose `expanded` changes is a new widget, which closed the section under the visitor's hands.)"""
+    ss, key = st.session_state, f"{page}_{what}_open"
+    shown = what in (ss.get("open") or ())
+    if bool(ss.get(key)) != shown:
+        ss[key] = shown
+    return st.expander(label, key=key, on_change=_toggled, args=(what, key), icon=icon)
+
+
+def _toggled(what: str, key: str) -> None:
+    ss = st.session_state
+    now = set(ss.get("open") or ()) - {what} | ({what} if ss.get(key) else set())
+    ss["open"] = tuple(s for s in SECTIONS if s in now)
 
 
 # ----------------------------------------------------------------------------- rollout
@@ -72,9 +80,7 @@ def rollout(name: str, key: str, fusion: str, tr: analysis.Trace):
 
 def rollout_section(page: str, ckpt, tr: analysis.Trace, name: str, key: str, display, patch: tuple[int, int]
                     ) -> None:
-    ss = st.session_state
-    box = section(page, "rollout", "Attention rollout", icon=":material/account_tree:",
-                  asked=ss.get("rollout", PATCH_SOURCE) != PATCH_SOURCE or ss.get("fusion", FUSIONS[0]) != FUSIONS[0])
+    box = section(page, "rollout", "Attention rollout", icon=":material/account_tree:")
     if box.open:
         with box:
             _rollout_body(page, ckpt, tr, name, key, display, patch)
@@ -152,10 +158,7 @@ def transform_controls(page: str, cfg) -> stress.Transform:
 
 def stress_section(page: str, ckpt, tr: analysis.Trace, name: str, key: str, custom, patch: tuple[int, int],
                    layer: int, head: int | None) -> None:
-    ss = st.session_state
-    asked = (tuple(ss.get("shift") or (0, 0)) != (0, 0) or ss.get("size") is not None
-             or ss.get("fill", FILLS[0]) != FILLS[0])
-    box = section(page, "stress", "Stress test: shift and resize", asked=asked, icon=":material/open_with:")
+    box = section(page, "stress", "Stress test: shift and resize", icon=":material/open_with:")
     if box.open:
         with box:
             _stress_body(page, ckpt, tr, name, key, custom, patch, layer, head)

@@ -3,7 +3,8 @@ share link that reopens it.
 
 The view (`viewstate.ViewState`) lives in `st.session_state` under the plain keys `ckpt`,
 `image`, `patch` (a tuple `(r, c)`), `layer`, `head` (`None` = mean over heads), `epoch`
-(`None` = final weights), the stress test's and rollout's keys and `show`, and in the URL:
+(`None` = final weights), the stress test's and rollout's keys, `show` and `open` (the bias
+explorer's open sections), and in the URL:
 
 * the URL is read on a session's first run (a shared or pasted link: opening a URL starts a
   new session) and on a run started by the browser's back / forward buttons; on every other
@@ -31,13 +32,14 @@ import streamlit as st
 
 from vitpe_core.checkpoint import CheckpointError
 from vitpe_core.gallery import gallery_ids
-from vitpe_core.viewstate import (FINAL_EPOCH, KEYS, MEAN_HEAD, NATIVE_SIZE, PAGES, STRESS_KEYS, UPLOAD_PREFIX,
-                                  StressLimits, ViewState, is_model_id, is_upload_id, parse_view, to_query)
+from vitpe_core.viewstate import (FINAL_EPOCH, KEYS, MEAN_HEAD, NATIVE_SIZE, PAGES, SECTIONS, STRESS_KEYS,
+                                  UPLOAD_PREFIX, StressLimits, ViewState, is_model_id, is_upload_id, parse_view,
+                                  to_query)
 
 from . import cache, imported, upload_store
 from .messages import show_notes
 
-VIEW_KEYS = ("ckpt", "image", "patch", "layer", "head", "epoch", *STRESS_KEYS, "show")
+VIEW_KEYS = ("ckpt", "image", "patch", "layer", "head", "epoch", *STRESS_KEYS, "show", "open")
 # The keys whose valid values the checkpoint decides (its grid, depth, heads, shifts, sizes): one the
 # session carried over from another checkpoint (a pick in the select box, an import) quietly falls
 # back to the new one's default; only a link's is reported (issue 44, 11c: "Ignored patch='4,4':
@@ -77,6 +79,8 @@ def _as_text(key: str, value: Any) -> Any:
         return to_query(ViewState(show=tuple(value)))["show"]
     if key == "show" and value is None:
         return ""
+    if key == "open" and isinstance(value, (tuple, list)):
+        return ",".join(map(str, value))
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         return str(int(value))
     return value
@@ -161,10 +165,21 @@ def current_view(page: str, checkpoints: Sequence[str], *,
                      "never uploaded here, or removed to make room for newer uploads. Showing the sample image "
                      "instead; upload the photo again to share it.")
         view = ViewState(**{**view.__dict__, "image": images[0] if images else ""})
+    if from_url and "open" not in url:   # a link from before `open`: its stress or rollout settings open their sections
+        view = ViewState(**{**view.__dict__, "open": implied_sections(view)})
     show_notes([*st.session_state.pop(LINK_MODEL_NOTES, []), *notes])
     view = ViewState(**{**view.__dict__, "page": page, "model": imported.uploaded_models().get(view.ckpt, "")})
     commit(view)
     return view
+
+
+def implied_sections(view: ViewState) -> tuple[str, ...]:
+    """The bias explorer's sections whose settings `view` moves off their defaults (the rollout's
+    source or fusion, the stress test's shift, size or fill), with those `view.open` already names."""
+    base = ViewState()
+    moved = {"rollout": (view.rollout, view.fusion) != (base.rollout, base.fusion),
+             "stress": (tuple(view.shift), view.size, view.fill) != (base.shift, base.size, base.fill)}
+    return tuple(s for s in SECTIONS if s in view.open or moved[s])
 
 
 def open_link_model() -> None:
@@ -193,6 +208,7 @@ def commit(view: ViewState) -> None:
     ss["layer"], ss["head"], ss["epoch"] = view.layer, view.head, view.epoch
     ss["shift"], ss["size"], ss["fill"] = tuple(view.shift), view.size, view.fill
     ss["rollout"], ss["fusion"], ss["show"] = view.rollout, view.fusion, view.show
+    ss["open"] = tuple(view.open)
     q = to_query(view)
     # Compared with what the app last wrote too: the URL this rerun carries may be stale, and
     # equal to the new view while the address bar already shows a later one.
