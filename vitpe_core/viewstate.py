@@ -141,6 +141,13 @@ def to_query(view: ViewState) -> dict[str, str]:
     return {k: v for k, v in q.items() if v != ""}
 
 
+def implied_sections(view: ViewState) -> tuple[str, ...]:
+    """`view.open` with the sections whose settings `view` moves off their defaults (what a link
+    from before `open` asked for by its settings alone)."""
+    q = to_query(view)
+    return tuple(s for s in SECTIONS if s in view.open or any(k in q for k in SECTION_KEYS[s]))
+
+
 def show_value(names: Sequence[str]) -> str:
     """`show`'s value for checkpoints `names`: joined by commas, with a comma or percent sign
     inside a name written `%2C` / `%25` (a file may be named `a,b`) and a name that is just `-`
@@ -363,7 +370,9 @@ _KEYS: dict[str, _Key] = {
     "open": _Key(_sections, lambda lim: (), blank_is_none=True),
     "model": _Key(_model, lambda lim: "", blank_is_none=True),
 }
-STRESS_KEYS: tuple[str, ...] = ("shift", "size", "fill", "rollout", "fusion")
+# Each section's settings (links leave them out at their defaults, `to_query`).
+SECTION_KEYS: dict[str, tuple[str, ...]] = {"rollout": ("rollout", "fusion"), "stress": ("shift", "size", "fill")}
+STRESS_KEYS: tuple[str, ...] = (*SECTION_KEYS["stress"], *SECTION_KEYS["rollout"])
 KEYS: tuple[str, ...] = tuple(_KEYS)
 
 

@@ -2,7 +2,7 @@
 the page (an `st.error` naming it and why) and left out, never raised."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import streamlit as st
 
@@ -12,48 +12,42 @@ from vitpe_core.config import ViTConfig
 from . import cache
 
 
-def load_checkpoint_or_error(name: str) -> Checkpoint | None:
-    """The checkpoint, or None after an st.error saying why it cannot be used."""
+def _or_error(name: str, get: Callable[..., Any], *args: Any, passes: tuple[type, ...] = ()) -> Any:
+    """`get(name, *args)`, or None after an st.error saying why checkpoint `name` cannot be used;
+    the errors in `passes` are raised on."""
     try:
-        return cache.get_checkpoint(name)
-    except (ValueError, OSError) as e:   # CheckpointError is a ValueError
-        st.error(f"Checkpoint {name!r} cannot be used: {e}")
-        return None
-
-
-def header_or_error(name: str) -> CheckpointHeader | None:
-    """The checkpoint's config, metrics and recorded epochs without its model (`cache.checkpoint_header`:
-    a folder file's header, no torch), or None after an st.error saying why it cannot be used."""
-    try:
-        return cache.checkpoint_header(name)
-    except (ValueError, OSError) as e:   # CheckpointError is a ValueError
-        st.error(f"Checkpoint {name!r} cannot be used: {e}")
-        return None
-
-
-def trace_or_error(name: str, key: str, img=None):
-    """`cache.trace` of image `key` through checkpoint `name`, or None after an st.error saying
-    why the checkpoint cannot be used (a sound header over weights that do not fit its config is
-    found only here, where the page needs the model: `header_or_error` read the header alone)."""
-    try:
-        return cache.trace(name, key, img)
-    except cache.ModelEvicted:      # the router says what happened (app.py)
+        return get(name, *args)
+    except passes:
         raise
     except (ValueError, OSError) as e:   # CheckpointError is a ValueError
         st.error(f"Checkpoint {name!r} cannot be used: {e}")
         return None
 
 
+def load_checkpoint_or_error(name: str) -> Checkpoint | None:
+    """The checkpoint, or None after an st.error saying why it cannot be used."""
+    return _or_error(name, cache.get_checkpoint)
+
+
+def header_or_error(name: str) -> CheckpointHeader | None:
+    """The checkpoint's config, metrics and recorded epochs without its model (`cache.checkpoint_header`:
+    a folder file's header, no torch), or None after an st.error saying why it cannot be used."""
+    return _or_error(name, cache.checkpoint_header)
+
+
+def trace_or_error(name: str, key: str, img=None):
+    """`cache.trace` of image `key` through checkpoint `name`, or None after an st.error saying
+    why the checkpoint cannot be used (a sound header over weights that do not fit its config is
+    found only here, where the page needs the model: `header_or_error` read the header alone). A
+    model the store evicted mid-run is raised on: the router says what happened (app.py)."""
+    return _or_error(name, cache.trace, key, img, passes=(cache.ModelEvicted,))
+
+
 def checkpoint_configs(names: Sequence[str]) -> dict[str, ViTConfig]:
     """name -> model config for every checkpoint whose header reads (no model is loaded); an
     st.error for each that does not."""
-    configs = {}
-    for name in names:
-        try:
-            configs[name] = cache.checkpoint_config(name)
-        except (ValueError, OSError) as e:   # CheckpointError is a ValueError
-            st.error(f"Checkpoint {name!r} cannot be used: {e}")
-    return configs
+    read = {name: _or_error(name, cache.checkpoint_config) for name in names}
+    return {name: cfg for name, cfg in read.items() if cfg is not None}
 
 
 def load_checkpoints(names: Sequence[str]) -> dict[str, Checkpoint]:

@@ -49,21 +49,17 @@ ERROR_HELP = ("The README's *bias shift err*: Σ over layers of mean |b′ − b
 
 def section(page: str, what: str, label: str, icon: str):
     """The expander of section `what` (key `<page>_<what>_open`; `.open`: whether to compute it),
-    open where the view's `open` names it (a link: `open=rollout,stress`; older links' settings,
-    `viewsync.implied_sections`). Opening or closing it writes the view before the rerun (`_toggled`),
-    so that the address bar and the share link carry it. (Not through `expanded=`: a keyed expander
-    whose `expanded` changes is a new widget, which closed the section under the visitor's hands.)"""
-    ss, key = st.session_state, f"{page}_{what}_open"
-    shown = what in (ss.get("open") or ())
-    if bool(ss.get(key)) != shown:
-        ss[key] = shown
-    return st.expander(label, key=key, on_change=_toggled, args=(what, key), icon=icon)
+    bound to the view's `open` (`widgets.bound`): open where it names `what` (a link:
+    `open=rollout,stress`; older links' settings, `viewstate.implied_sections`), and opening or
+    closing it writes the view before the rerun, so that the address bar and the share link carry
+    it. (Not through `expanded=`: a keyed expander whose `expanded` changes is a new widget, which
+    closed the section under the visitor's hands.)"""
+    def with_it(is_open: bool) -> tuple[str, ...]:
+        now = set(st.session_state["open"]) - {what} | ({what} if is_open else set())
+        return tuple(s for s in SECTIONS if s in now)
 
-
-def _toggled(what: str, key: str) -> None:
-    ss = st.session_state
-    now = set(ss.get("open") or ()) - {what} | ({what} if ss.get(key) else set())
-    ss["open"] = tuple(s for s in SECTIONS if s in now)
+    return bound(st.expander, f"{page}_{what}_open", "open", to_widget=lambda sections: what in sections,
+                 from_widget=with_it, label=label, icon=icon)
 
 
 # ----------------------------------------------------------------------------- rollout

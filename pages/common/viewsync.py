@@ -32,8 +32,8 @@ import streamlit as st
 
 from vitpe_core.checkpoint import CheckpointError
 from vitpe_core.gallery import gallery_ids
-from vitpe_core.viewstate import (FINAL_EPOCH, KEYS, MEAN_HEAD, NATIVE_SIZE, PAGES, SECTIONS, STRESS_KEYS,
-                                  UPLOAD_PREFIX, StressLimits, ViewState, is_model_id, is_upload_id, parse_view,
+from vitpe_core.viewstate import (FINAL_EPOCH, KEYS, MEAN_HEAD, NATIVE_SIZE, PAGES, STRESS_KEYS, UPLOAD_PREFIX,
+                                  StressLimits, ViewState, implied_sections, is_model_id, is_upload_id, parse_view,
                                   to_query)
 
 from . import cache, imported, upload_store
@@ -171,15 +171,6 @@ def current_view(page: str, checkpoints: Sequence[str], *,
     view = ViewState(**{**view.__dict__, "page": page, "model": imported.uploaded_models().get(view.ckpt, "")})
     commit(view)
     return view
-
-
-def implied_sections(view: ViewState) -> tuple[str, ...]:
-    """The bias explorer's sections whose settings `view` moves off their defaults (the rollout's
-    source or fusion, the stress test's shift, size or fill), with those `view.open` already names."""
-    base = ViewState()
-    moved = {"rollout": (view.rollout, view.fusion) != (base.rollout, base.fusion),
-             "stress": (tuple(view.shift), view.size, view.fill) != (base.shift, base.size, base.fill)}
-    return tuple(s for s in SECTIONS if s in view.open or moved[s])
 
 
 def open_link_model() -> None:

@@ -51,7 +51,7 @@ CHARTING = ("plotly.graph_objects", "plotly.io", "plotly.tools", "plotly.offline
 # torch nor pandas: the first page is drawn before either is imported (from a stored trace, vitpe_core.stored_trace).
 # Kept by hand; tests/test_app.py checks that it covers every module the default page imports at module level, and
 # with LATER_MODULES every module of the other pages.
-PAGE_MODULES = ("vitpe_core.analysis", "vitpe_core.figures", "vitpe_core.figures.picker", "vitpe_core.views",
+PAGE_MODULES = ("vitpe_core.analysis", "vitpe_core.figures.picker", "vitpe_core.views",
                 "vitpe_core.positional", "vitpe_core.stress", "vitpe_core.stored_trace",
                 "pages.common.cache", "pages.common.messages", "pages.common.viewsync", "pages.common.status",
                 "pages.common.widgets", "pages.common.explain", "pages.common.loading", "pages.common.output",

@@ -19,6 +19,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ..views import top_k
 from .common import CHECKPOINT_PALETTE, _fast, _title, _title_layout, checkpoint_colors
 
 
@@ -42,11 +43,9 @@ def curves_fig(curves: Mapping[str, Sequence[float]], *, title: str = "Training 
 def topk_fig(probs: np.ndarray, class_names: Sequence[str], *, k: int = 5,
              title: str = "Prediction: top-5 probabilities") -> go.Figure:
     """Horizontal bars of the `k` most probable classes, the most probable on top."""
-    probs = np.asarray(probs, dtype=np.float64)
-    top = np.argsort(-probs)[:k]
-    names = [class_names[i] if i < len(class_names) else f"class {i}" for i in top]
-    bar = {"type": "bar", "x": probs[top][::-1] * 100, "y": names[::-1], "orientation": "h",
-           "text": [f"{p * 100:.1f}%" for p in probs[top][::-1]], "textposition": "auto",
+    names, p = zip(*reversed(top_k(probs, class_names, k)))           # the most probable on top
+    bar = {"type": "bar", "x": np.array(p) * 100, "y": list(names), "orientation": "h",
+           "text": [f"{v * 100:.1f}%" for v in p], "textposition": "auto",
            "hovertemplate": "%{y}: %{x:.2f}%<extra></extra>"}
     layout = _title_layout(title)
     layout.update(xaxis={"title": {"text": "probability (%)"}, "range": [0, 100]}, height=200 + layout["margin"]["t"])

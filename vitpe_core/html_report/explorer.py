@@ -168,10 +168,9 @@ def explorer_data(ckpt: Checkpoint, packs: LayerPacks, heads_layers: list[int],
                  for c in t.rows}
         share = tr.attn[:, :, P:, :P].sum(-1)                                      # (L, h, N)
         rollouts = {f: blobs.add(positional.rollout(tr.attn, f)) for f in FUSIONS}  # (T, T) each
-        order = np.argsort(tr.probs)[::-1][:5]
         images.append({"label": t.image.label, "key": t.image.key, "image": _image_uri(t.display),
                        "size": [int(t.display.shape[1]), int(t.display.shape[0])],
-                       "top5": [[names[i], round(float(tr.probs[i]), 5)] for i in order],
+                       "top5": [[n, round(p, 5)] for n, p in views.top_k(tr.probs, names)],
                        "components": comps, "rollout": rollouts, "prefix_share": blobs.add(share)})
     return {"grid": list(cfg.grid), "depth": int(depth), "heads": int(heads), "num_prefix": int(first.num_prefix),
             "prefix": list(first.prefix), "rollout_sources": positional.rollout_sources(first.num_prefix,
